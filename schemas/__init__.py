@@ -1,0 +1,51 @@
+"""specmeter's wire contract: msgspec Structs shared by producers and streams.
+
+This package is the only thing both sides import. A change here is a wire
+format change: fields are only ever appended, with defaults.
+"""
+
+from ._aggregates import PartialAggregate
+from ._codec import (
+    DecodedMessage,
+    InvalidRecord,
+    decode_dead_letter,
+    decode_json_line,
+    decode_metrics,
+    decode_partial,
+    decode_records_message,
+    encode_dead_letter,
+    encode_metrics,
+    encode_partial,
+    encode_records_message,
+    record_to_builtins,
+)
+from ._output import BatchMetrics, DeadLetter
+from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
+from ._types import MAX_COUNTER
+
+#: Bumped on any incompatible change of the wire format (there has been none).
+WIRE_VERSION = 1
+
+__all__ = [
+    "WIRE_VERSION",
+    "MAX_COUNTER",
+    "GenerationRecord",
+    "RecordBatch",
+    "BatchMarker",
+    "RecordsMessage",
+    "PartialAggregate",
+    "BatchMetrics",
+    "DeadLetter",
+    "DecodedMessage",
+    "InvalidRecord",
+    "decode_records_message",
+    "encode_records_message",
+    "decode_json_line",
+    "record_to_builtins",
+    "encode_partial",
+    "decode_partial",
+    "encode_metrics",
+    "decode_metrics",
+    "encode_dead_letter",
+    "decode_dead_letter",
+]

@@ -1,0 +1,63 @@
+"""Per-(batch, partition) partial aggregates: sums only, merged by addition."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["PartialAggregate"]
+
+
+class PartialAggregate(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything stage 2 needs from one partition's view of one batch.
+
+    Every field is a sum, a count, a set-like list or an exact float expansion,
+    so merging partials from disjoint partitions is exact addition. Ratios are
+    never stored: they are derived once, at the edge.
+
+    ``*_ratio_parts`` hold the legacy per-sample ratios' sum as a list of
+    non-overlapping floats (a Shewchuk expansion); its exact value is the sum
+    of the parts, so adding partitions' expansions loses nothing.
+    """
+
+    batch_id: str
+    partition: int = 0
+    #: bumps each time this partition re-emits the batch (late records).
+    revision: int = 0
+    close_reason: str = "markers"
+    closed_at_ms: int = 0
+
+    record_count: int = 0
+    invalid_record_count: int = 0
+    late_record_count: int = 0
+    #: deliveries seen per producer, and what each producer's marker says it sent.
+    records_received: dict[str, int] = {}
+    records_sent: dict[str, int] = {}
+    marker_producers: list[str] = []
+    expected_producers: int = 0
+    speculative_algorithms: list[str] = []
+    #: a valid record knew accepted, proposed or verify.
+    counters_seen: bool = False
+
+    occurrence_count: int = 0
+    unique_generation_count: int = 0
+    conflicting_generation_count: int = 0
+    sample_count: int = 0
+
+    accepted_total: int = 0
+    proposed_total: int = 0
+    verify_total: int = 0
+    completion_total: int = 0
+    paired_accepted_total: int = 0
+    paired_proposed_total: int = 0
+    accept_covered_count: int = 0
+    paired_completion_total: int = 0
+    paired_verify_total: int = 0
+    verify_covered_count: int = 0
+    accept_histogram: list[int] | None = None
+
+    #: samples whose (accepted, proposed) fold is known with proposed > 0.
+    accept_ratio_samples: int = 0
+    accept_ratio_parts: list[float] = []
+    #: samples whose (completion, verify) fold is known with verify > 0.
+    length_ratio_samples: int = 0
+    length_ratio_parts: list[float] = []

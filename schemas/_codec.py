@@ -1,0 +1,214 @@
+"""Prebuilt encoders and decoders, one per message family (built once, reused).
+
+The records topic is decoded leniently where it pays: a packed ``RecordBatch``
+with one bad record costs only that record, and an invalid record still gives
+up its ``batch_id`` (when readable) so that it is counted in its batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ._aggregates import PartialAggregate
+from ._output import BatchMetrics, DeadLetter
+from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
+
+__all__ = [
+    "InvalidRecord",
+    "DecodedMessage",
+    "MessageTooLarge",
+    "decode_records_message",
+    "encode_records_message",
+    "decode_json_line",
+    "encode_partial",
+    "decode_partial",
+    "encode_metrics",
+    "decode_metrics",
+    "encode_dead_letter",
+    "decode_dead_letter",
+    "record_to_builtins",
+]
+
+# --- built once -------------------------------------------------------------
+_records_encoder = msgspec.msgpack.Encoder()
+_records_decoder = msgspec.msgpack.Decoder(RecordsMessage)
+_record_decoder = msgspec.msgpack.Decoder(GenerationRecord)
+_partial_encoder = msgspec.msgpack.Encoder()
+_partial_decoder = msgspec.msgpack.Decoder(PartialAggregate)
+_json_encoder = msgspec.json.Encoder()
+_metrics_decoder = msgspec.json.Decoder(BatchMetrics)
+_dead_letter_decoder = msgspec.json.Decoder(DeadLetter)
+_json_line_decoder = msgspec.json.Decoder()
+
+
+class _LenientBatch(msgspec.Struct):
+    """A RecordBatch whose records are kept raw, to validate them one by one."""
+
+    records: list[msgspec.Raw]
+    producer_id: Any = None
+
+
+_lenient_batch_decoder = msgspec.msgpack.Decoder(_LenientBatch)
+
+
+class InvalidRecord(msgspec.Struct, frozen=True):
+    """A record (or whole message) that failed validation, and why."""
+
+    reason: str  # "undecodable" | "invalid" | "too_large"
+    detail: str
+    raw: bytes
+    batch_id: str | None = None
+    producer_id: str | None = None
+
+
+class DecodedMessage(msgspec.Struct):
+    """What one records-topic message holds after validation."""
+
+    records: list[GenerationRecord]
+    marker: BatchMarker | None = None
+    invalid: list[InvalidRecord] = []
+    producer_id: str | None = None
+
+
+class MessageTooLarge(ValueError):
+    """A message exceeded the configured per-message size limit."""
+
+
+def _readable_str(obj: Any, field: str) -> str | None:
+    value = obj.get(field) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _invalid(raw: bytes, reason: str, detail: str, obj: Any = None) -> InvalidRecord:
+    return InvalidRecord(
+        reason=reason,
+        detail=detail,
+        raw=bytes(raw),
+        batch_id=_readable_str(obj, "batch_id"),
+        producer_id=_readable_str(obj, "producer_id"),
+    )
+
+
+def encode_records_message(message: RecordsMessage) -> bytes:
+    """msgpack bytes of a record, a packed batch or a marker."""
+    return _records_encoder.encode(message)
+
+
+def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> DecodedMessage:
+    """Decode one records-topic message; never raises on bad input.
+
+    Args:
+        data: the Kafka message value.
+        max_bytes: reject larger messages whole (reason ``too_large``).
+
+    Returns:
+        The valid records, the marker if the message is one, and every
+        invalid part with its reason and raw bytes.
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        return DecodedMessage(
+            records=[],
+            invalid=[_invalid(data, "too_large", f"message of {len(data)} bytes exceeds max_message_bytes={max_bytes}")],
+        )
+    try:
+        message = _records_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        return _decode_leniently(data, str(exc))
+    except msgspec.DecodeError as exc:
+        return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", str(exc))])
+    except (RecursionError, MemoryError) as exc:  # pathological nesting
+        return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", repr(exc))])
+    if type(message) is RecordBatch:
+        return DecodedMessage(records=message.records, producer_id=message.producer_id)
+    if type(message) is GenerationRecord:
+        return DecodedMessage(records=[message], producer_id=message.producer_id)
+    return DecodedMessage(records=[], marker=message, producer_id=message.producer_id)
+
+
+def _decode_leniently(data: bytes, whole_error: str) -> DecodedMessage:
+    """Slow path: salvage the valid records of a packed batch, name the rest."""
+    try:
+        obj = msgspec.msgpack.decode(data)
+    except Exception as exc:  # noqa: BLE001 - any failure here is "undecodable"
+        return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", str(exc))])
+    if not (isinstance(obj, dict) and obj.get("type") == "batch" and isinstance(obj.get("records"), list)):
+        return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", whole_error, obj)])
+    try:
+        batch = _lenient_batch_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", str(exc), obj)])
+    batch_producer = batch.producer_id if isinstance(batch.producer_id, str) and batch.producer_id else None
+    records: list[GenerationRecord] = []
+    invalid: list[InvalidRecord] = []
+    for index, (raw, element) in enumerate(zip(batch.records, obj["records"])):
+        try:
+            records.append(_record_decoder.decode(raw))
+        except msgspec.MsgspecError as exc:
+            detail = str(exc).replace("at `$", f"at `$.records[{index}]", 1)
+            bad = _invalid(bytes(raw), "invalid", detail, element)
+            if bad.producer_id is None and batch_producer is not None:
+                bad = msgspec.structs.replace(bad, producer_id=batch_producer)
+            invalid.append(bad)
+    return DecodedMessage(records=records, invalid=invalid, producer_id=batch_producer)
+
+
+def decode_json_line(line: bytes | str) -> GenerationRecord | BatchMarker | InvalidRecord:
+    """Decode one line of a JSON-lines rollout dump (offline ``aggregate``/``replay``).
+
+    A line with ``"type": "marker"`` is a marker; any other object is a record
+    (``"type": "record"`` optional). Never raises on bad input.
+    """
+    raw = line.encode() if isinstance(line, str) else bytes(line)
+    try:
+        obj = _json_line_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        return _invalid(raw, "undecodable", str(exc))
+    if not isinstance(obj, dict):
+        return _invalid(raw, "invalid", f"Expected `object`, got `{type(obj).__name__}`")
+    kind = obj.get("type", "record")
+    target: type[GenerationRecord] | type[BatchMarker]
+    if kind == "marker":
+        target = BatchMarker
+    elif kind == "record":
+        target = GenerationRecord
+    else:
+        return _invalid(raw, "invalid", f"Unknown message type {kind!r} - at `$.type` (expected 'record' or 'marker')", obj)
+    try:
+        return msgspec.convert(obj, type=target)
+    except msgspec.ValidationError as exc:
+        return _invalid(raw, "invalid", str(exc), obj)
+
+
+def record_to_builtins(message: GenerationRecord | BatchMarker) -> dict[str, Any]:
+    """Plain dict of a record or marker, with every field (for JSON dumps)."""
+    out = msgspec.structs.asdict(message)
+    out["type"] = "marker" if isinstance(message, BatchMarker) else "record"
+    return out
+
+
+def encode_partial(partial: PartialAggregate) -> bytes:
+    return _partial_encoder.encode(partial)
+
+
+def decode_partial(data: bytes) -> PartialAggregate:
+    return _partial_decoder.decode(data)
+
+
+def encode_metrics(metrics: BatchMetrics) -> bytes:
+    """JSON bytes of a batch's metrics (the output topic is JSON for dashboards)."""
+    return _json_encoder.encode(metrics)
+
+
+def decode_metrics(data: bytes) -> BatchMetrics:
+    return _metrics_decoder.decode(data)
+
+
+def encode_dead_letter(letter: DeadLetter) -> bytes:
+    """JSON bytes; ``raw`` is base64 so any tool can recover the original message."""
+    return _json_encoder.encode(letter)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    return _dead_letter_decoder.decode(data)

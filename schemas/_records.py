@@ -1,0 +1,69 @@
+"""Input messages on the records topic: a tagged union dispatched on ``type``.
+
+Append-only contract: new fields get defaults and go last; never retype or reorder.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ._types import Counter, Histogram, NonEmptyStr, PositiveInt
+
+__all__ = ["GenerationRecord", "RecordBatch", "BatchMarker", "RecordsMessage"]
+
+
+class GenerationRecord(
+    msgspec.Struct, tag="record", tag_field="type", frozen=True, kw_only=True, omit_defaults=True
+):
+    """One committed backend generation, as carried by one exported sample.
+
+    ``None`` means unknown and is never the same as 0.
+    """
+
+    batch_id: NonEmptyStr
+    session_id: NonEmptyStr
+    generation_id: NonEmptyStr
+    sample_id: NonEmptyStr | None = None
+    state_hash: NonEmptyStr | None = None
+    accepted: Counter | None = None
+    proposed: Counter | None = None
+    verify: Counter | None = None
+    completion: Counter | None = None
+    accept_histogram: Histogram | None = None
+    producer_id: NonEmptyStr | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Identity of the generation: ``(session_id, generation_id)``."""
+        return (self.session_id, self.generation_id)
+
+
+class RecordBatch(msgspec.Struct, tag="batch", tag_field="type", frozen=True, kw_only=True):
+    """Many records packed into one Kafka message.
+
+    Every record maps to the partition the batch is sent to (same murmur2 of its
+    session_id). Packing amortizes the per-message cost of Kafka and Faust.
+    """
+
+    records: list[GenerationRecord]
+    producer_id: NonEmptyStr | None = None
+
+
+class BatchMarker(
+    msgspec.Struct, tag="marker", tag_field="type", frozen=True, kw_only=True, omit_defaults=True
+):
+    """A producer's word that it has sent everything for ``batch_id``.
+
+    Sent to every partition of the records topic after the producer's records
+    for the batch are acknowledged; ``records_sent`` counts what this producer
+    sent to the partition the marker lands on.
+    """
+
+    batch_id: NonEmptyStr
+    producer_id: NonEmptyStr
+    records_sent: Counter = 0
+    speculative_algorithm: NonEmptyStr | None = None
+    expected_producers: PositiveInt = 1
+
+
+RecordsMessage = GenerationRecord | RecordBatch | BatchMarker

@@ -1,0 +1,24 @@
+"""specmeter's stream side: the pure aggregation core and (lazily) the Faust app.
+
+Importing this package does not import Faust or aiokafka: the core is plain
+Python, shared by the worker and the offline ``specmeter aggregate``.
+"""
+
+from ._exact import expansion_value, merge_expansions
+from ._merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
+from ._offline import LineError, OfflineAggregator
+from ._state import BatchState, Outcome
+
+__all__ = [
+    "BatchState",
+    "Outcome",
+    "merge_partials",
+    "batch_metrics_dict",
+    "build_batch_metrics",
+    "is_speculative",
+    "missing_records",
+    "merge_expansions",
+    "expansion_value",
+    "OfflineAggregator",
+    "LineError",
+]

@@ -1,0 +1,89 @@
+"""Offline aggregation of a JSON-lines rollout dump: the same core as the stream.
+
+Lines are records (SPEC §2 fields) or markers (``"type": "marker"``). Batches are
+reported in order of first appearance, each as one partition that saw it all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from specmeter.schemas import BatchMarker, BatchMetrics, GenerationRecord, InvalidRecord, decode_json_line
+
+from ._merge import build_batch_metrics
+from ._state import BatchState
+
+__all__ = ["OfflineAggregator", "LineError"]
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """A line that could not be used, and why (reported, never fatal)."""
+
+    line_number: int
+    reason: str
+    detail: str
+    batch_id: str | None
+
+    def __str__(self) -> str:
+        where = f"batch {self.batch_id!r}" if self.batch_id else "no readable batch_id: counted nowhere"
+        return f"line {self.line_number}: {self.reason}: {self.detail} ({where})"
+
+
+@dataclass
+class OfflineAggregator:
+    """Feeds dump lines to one ``BatchState`` per batch and builds their metrics.
+
+    Args:
+        speculative_algorithm: applied to every batch, as if each had a marker naming it.
+        on_error: called with each bad line (the CLI prints it on stderr).
+    """
+
+    speculative_algorithm: str | None = None
+    on_error: Callable[[LineError], None] | None = None
+    batches: dict[str, BatchState] = field(default_factory=dict)
+    errors: int = 0
+
+    def _state(self, batch_id: str) -> BatchState:
+        state = self.batches.get(batch_id)
+        if state is None:
+            state = self.batches[batch_id] = BatchState(batch_id)
+            if self.speculative_algorithm:
+                state.add_algorithm(self.speculative_algorithm)
+        return state
+
+    def feed_line(self, line: bytes | str, line_number: int) -> None:
+        """Apply one line; blank lines are skipped."""
+        if not line.strip():
+            return
+        self.feed(decode_json_line(line), line_number)
+
+    def feed(self, item: GenerationRecord | BatchMarker | InvalidRecord, line_number: int = 0) -> None:
+        if isinstance(item, GenerationRecord):
+            self._state(item.batch_id).add(item)
+        elif isinstance(item, BatchMarker):
+            self._state(item.batch_id).add_marker(item)
+        else:
+            self.errors += 1
+            if item.batch_id is not None:
+                self._state(item.batch_id).add_invalid(item.producer_id)
+            if self.on_error is not None:
+                self.on_error(LineError(line_number, item.reason, item.detail, item.batch_id))
+
+    def feed_lines(self, lines: Iterable[bytes | str]) -> None:
+        for number, line in enumerate(lines, start=1):
+            self.feed_line(line, number)
+
+    def results(self, *, closed_at: float | None = None) -> list[BatchMetrics]:
+        """One ``BatchMetrics`` per batch, in order of first appearance."""
+        now = time.time() if closed_at is None else closed_at
+        out = []
+        for state in self.batches.values():
+            reason = "markers" if state.markers_complete else "end_of_input"
+            partial = state.partial(partition=0, close_reason=reason, closed_at_ms=int(now * 1000))
+            out.append(
+                build_batch_metrics([partial], revision=0, close_reason=reason, closed_at=now, partitions_expected=1)
+            )
+        return out

@@ -1,0 +1,273 @@
+"""Dedup state of one batch on one partition: records in, a partial out.
+
+Pure: no Kafka, no asyncio, no clocks (times come in as arguments). Both the
+Faust agents and the offline ``aggregate`` command drive exactly this class.
+
+Memory is proportional to distinct generations and occurrences, never to
+records: a redelivery changes a counter and nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
+
+from ._exact import grow
+
+__all__ = ["BatchState", "Outcome", "record_value"]
+
+#: (state_hash, accepted, proposed, verify, completion, accept_histogram)
+Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None]
+
+
+class _Conflict:
+    """Sentinel stored for a key seen with two or more different values."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CONFLICT"
+
+
+CONFLICT: Final = _Conflict()
+
+
+class Outcome(enum.Enum):
+    """What one valid record did to the state."""
+
+    AGGREGATED = "aggregated"  # a new occurrence
+    REDELIVERED = "redelivered"  # an occurrence already seen: changes nothing
+
+
+def record_value(record: GenerationRecord) -> Value:
+    """The part of a record that must agree across deliveries of one key."""
+    histogram = record.accept_histogram
+    return (
+        record.state_hash,
+        record.accepted,
+        record.proposed,
+        record.verify,
+        record.completion,
+        tuple(histogram) if histogram is not None else None,
+    )
+
+
+class BatchState:
+    """Everything one partition knows about one batch.
+
+    Identity of a generation is ``(session_id, generation_id)``; an occurrence
+    is ``(session_id, sample_id, generation_id)`` with ``sample_id=None`` for a
+    generation that is its own sample. A key seen with two different values is
+    conflicting for good (order-independent).
+    """
+
+    __slots__ = (
+        "batch_id",
+        "_values",
+        "_occurrences",
+        "record_count",
+        "invalid_record_count",
+        "late_record_count",
+        "conflicting_record_count",
+        "_received",
+        "_markers",
+        "_algorithms",
+        "_counters_seen",
+        "_conflicts",
+    )
+
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        self._values: dict[tuple[str, str], Value | _Conflict] = {}
+        self._occurrences: set[tuple[str, str | None, str]] = set()
+        self.record_count = 0
+        self.invalid_record_count = 0
+        self.late_record_count = 0
+        self.conflicting_record_count = 0
+        self._received: dict[str, int] = {}
+        self._markers: dict[str, BatchMarker] = {}
+        self._algorithms: set[str] = set()
+        self._counters_seen = False
+        self._conflicts = 0
+
+    # -- input ----------------------------------------------------------------
+    def add(self, record: GenerationRecord, *, late: bool = False) -> Outcome:
+        """Apply one valid record (any delivery of it).
+
+        Args:
+            record: a validated record of this batch.
+            late: it arrived after the batch was closed (counted, still applied).
+
+        Returns:
+            ``AGGREGATED`` for a new occurrence, ``REDELIVERED`` otherwise.
+        """
+        self.record_count += 1
+        if late:
+            self.late_record_count += 1
+        producer = record.producer_id
+        if producer is not None:
+            self._received[producer] = self._received.get(producer, 0) + 1
+        if not self._counters_seen and (
+            record.accepted is not None or record.proposed is not None or record.verify is not None
+        ):
+            self._counters_seen = True
+        key = (record.session_id, record.generation_id)
+        value = record_value(record)
+        known = self._values.get(key)
+        if known is None:
+            self._values[key] = value
+        elif known is not CONFLICT and known != value:
+            self._values[key] = CONFLICT
+            self._conflicts += 1
+            self.conflicting_record_count += 1
+        elif known is CONFLICT:
+            self.conflicting_record_count += 1
+        occurrence = (record.session_id, record.sample_id, record.generation_id)
+        if occurrence in self._occurrences:
+            return Outcome.REDELIVERED
+        self._occurrences.add(occurrence)
+        return Outcome.AGGREGATED
+
+    def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
+        """Count an invalid record attributed to this batch (every delivery counts)."""
+        self.record_count += 1
+        self.invalid_record_count += 1
+        if late:
+            self.late_record_count += 1
+        if producer_id is not None:
+            self._received[producer_id] = self._received.get(producer_id, 0) + 1
+
+    def add_marker(self, marker: BatchMarker) -> None:
+        """Record a producer's end-of-batch marker (a repeat replaces the earlier one)."""
+        self._markers[marker.producer_id] = marker
+        if marker.speculative_algorithm:
+            self._algorithms.add(marker.speculative_algorithm)
+
+    def add_algorithm(self, name: str) -> None:
+        """Name the batch's speculative algorithm without a marker (offline flag)."""
+        if name:
+            self._algorithms.add(name)
+
+    # -- closing --------------------------------------------------------------
+    @property
+    def expected_producers(self) -> int:
+        """The most producers any marker for this batch said to wait for (0: no marker)."""
+        return max((m.expected_producers for m in self._markers.values()), default=0)
+
+    @property
+    def markers_complete(self) -> bool:
+        """Markers from ``expected_producers`` distinct producers have arrived."""
+        expected = self.expected_producers
+        return expected > 0 and len(self._markers) >= expected
+
+    @property
+    def generation_count(self) -> int:
+        """Distinct generations held (the size of the dedup state)."""
+        return len(self._values)
+
+    # -- output ---------------------------------------------------------------
+    def partial(
+        self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
+    ) -> PartialAggregate:
+        """This partition's sums for the batch; O(generations + occurrences)."""
+        totals = [0, 0, 0, 0]  # accepted, proposed, verify, completion
+        paired = [0, 0, 0, 0, 0, 0]  # acc, prop, covered, completion, verify, covered
+        histogram: list[int] | None = None
+        for value in self._values.values():
+            if value is CONFLICT:
+                continue
+            _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
+            if accepted is not None:
+                totals[0] += accepted
+            if proposed is not None:
+                totals[1] += proposed
+            if verify is not None:
+                totals[2] += verify
+            if completion is not None:
+                totals[3] += completion
+            if accepted is not None and proposed is not None:
+                paired[0] += accepted
+                paired[1] += proposed
+                paired[2] += 1
+            if completion is not None and verify is not None:
+                paired[3] += completion
+                paired[4] += verify
+                paired[5] += 1
+            if hist is not None:
+                if histogram is None:
+                    histogram = list(hist)
+                else:
+                    if len(hist) > len(histogram):
+                        histogram.extend([0] * (len(hist) - len(histogram)))
+                    for i, count in enumerate(hist):
+                        histogram[i] += count
+        samples = self._sample_folds()
+        accept_parts: list[float] = []
+        length_parts: list[float] = []
+        accept_samples = length_samples = 0
+        # The aliases are suppressed by any conflict or invalid record, anywhere;
+        # this partition's share is only worth computing when it has neither.
+        if not self._conflicts and not self.invalid_record_count:
+            for accepted, proposed, verify, completion in samples.values():
+                if accepted is not None and proposed:
+                    accept_samples += 1
+                    grow(accept_parts, accepted / proposed)
+                if completion is not None and verify:
+                    length_samples += 1
+                    grow(length_parts, completion / verify)
+        markers = self._markers
+        return PartialAggregate(
+            batch_id=self.batch_id,
+            partition=partition,
+            revision=revision,
+            close_reason=close_reason,
+            closed_at_ms=closed_at_ms,
+            record_count=self.record_count,
+            invalid_record_count=self.invalid_record_count,
+            late_record_count=self.late_record_count,
+            records_received=dict(self._received),
+            records_sent={p: m.records_sent for p, m in markers.items()},
+            marker_producers=sorted(markers),
+            expected_producers=self.expected_producers,
+            speculative_algorithms=sorted(self._algorithms),
+            counters_seen=self._counters_seen,
+            occurrence_count=len(self._occurrences),
+            unique_generation_count=len(self._values),
+            conflicting_generation_count=self._conflicts,
+            sample_count=len(samples),
+            accepted_total=totals[0],
+            proposed_total=totals[1],
+            verify_total=totals[2],
+            completion_total=totals[3],
+            paired_accepted_total=paired[0],
+            paired_proposed_total=paired[1],
+            accept_covered_count=paired[2],
+            paired_completion_total=paired[3],
+            paired_verify_total=paired[4],
+            verify_covered_count=paired[5],
+            accept_histogram=histogram,
+            accept_ratio_samples=accept_samples,
+            accept_ratio_parts=[p for p in accept_parts if p],
+            length_ratio_samples=length_samples,
+            length_ratio_parts=[p for p in length_parts if p],
+        )
+
+    def _sample_folds(self) -> dict[tuple, list[int | None]]:
+        """Per sample, ``[accepted, proposed, verify, completion]`` folded over its
+        distinct generations: a counter is known only if known for every one."""
+        folds: dict[tuple, list[int | None]] = {}
+        values = self._values
+        for session, sample, generation in self._occurrences:
+            sample_key = (session, sample) if sample is not None else (session, None, generation)
+            value = values[(session, generation)]
+            counters = [None, None, None, None] if value is CONFLICT else list(value[1:5])  # type: ignore[index]
+            fold = folds.get(sample_key)
+            if fold is None:
+                folds[sample_key] = counters
+                continue
+            for i in range(4):
+                f, v = fold[i], counters[i]
+                fold[i] = None if f is None or v is None else f + v
+        return folds

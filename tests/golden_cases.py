@@ -1,0 +1,71 @@
+"""Loading and comparing the golden cases (tests/golden/cases.json, SPEC §5)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+GOLDEN = Path(__file__).parent / "golden" / "cases.json"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "cases.json"
+DEFAULT_BATCH = "batch-0"
+
+
+def load_cases() -> dict[str, Any]:
+    return json.loads(GOLDEN.read_text())
+
+
+def aggregate_cases() -> list[dict[str, Any]]:
+    return load_cases()["aggregate_cases"]
+
+
+def meta_info_cases() -> list[dict[str, Any]]:
+    return load_cases()["meta_info_cases"]
+
+
+def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """The case as dump lines: records in delivery order, then one marker per batch
+    that names an algorithm (single-batch records get batch_id = DEFAULT_BATCH)."""
+    lines = []
+    multi = isinstance(case["enabled"], dict)
+    for record in case["records"]:
+        record = dict(record)
+        if not multi:
+            record.setdefault("batch_id", DEFAULT_BATCH)
+        lines.append(record)
+    enabled = case["enabled"] if multi else {DEFAULT_BATCH: case["enabled"]}
+    for batch_id, algorithm in enabled.items():
+        if algorithm is not None:
+            lines.append({"type": "marker", "batch_id": batch_id, "producer_id": "golden", "speculative_algorithm": algorithm})
+    return lines
+
+
+def expected_by_batch(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    if "expected_by_batch" in case:
+        return case["expected_by_batch"]
+    return {
+        DEFAULT_BATCH: {
+            "speculative": case["speculative"],
+            "metrics": case["expected"],
+            "accept_histogram": case["accept_histogram"],
+        }
+    }
+
+
+def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:
+    """Same key set; ints exactly and as ints; floats within rel 1e-12 (SPEC §5)."""
+    assert set(actual) == set(expected), (
+        f"{where}: keys differ: missing {sorted(set(expected) - set(actual))}, "
+        f"extra {sorted(set(actual) - set(expected))}"
+    )
+    for key, want in expected.items():
+        got = actual[key]
+        if isinstance(want, bool) or not isinstance(want, (int, float)):
+            assert got == want, f"{where}: {key}: {got!r} != {want!r}"
+        elif isinstance(want, int):
+            assert type(got) is int and got == want, f"{where}: {key}: {got!r} != {want!r} (int)"
+        else:
+            assert type(got) is float and math.isclose(got, want, rel_tol=1e-12, abs_tol=0.0), (
+                f"{where}: {key}: {got!r} != {want!r} (float)"
+            )

@@ -1,0 +1,60 @@
+"""Every golden aggregate case, through the core and through the offline CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specmeter.streams import OfflineAggregator
+
+from .golden_cases import GOLDEN, SHARED, aggregate_cases, assert_metrics_equal, case_lines, expected_by_batch
+
+CASES = aggregate_cases()
+IDS = [case["name"] for case in CASES]
+
+
+def test_golden_copy_matches_shared_when_present():
+    """The repo keeps its own copy; it must not drift from the team's ../shared/."""
+    if not SHARED.exists():
+        pytest.skip("no ../shared/cases.json beside this clone")
+    assert json.loads(GOLDEN.read_text()) == json.loads(SHARED.read_text()), (
+        f"{GOLDEN} differs from {SHARED}: copy the shared file over and re-run"
+    )
+
+
+def _check(results: dict, case: dict) -> None:
+    expected = expected_by_batch(case)
+    assert set(results) == set(expected), f"batches: {sorted(results)} != {sorted(expected)}"
+    for batch_id, want in expected.items():
+        got = results[batch_id]
+        where = f"{case['name']}/{batch_id}"
+        assert got["speculative"] is want["speculative"], where
+        assert got["accept_histogram"] == want["accept_histogram"], where
+        assert_metrics_equal(got["metrics"], want["metrics"], where)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_case_through_core(case):
+    aggregator = OfflineAggregator()
+    aggregator.feed_lines(json.dumps(line) for line in case_lines(case))
+    results = {m.batch_id: {"speculative": m.speculative, "metrics": m.metrics,
+                            "accept_histogram": m.accept_histogram} for m in aggregator.results()}
+    _check(results, case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_case_through_cli(case, tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("".join(json.dumps(line) + "\n" for line in case_lines(case)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", "aggregate", str(dump)],
+        capture_output=True, check=True, timeout=60,
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        message = json.loads(line)
+        results[message["batch_id"]] = message
+    _check(results, case)
