@@ -1,0 +1,65 @@
+"""Session-wide fixtures: one real Kafka broker serves every ``kafka`` test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from .kafka_broker import NoBroker, broker_log_tail, find_broker
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """Bootstrap address of a real broker (see tests/kafka_broker.py for the order)."""
+    try:
+        address, release = find_broker()
+    except NoBroker as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"no Kafka broker in CI: {exc}")
+        pytest.skip(f"no Kafka broker: {exc}")
+    yield address
+    release()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the broker log tail to a failing Kafka test."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "kafka" in item.keywords:
+        report.sections.append(("local broker log (tail)", broker_log_tail()))
+
+
+@pytest.fixture
+def unique_name():
+    """Factory of unique topic/group names, so tests never share state."""
+
+    def make(prefix: str = "t") -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+    return make
+
+
+@pytest.fixture
+def new_topic(kafka_bootstrap, unique_name):
+    """Factory: create a fresh topic with N partitions and return its name."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    def make(partitions: int = 4, prefix: str = "test") -> str:
+        name = unique_name(prefix)
+
+        async def create() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+            finally:
+                await admin.close()
+
+        asyncio.run(create())
+        return name
+
+    return make

@@ -1,0 +1,87 @@
+"""Finding a real Kafka broker for the test session.
+
+Order: ``KAFKA_BOOTSTRAP_SERVERS`` when set; testcontainers' ``KafkaContainer``
+when a Docker engine answers; otherwise the local KRaft broker of
+``deploy/kafka/broker`` (the same script people and benchmarks use).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BROKER_SCRIPT = REPO / "deploy" / "kafka" / "broker"
+
+
+class NoBroker(RuntimeError):
+    """No broker could be found or started; the message says why."""
+
+
+def _docker_answers(timeout_s: float = 2.0) -> bool:
+    """True when a Docker engine answers ``GET /_ping`` (unix socket or tcp DOCKER_HOST)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        if host.startswith("unix://"):
+            path = host[len("unix://"):]
+            if not os.path.exists(path):
+                return False
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: object = path
+        elif host.startswith("tcp://"):
+            name, _, port = host[len("tcp://"):].rstrip("/").partition(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = (name, int(port or 2375))
+        else:
+            return False
+        with sock:
+            sock.settimeout(timeout_s)
+            sock.connect(address)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            status_line = sock.recv(64).split(b"\r\n", 1)[0]
+            return status_line.startswith(b"HTTP/1.") and b" 200" in status_line
+    except OSError:
+        return False
+
+
+def _start_container() -> tuple[str, Callable[[], None]]:
+    from testcontainers.kafka import KafkaContainer
+
+    container = KafkaContainer("apache/kafka:4.1.1").with_kraft()
+    container.start()
+    return container.get_bootstrap_server(), container.stop
+
+
+def _start_local() -> tuple[str, Callable[[], None]]:
+    was_running = subprocess.run([str(BROKER_SCRIPT), "status"], capture_output=True).returncode == 0
+    proc = subprocess.run([str(BROKER_SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise NoBroker(f"deploy/kafka/broker start failed:\n{proc.stderr[-4000:]}")
+    address = proc.stdout.strip().splitlines()[-1]
+
+    def stop() -> None:
+        if not was_running:  # leave a broker someone else started alone
+            subprocess.run([str(BROKER_SCRIPT), "stop"], capture_output=True, timeout=120)
+
+    return address, stop
+
+
+def find_broker() -> tuple[str, Callable[[], None]]:
+    """A bootstrap address and a function that releases what was started."""
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        return configured, lambda: None
+    if _docker_answers():
+        return _start_container()
+    return _start_local()
+
+
+def broker_log_tail(lines: int = 60) -> str:
+    """The local broker's log tail, for failure reports."""
+    log = Path(os.environ.get("SPECMETER_KAFKA_DIR", REPO / ".kafka")) / "broker.log"
+    if not log.exists():
+        return "(no local broker log)"
+    return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])

@@ -1,0 +1,70 @@
+"""A deliberately naive, slow implementation of SPEC §3, written from the text
+alone, to check the core against on random inputs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | None, invalid: int) -> dict:
+    keys = {}
+    for r in records:
+        keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
+            (r["state_hash"], r["accepted"], r["proposed"], r["verify"], r["completion"],
+             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None)
+        )
+    G = set(keys)
+    C = {k for k, values in keys.items() if len(values) > 1}
+    clean = {k: next(iter(keys[k])) for k in G - C}
+    speculative = bool(marker_algorithm) or any(
+        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records
+    )
+    if not speculative:
+        return {}
+    def sample_of(r):
+        return ("s", r["session_id"], r["sample_id"]) if r["sample_id"] is not None else ("g", r["session_id"], r["generation_id"])
+    occurrences = {(sample_of(r), r["generation_id"]) for r in records}
+    samples = {o[0] for o in occurrences}
+    total = lambda i: sum(v[i] for v in clean.values() if v[i] is not None)  # noqa: E731
+    acc_pairs = [v for v in clean.values() if v[1] is not None and v[2] is not None]
+    ver_pairs = [v for v in clean.values() if v[4] is not None and v[3] is not None]
+    out = {
+        "spec/record_occurrence_count": len(occurrences),
+        "spec/unique_generation_count": len(G),
+        "spec/conflicting_generation_count": len(C),
+        "spec/invalid_record_count": invalid,
+        "spec/sample_count": len(samples),
+        "spec/accepted_total": total(1),
+        "spec/proposed_total": total(2),
+        "spec/verify_total": total(3),
+        "spec/completion_total": total(4),
+        "spec/paired_accepted_total": sum(v[1] for v in acc_pairs),
+        "spec/paired_proposed_total": sum(v[2] for v in acc_pairs),
+        "spec/accept_covered_count": len(acc_pairs),
+        "spec/paired_completion_total": sum(v[4] for v in ver_pairs),
+        "spec/paired_verify_total": sum(v[3] for v in ver_pairs),
+        "spec/verify_covered_count": len(ver_pairs),
+    }
+    if G:
+        out["spec/accept_count_coverage"] = len(acc_pairs) / len(G)
+        out["spec/verify_count_coverage"] = len(ver_pairs) / len(G)
+    if out["spec/paired_proposed_total"] > 0:
+        out["spec/accept_rate"] = out["spec/paired_accepted_total"] / out["spec/paired_proposed_total"]
+    if out["spec/paired_verify_total"] > 0:
+        out["spec/tokens_per_verify"] = out["spec/paired_completion_total"] / out["spec/paired_verify_total"]
+    if samples and not C and not invalid:
+        folds = {}
+        for sample, gen in occurrences:
+            session = sample[1]
+            v = clean[(session, gen)]
+            folds.setdefault(sample, []).append(v)
+        def fold(values, i):
+            return None if any(v[i] is None for v in values) else sum(v[i] for v in values)
+        acc = [(fold(vs, 1), fold(vs, 2)) for vs in folds.values()]
+        ln = [(fold(vs, 4), fold(vs, 3)) for vs in folds.values()]
+        if all(a is not None and p for a, p in acc):
+            out["spec_accept_rate"] = math.fsum(a / p for a, p in acc) / len(acc)
+        if all(c is not None and v for c, v in ln):
+            out["spec_accept_length"] = math.fsum(c / v for c, v in ln) / len(ln)
+    return out

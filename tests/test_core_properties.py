@@ -1,0 +1,108 @@
+"""Invariants of the core on random batches (hypothesis).
+
+The result must not change under reordering, under redelivery of any subset,
+or when records are split by session into k partitions and the partials merged;
+and it must equal a naive reading of SPEC §3 (tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specmeter.schemas import GenerationRecord
+from specmeter.streams import BatchState, batch_metrics_dict, build_batch_metrics, merge_partials
+
+from .golden_cases import assert_metrics_equal
+from .reference import reference_metrics
+
+small_counter = st.one_of(st.none(), st.integers(0, 6))
+record_dicts = st.fixed_dictionaries(
+    {
+        "batch_id": st.just("b"),
+        "session_id": st.sampled_from(["s1", "s2", "s3", "s4"]),
+        "generation_id": st.sampled_from(["g1", "g2", "g3", "g4", "g5"]),
+        "sample_id": st.one_of(st.none(), st.sampled_from(["t1", "t2", "t3"])),
+        "state_hash": st.one_of(st.none(), st.just("h1")),
+        "accepted": small_counter,
+        "proposed": small_counter,
+        "verify": small_counter,
+        "completion": small_counter,
+        "accept_histogram": st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=3)),
+        "producer_id": st.sampled_from(["p0", "p1"]),
+    }
+)
+batches = st.lists(record_dicts, min_size=0, max_size=30)
+algorithms = st.one_of(st.none(), st.just("EAGLE"))
+
+
+def _records(dicts):
+    return [GenerationRecord(**d) for d in dicts]
+
+
+def _metrics(records, algorithm=None, invalid=0, partitions=1):
+    states = {}
+    for r in records:
+        p = zlib.crc32(r.session_id.encode()) % partitions
+        states.setdefault(p, BatchState("b")).add(r)
+    states.setdefault(0, BatchState("b"))
+    for _ in range(invalid):
+        states[0].add_invalid("p0")
+    if algorithm:
+        states[0].add_algorithm(algorithm)
+    merged = merge_partials([s.partial(partition=p) for p, s in states.items()])
+    return batch_metrics_dict(merged), merged.accept_histogram
+
+
+def metrics_are_order_independent(dicts, permutation, algorithm):
+    records = _records(dicts)
+    shuffled = [records[i] for i in permutation]
+    return _metrics(records, algorithm) == _metrics(shuffled, algorithm)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.randoms(use_true_random=False), algorithms)
+def test_reordering_changes_nothing(dicts, rnd, algorithm):
+    permutation = list(range(len(dicts)))
+    rnd.shuffle(permutation)
+    assert metrics_are_order_independent(dicts, permutation, algorithm)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.data(), algorithms)
+def test_redelivering_any_subset_changes_nothing(dicts, data, algorithm):
+    records = _records(dicts)
+    again = data.draw(st.lists(st.sampled_from(records), max_size=20)) if records else []
+    position = data.draw(st.integers(0, len(records)))
+    assert _metrics(records, algorithm) == _metrics(records[:position] + again + records[position:], algorithm)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.integers(1, 5), algorithms, st.integers(0, 2))
+def test_split_by_session_and_merged_is_exact(dicts, k, algorithm, invalid):
+    records = _records(dicts)
+    assert _metrics(records, algorithm, invalid, partitions=k) == _metrics(records, algorithm, invalid, partitions=1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(batches, algorithms, st.integers(0, 2), st.integers(1, 4))
+def test_core_agrees_with_naive_reading_of_spec(dicts, algorithm, invalid, k):
+    got, _ = _metrics(_records(dicts), algorithm, invalid, partitions=k)
+    assert_metrics_equal(got, reference_metrics(dicts, algorithm, invalid), "random batch")
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.integers(1, 4))
+def test_batch_metrics_envelope_counts_every_delivery(dicts, k):
+    records = _records(dicts)
+    states = {}
+    for r in records:
+        states.setdefault(zlib.crc32(r.session_id.encode()) % k, BatchState("b")).add(r)
+    if not states:
+        return
+    out = build_batch_metrics([s.partial(partition=p) for p, s in states.items()], revision=0,
+                              close_reason="markers", closed_at=0.0, partitions_expected=len(states))
+    assert out.record_count == len(records)
+    assert out.partitions_reported == len(states)
