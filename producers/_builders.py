@@ -1,0 +1,104 @@
+"""Turning one SGLang output (or several attempts of it) into a GenerationRecord."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specmeter.schemas import GenerationRecord
+
+from ._meta_info import SpecCounters, counters_from_meta_info, fold_attempts
+
+__all__ = ["record_from_meta_info", "record_from_attempts", "record_from_counters"]
+
+
+def record_from_counters(
+    counters: SpecCounters,
+    *,
+    batch_id: str,
+    session_id: str,
+    generation_id: str,
+    sample_id: str | None = None,
+    state_hash: str | None = None,
+    producer_id: str | None = None,
+) -> GenerationRecord:
+    """A validated record; raises ``msgspec.ValidationError`` on empty ids."""
+    import msgspec
+
+    return msgspec.convert(
+        {
+            "batch_id": batch_id,
+            "session_id": session_id,
+            "generation_id": generation_id,
+            "sample_id": sample_id,
+            "state_hash": state_hash,
+            "accepted": counters.accepted,
+            "proposed": counters.proposed,
+            "verify": counters.verify,
+            "completion": counters.completion,
+            "accept_histogram": counters.accept_histogram,
+            "producer_id": producer_id,
+        },
+        type=GenerationRecord,
+    )
+
+
+def _generation_id(meta_info: Mapping[str, Any], generation_id: str | None) -> str:
+    if generation_id is not None:
+        return generation_id
+    rid = meta_info.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise ValueError("meta_info has no usable 'id' (the backend request id): pass generation_id=...")
+    return rid
+
+
+def record_from_meta_info(
+    meta_info: Mapping[str, Any],
+    *,
+    batch_id: str,
+    session_id: str,
+    sample_id: str | None = None,
+    generation_id: str | None = None,
+    state_hash: str | None = None,
+    producer_id: str | None = None,
+) -> GenerationRecord:
+    """The record of one committed generation from its SGLang ``meta_info``.
+
+    ``generation_id`` defaults to ``meta_info["id"]`` (SGLang's request id).
+    """
+    return record_from_counters(
+        counters_from_meta_info(meta_info),
+        batch_id=batch_id,
+        session_id=session_id,
+        generation_id=_generation_id(meta_info, generation_id),
+        sample_id=sample_id,
+        state_hash=state_hash,
+        producer_id=producer_id,
+    )
+
+
+def record_from_attempts(
+    attempts: Sequence[Mapping[str, Any]],
+    *,
+    batch_id: str,
+    session_id: str,
+    sample_id: str | None = None,
+    generation_id: str | None = None,
+    state_hash: str | None = None,
+    producer_id: str | None = None,
+) -> GenerationRecord:
+    """One generation resumed over several attempts, folded (SPEC §2.1).
+
+    ``generation_id`` defaults to the first attempt's request id.
+    """
+    if not attempts:
+        raise ValueError("record_from_attempts() needs at least one meta_info")
+    return record_from_counters(
+        fold_attempts(counters_from_meta_info(m) for m in attempts),
+        batch_id=batch_id,
+        session_id=session_id,
+        generation_id=_generation_id(attempts[0], generation_id),
+        sample_id=sample_id,
+        state_hash=state_hash,
+        producer_id=producer_id,
+    )
