@@ -1,0 +1,23 @@
+"""Regenerate examples/sample_rollout.jsonl, the bundled sample rollout dump.
+
+    python examples/make_sample_rollout.py > examples/sample_rollout.jsonl
+
+Three training steps of a 3-worker EAGLE3 fleet: branching trajectories with
+shared ancestors, 20 % redeliveries, a few conflicts, missing counters and
+invalid records, and each worker's end-of-batch marker.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.schemas import record_to_builtins
+
+encoder = msgspec.json.Encoder()
+for event in synthetic_fleet(FleetSpec(batches=3, sessions_per_batch=16, producers=3, seed=7,
+                                       conflict_rate=0.02, invalid_rate=0.01)):
+    payload = event.payload if event.kind == "invalid" else record_to_builtins(event.payload)
+    sys.stdout.buffer.write(encoder.encode(payload) + b"\n")

@@ -1,0 +1,152 @@
+"""A synthetic rollout fleet: realistic records for demos, tests and benchmarks.
+
+Seeded and pure (no I/O): the same ``FleetSpec`` always gives the same events.
+Sessions branch into trajectories that share ancestor generations; counters
+follow a per-step acceptance model of each speculative algorithm; a share of
+records is redelivered, conflicting, missing counters or invalid.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from specmeter.schemas import BatchMarker, GenerationRecord
+
+__all__ = ["FleetSpec", "FleetEvent", "synthetic_fleet", "ALGORITHMS"]
+
+#: algorithm -> (drafts proposed per verify step, range of per-draft acceptance probability)
+ALGORITHMS: dict[str, tuple[int, tuple[float, float]]] = {
+    "NGRAM": (7, (0.25, 0.7)),
+    "EAGLE": (3, (0.55, 0.85)),
+    "EAGLE3": (4, (0.6, 0.9)),
+    "STANDALONE": (4, (0.45, 0.8)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """What the synthetic fleet produces. Rates are per record."""
+
+    batches: int = 3
+    sessions_per_batch: int = 16
+    producers: int = 3
+    max_samples_per_session: int = 3
+    max_turns: int = 4
+    redelivery_rate: float = 0.2
+    conflict_rate: float = 0.01
+    missing_rate: float = 0.05
+    invalid_rate: float = 0.005
+    algorithm: str | None = "EAGLE3"
+    seed: int = 0
+    batch_prefix: str = "step-"
+    template_pool: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.algorithm is not None and self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}: choose from {sorted(ALGORITHMS)} or None")
+        if self.producers < 1 or self.batches < 0 or self.sessions_per_batch < 1:
+            raise ValueError("producers and sessions_per_batch must be >= 1, batches >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """One thing a producer publishes: a record, an invalid record dict, or a marker."""
+
+    kind: Literal["record", "invalid", "marker"]
+    producer_id: str
+    batch_id: str
+    payload: GenerationRecord | dict[str, Any] | BatchMarker
+
+
+def _templates(rng: random.Random, algorithm: str | None, n: int) -> list[tuple]:
+    """A pool of (accepted, proposed, verify, completion, histogram) from a per-step model."""
+    pool = []
+    for _ in range(n):
+        target = max(8, min(4096, int(rng.lognormvariate(5.3, 0.8))))
+        if algorithm is None:
+            pool.append((None, None, None, target, None))
+            continue
+        drafts, (lo, hi) = ALGORITHMS[algorithm]
+        p = rng.uniform(lo, hi)
+        # P(k accepted) ~ p^k (1-p) for k < drafts, p^drafts for k = drafts
+        weights = [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
+        steps = max(1, round(target / sum((k + 1) * w for k, w in enumerate(weights))))
+        histogram = [0] * (drafts + 1)
+        for k in rng.choices(range(drafts + 1), weights=weights, k=steps):
+            histogram[k] += 1
+        accepted = sum(k * c for k, c in enumerate(histogram))
+        pool.append((accepted, drafts * steps, steps, accepted + steps, histogram))
+    return pool
+
+
+def _with_missing(rng: random.Random, value: tuple) -> tuple:
+    accepted, proposed, verify, completion, histogram = value
+    kind = rng.randrange(4)
+    if kind == 0:  # an older SGLang: no accepted/proposed, no histogram
+        return (None, None, verify, completion, None)
+    if kind == 1:  # resumed, one attempt lost its spec counters
+        return (None, None, None, completion, None)
+    if kind == 2:  # no histogram
+        return (accepted, proposed, verify, completion, None)
+    return (accepted, proposed, None, None, histogram)  # verify/completion not reported
+
+
+def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
+    """Every event of the fleet, batch by batch, producers interleaved; markers close each batch."""
+    rng = random.Random(spec.seed)
+    pool = _templates(rng, spec.algorithm, spec.template_pool)
+    producers = [f"worker-{i}" for i in range(spec.producers)]
+    for b in range(spec.batches):
+        batch_id = f"{spec.batch_prefix}{b:05d}"
+        per_producer: dict[str, list[FleetEvent]] = {p: [] for p in producers}
+        for s in range(spec.sessions_per_batch):
+            producer = producers[s % spec.producers]
+            session = f"{batch_id}/sess-{s:05d}"
+            out = per_producer[producer]
+            samples = rng.randint(1, spec.max_samples_per_session)
+            shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
+            ancestors = [(f"{session}/gen-{j}", rng.choice(pool)) for j in range(shared)]
+            for t in range(samples):
+                sample_id = f"traj-{t}" if samples > 1 else None
+                own = [(f"{session}/traj-{t}/gen-{j}", rng.choice(pool))
+                       for j in range(rng.randint(1, max(1, spec.max_turns - shared)))]
+                for generation_id, value in ancestors + own:
+                    if rng.random() < spec.invalid_rate:
+                        out.append(FleetEvent("invalid", producer, batch_id, {
+                            "type": "record", "batch_id": batch_id, "session_id": session,
+                            "generation_id": generation_id, "sample_id": sample_id, "accepted": -1,
+                            "producer_id": producer}))
+                        continue
+                    if rng.random() < spec.missing_rate:
+                        value = _with_missing(rng, value)
+                    accepted, proposed, verify, completion, histogram = value
+                    record = GenerationRecord(
+                        batch_id=batch_id, session_id=session, generation_id=generation_id, sample_id=sample_id,
+                        accepted=accepted, proposed=proposed, verify=verify, completion=completion,
+                        accept_histogram=histogram, producer_id=producer)
+                    out.append(FleetEvent("record", producer, batch_id, record))
+                    if rng.random() < spec.redelivery_rate:
+                        again = record
+                        if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
+                            again = GenerationRecord(
+                                batch_id=batch_id, session_id=session, generation_id=generation_id,
+                                sample_id=sample_id, accepted=(accepted or 0) + 1, proposed=proposed,
+                                verify=verify, completion=completion, accept_histogram=histogram,
+                                producer_id=producer)
+                        # a redelivery lands later in the same producer's stream
+                        out.insert(rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again))
+        # interleave producers as a fleet would
+        queues = [list(reversed(events)) for events in per_producer.values()]
+        while queues:
+            queue = rng.choice(queues)
+            yield queue.pop()
+            if not queue:
+                queues.remove(queue)
+        for producer in producers:
+            sent = sum(1 for _ in per_producer[producer])
+            yield FleetEvent("marker", producer, batch_id, BatchMarker(
+                batch_id=batch_id, producer_id=producer, records_sent=sent,
+                speculative_algorithm=spec.algorithm, expected_producers=spec.producers))
