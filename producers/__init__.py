@@ -2,10 +2,18 @@
 
 Import-light: no sglang, no Faust. ``meta_info`` parsing is pure; the publisher
 owns its own asyncio task and bounded queue and never blocks the caller.
+
+    async with Publisher(PublisherSettings(bootstrap_servers=...)) as pub:
+        pub.publish_nowait(record_from_meta_info(out["meta_info"], batch_id=..., session_id=...))
+        await pub.close_batch(batch_id, speculative_algorithm="EAGLE3", expected_producers=8)
 """
 
 from ._builders import record_from_attempts, record_from_counters, record_from_meta_info
+from ._errors import PublisherClosedError, PublisherError, PublisherNotStartedError, QueueFullError
 from ._meta_info import SpecCounters, counters_from_meta_info, fold_attempts, normalize_counter
+from ._publisher import Publisher, partition_for_key
+from ._settings import PublisherSettings, default_producer_id
+from ._sync import SyncPublisher
 
 __all__ = [
     "SpecCounters",
@@ -15,4 +23,13 @@ __all__ = [
     "record_from_meta_info",
     "record_from_attempts",
     "record_from_counters",
+    "Publisher",
+    "SyncPublisher",
+    "PublisherSettings",
+    "default_producer_id",
+    "partition_for_key",
+    "PublisherError",
+    "QueueFullError",
+    "PublisherClosedError",
+    "PublisherNotStartedError",
 ]

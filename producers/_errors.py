@@ -1,0 +1,30 @@
+"""Errors the producer library raises; each says what happened and what to do."""
+
+from __future__ import annotations
+
+__all__ = ["PublisherError", "QueueFullError", "PublisherClosedError", "PublisherNotStartedError"]
+
+
+class PublisherError(Exception):
+    """Base class of every error the publisher raises."""
+
+    retriable = False
+
+
+class QueueFullError(PublisherError):
+    """The bounded queue stayed full for the whole timeout: nothing was accepted.
+
+    Usually the broker is unreachable or slower than the fleet. Operator action:
+    check the broker; raise ``max_queued_records`` or ``queue_full_timeout_s`` if
+    bursts are expected. The record was NOT queued; publish it again later.
+    """
+
+    retriable = True
+
+
+class PublisherClosedError(PublisherError):
+    """publish() after stop(): the publisher no longer accepts records."""
+
+
+class PublisherNotStartedError(PublisherError):
+    """publish() before start(): call ``await publisher.start()`` (or use ``async with``)."""

@@ -1,0 +1,324 @@
+"""The non-blocking publisher: a bounded buffer in front of a background task.
+
+How it works (after aiokafka's producer): ``publish`` encodes the record, picks
+its partition (Java-compatible murmur2 of ``session_id``, cached per session),
+appends the bytes to that partition's buffer and returns; it never awaits the
+network. A background task packs each partition's buffer into one
+``RecordBatch`` message when it reaches ``max_message_bytes`` or has waited
+``linger_ms``, and delivers it with an idempotent aiokafka producer, re-sending
+until Kafka acknowledges it. ``close_batch`` flushes, waits for every
+acknowledgement, then sends a ``BatchMarker`` to every partition with the
+number of records this producer sent there for the batch.
+
+Full buffer policy: ``publish`` waits up to ``queue_full_timeout_s`` for room,
+then raises ``QueueFullError`` (the record is not accepted); ``publish_nowait``
+raises at once. Accepted records are never dropped: a failed delivery is
+retried until it succeeds or ``stop`` gives up after its timeout (and says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import warnings
+from collections import defaultdict
+from typing import Any
+
+from specmeter.schemas import BatchMarker, GenerationRecord, encode_records_message
+
+from ._errors import PublisherClosedError, PublisherNotStartedError, QueueFullError
+from ._framing import FRAME_OVERHEAD, frame_batch
+from ._settings import PublisherSettings
+
+__all__ = ["Publisher", "partition_for_key"]
+
+log = logging.getLogger("specmeter.producers")
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """Kafka's default partition for a key: Java-compatible murmur2, positive, modulo."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+class Publisher:
+    """Publishes generation records and batch markers to the records topic.
+
+    Use as ``async with Publisher(settings) as pub:`` or call ``start``/``stop``.
+    ``publish``/``publish_nowait`` are cheap and safe to call from the rollout
+    loop; ``close_batch`` is awaited once per batch when this worker is done.
+    """
+
+    def __init__(self, settings: PublisherSettings | None = None, **overrides: Any) -> None:
+        import msgspec
+
+        base = settings or PublisherSettings()
+        self.settings = msgspec.structs.replace(base, **overrides) if overrides else base
+        self._producer: Any = None
+        self._partitions = 0
+        self._partition_of: dict[str, int] = {}
+        self._buffers: dict[int, list[bytes]] = defaultdict(list)
+        self._buffer_bytes: dict[int, int] = defaultdict(int)
+        self._buffer_since: dict[int, float] = {}
+        self._queued = 0  # accepted, not yet acknowledged
+        self._sent: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self._inflight: set[asyncio.Task] = set()
+        self._wake: asyncio.Event | None = None
+        self._room: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._runner: asyncio.Task | None = None
+        self._started = False
+        self._closed = False
+        #: counters for monitoring: messages and records acknowledged, re-sends
+        self.stats = {"records_acked": 0, "messages_acked": 0, "resends": 0, "queue_full": 0}
+
+    # -- lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect, learn the topic's partitions and start the background task."""
+        if self._started:
+            return
+        from aiokafka import AIOKafkaProducer
+
+        s = self.settings
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id=f"specmeter-{s.producer_id}",
+            enable_idempotence=True,
+            acks="all",
+            compression_type=s.compression_type,
+            linger_ms=5,
+            max_batch_size=max(s.max_message_bytes + 4096, 16384),
+            max_request_size=max(s.max_message_bytes * 2, 1048576),
+            request_timeout_ms=s.request_timeout_ms,
+            retry_backoff_ms=s.retry_backoff_ms,
+            **s.kafka,
+        )
+        await self._producer.start()
+        try:
+            partitions = await self._producer.partitions_for(s.topic)
+        except Exception:
+            await self._producer.stop()
+            raise
+        if not partitions:
+            await self._producer.stop()
+            raise RuntimeError(f"topic {s.topic!r} has no partitions: create it first (specmeter worker creates it)")
+        self._partitions = len(partitions)
+        self._wake, self._room, self._idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._runner = asyncio.create_task(self._run(), name="specmeter-publisher")
+        self._started = True
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Deliver what is queued (up to ``timeout_s``), then disconnect. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        try:
+            await asyncio.wait_for(self.flush(), timeout_s)
+        except asyncio.TimeoutError:
+            log.error("publisher stop: %d record(s) still unacknowledged after %.0fs: they are lost "
+                      "unless re-published (broker unreachable?)", self._queued, timeout_s)
+        finally:
+            if self._runner is not None:
+                self._runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._runner
+            for task in list(self._inflight):
+                task.cancel()
+            await self._producer.stop()
+
+    async def __aenter__(self) -> Publisher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __del__(self) -> None:
+        if self._started and not self._closed:
+            warnings.warn(f"Publisher {self.settings.producer_id!r} was never stopped: queued records may be lost",
+                          ResourceWarning, stacklevel=1)
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def queued(self) -> int:
+        """Records accepted but not yet acknowledged by Kafka."""
+        return self._queued
+
+    # -- the hot path -------------------------------------------------------------
+    def publish_nowait(self, record: GenerationRecord) -> None:
+        """Accept one record or raise ``QueueFullError`` at once; never awaits.
+
+        Raises:
+            QueueFullError: ``max_queued_records`` are waiting for Kafka.
+            PublisherClosedError / PublisherNotStartedError.
+        """
+        if self._queued >= self.settings.max_queued_records or not self._started or self._closed:
+            self._refuse()
+        partition = self._partition_of.get(record.session_id)
+        if partition is None:
+            partition = self._partition_of[record.session_id] = partition_for_key(
+                record.session_id.encode(), self._partitions)
+        data = encode_records_message(record)
+        self._queued += 1
+        self._sent[record.batch_id][partition] += 1
+        if not self.settings.pack:  # one keyed message per record, as any Kafka client would
+            self._spawn(partition, data, 1, key=record.session_id.encode())
+            return
+        buffer = self._buffers[partition]
+        if not buffer:
+            self._buffer_since[partition] = time.monotonic()
+        buffer.append(data)
+        size = self._buffer_bytes[partition] + len(data)
+        self._buffer_bytes[partition] = size
+        if size >= self.settings.max_message_bytes:
+            self._wake.set()  # type: ignore[union-attr]
+
+    async def publish(self, record: GenerationRecord, *, timeout_s: float | None = None) -> None:
+        """Accept one record; waits only while the queue is full.
+
+        Args:
+            timeout_s: how long to wait for room (default ``queue_full_timeout_s``).
+
+        Raises:
+            QueueFullError: still full after the timeout; the record was not accepted.
+        """
+        if self._queued < self.settings.max_queued_records or not self._started or self._closed:
+            return self.publish_nowait(record)
+        timeout_s = self.settings.queue_full_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while self._queued >= self.settings.max_queued_records and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._room.clear()  # type: ignore[union-attr]
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._room.wait(), remaining)  # type: ignore[union-attr]
+        self.publish_nowait(record)
+
+    def _refuse(self) -> None:
+        if not self._started:
+            raise PublisherNotStartedError("call `await publisher.start()` (or use `async with`) before publishing")
+        if self._closed:
+            raise PublisherClosedError("publisher is stopped: create a new one to publish again")
+        self.stats["queue_full"] += 1
+        raise QueueFullError(
+            f"{self._queued} records are waiting for Kafka (max_queued_records="
+            f"{self.settings.max_queued_records}); is the broker at {self.settings.bootstrap_servers} reachable? "
+            "The record was not accepted: publish it again later."
+        )
+
+    # -- batches ----------------------------------------------------------------
+    async def flush(self) -> None:
+        """Send everything buffered now and wait until Kafka acknowledged it all."""
+        if not self._started:
+            return
+        self._drain(force=True)
+        while self._inflight or self._queued:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+            self._drain(force=True)
+            if not self._inflight and self._queued:
+                await asyncio.sleep(0.01)
+
+    async def close_batch(
+        self, batch_id: str, speculative_algorithm: str | None = None, expected_producers: int = 1
+    ) -> dict[int, int]:
+        """Mark this producer done with ``batch_id``.
+
+        Flushes and waits for the acknowledgement of every record, then sends a
+        ``BatchMarker`` to every partition (``records_sent`` = what this producer
+        sent there for the batch) and waits for those too.
+
+        Returns:
+            records sent per partition for the batch.
+        """
+        if not self._started or self._closed:
+            self._refuse()
+        await self.flush()
+        sent = dict(self._sent.pop(batch_id, {}))
+        deliveries = []
+        for partition in range(self._partitions):
+            marker = BatchMarker(
+                batch_id=batch_id,
+                producer_id=self.settings.producer_id,
+                records_sent=sent.get(partition, 0),
+                speculative_algorithm=speculative_algorithm or None,
+                expected_producers=expected_producers,
+            )
+            deliveries.append(self._deliver(partition, encode_records_message(marker), 0, key=batch_id.encode()))
+        await asyncio.gather(*deliveries)
+        return sent
+
+    def open_batches(self) -> list[str]:
+        """Batches with records published and no ``close_batch`` yet."""
+        return list(self._sent)
+
+    # -- background -------------------------------------------------------------
+    async def _run(self) -> None:
+        linger = self.settings.linger_ms / 1000
+        wake = self._wake
+        assert wake is not None
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), linger)
+            wake.clear()
+            self._drain(force=False)
+
+    def _drain(self, *, force: bool) -> None:
+        """Hand ready buffers to delivery tasks (all of them when ``force``)."""
+        now = time.monotonic()
+        s = self.settings
+        linger = s.linger_ms / 1000
+        for partition in [p for p, b in self._buffers.items() if b]:
+            if not force and self._buffer_bytes[partition] < s.max_message_bytes and \
+                    now - self._buffer_since.get(partition, now) < linger:
+                continue
+            records = self._buffers.pop(partition)
+            self._buffer_bytes.pop(partition, None)
+            self._buffer_since.pop(partition, None)
+            chunk: list[bytes] = []
+            size = FRAME_OVERHEAD
+            for data in records:
+                if chunk and size + len(data) > s.max_message_bytes:
+                    self._spawn(partition, frame_batch(chunk, s.producer_id), len(chunk))
+                    chunk, size = [], FRAME_OVERHEAD
+                chunk.append(data)
+                size += len(data)
+            if chunk:
+                self._spawn(partition, frame_batch(chunk, s.producer_id), len(chunk))
+
+    def _spawn(self, partition: int, value: bytes, count: int, key: bytes | None = None) -> None:
+        task = asyncio.get_running_loop().create_task(self._deliver(partition, value, count, key=key))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _deliver(self, partition: int, value: bytes, count: int, *, key: bytes | None = None) -> None:
+        """Send one message until Kafka acknowledges it; retries never give up while running."""
+        backoff = self.settings.retry_backoff_ms / 1000
+        while True:
+            try:
+                future = await self._producer.send(self.settings.topic, value, key=key, partition=partition)
+                await future
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every send error is retried
+                self.stats["resends"] += 1
+                log.warning("publisher: delivery to partition %d failed (%s: %s); retrying in %.2fs",
+                            partition, type(exc).__name__, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self.stats["messages_acked"] += 1
+        if count:
+            self.stats["records_acked"] += count
+            self._queued -= count
+            if self._room is not None:
+                self._room.set()

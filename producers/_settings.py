@@ -1,0 +1,50 @@
+"""The publisher's one settings object (environment and CLI flags map onto it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgspec
+
+__all__ = ["PublisherSettings", "default_producer_id"]
+
+
+def default_producer_id() -> str:
+    """``<hostname>-<pid>``: unique per rollout worker process."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a rollout worker publishes to Kafka.
+
+    Attributes:
+        bootstrap_servers: Kafka bootstrap address(es), comma-separated.
+        topic: the records topic.
+        producer_id: this worker's identity in markers; defaults to host-pid.
+        pack: pack records bound for one partition into one ``RecordBatch``
+            message (default). ``False`` sends one keyed message per record.
+        max_message_bytes: upper bound of one packed message.
+        linger_ms: how long a partition's records may wait to be packed.
+        max_queued_records: records accepted but not yet acknowledged by Kafka;
+            past it ``publish`` waits (``queue_full_timeout_s``), then raises
+            ``QueueFullError``. Nothing accepted is ever dropped.
+        queue_full_timeout_s: how long ``publish`` waits for room.
+        compression_type: Kafka compression (lz4, zstd, gzip, snappy or None).
+        request_timeout_ms: aiokafka's per-request timeout.
+        retry_backoff_ms: pause before re-sending a message that failed.
+        kafka: extra keyword arguments for ``AIOKafkaProducer`` (security, TLS).
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "specmeter.records"
+    producer_id: str = msgspec.field(default_factory=default_producer_id)
+    pack: bool = True
+    max_message_bytes: int = 512 * 1024
+    linger_ms: int = 20
+    max_queued_records: int = 200_000
+    queue_full_timeout_s: float = 10.0
+    compression_type: str | None = "lz4"
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 250
+    kafka: dict = {}

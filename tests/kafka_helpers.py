@@ -1,0 +1,46 @@
+"""Small helpers for tests that talk to a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    finally:
+        await admin.close()
+
+
+async def read_topic(bootstrap: str, topic: str, *, until: Any = None, timeout_s: float = 30.0,
+                     idle_s: float | None = None) -> list:
+    """Every message of ``topic`` from the beginning (no group), until ``until(messages)``
+    is true, ``idle_s`` passes without a new message, or the timeout."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    out: list = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last_new = loop.time()
+    try:
+        while loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                out.extend(messages)
+            if batch:
+                last_new = loop.time()
+            if until is not None and until(out):
+                break
+            if idle_s is not None and loop.time() - last_new > idle_s:
+                break
+    finally:
+        await consumer.stop()
+    return out
