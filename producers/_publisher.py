@@ -182,6 +182,20 @@ class Publisher:
         if size >= self.settings.max_message_bytes:
             self._wake.set()  # type: ignore[union-attr]
 
+    def publish_raw(self, value: bytes, *, session_id: str | None = None, batch_id: str | None = None) -> None:
+        """Send bytes as they are (a replayed invalid record, a foreign client's message).
+
+        Placed by ``session_id`` when given (else partition 0) and counted in
+        ``batch_id``'s ``records_sent`` when given, so markers stay honest.
+        """
+        if self._queued >= self.settings.max_queued_records or not self._started or self._closed:
+            self._refuse()
+        partition = partition_for_key(session_id.encode(), self._partitions) if session_id else 0
+        self._queued += 1
+        if batch_id is not None:
+            self._sent[batch_id][partition] += 1
+        self._spawn(partition, value, 1, key=session_id.encode() if session_id else None)
+
     async def publish(self, record: GenerationRecord, *, timeout_s: float | None = None) -> None:
         """Accept one record; waits only while the queue is full.
 

@@ -43,6 +43,8 @@ class OfflineAggregator:
 
     speculative_algorithm: str | None = None
     on_error: Callable[[LineError], None] | None = None
+    #: line parser; the CLI passes the producers' dump parser (it also reads SGLang outputs)
+    parse: Callable[[bytes | str], GenerationRecord | BatchMarker | InvalidRecord] = decode_json_line
     batches: dict[str, BatchState] = field(default_factory=dict)
     errors: int = 0
 
@@ -58,7 +60,7 @@ class OfflineAggregator:
         """Apply one line; blank lines are skipped."""
         if not line.strip():
             return
-        self.feed(decode_json_line(line), line_number)
+        self.feed(self.parse(line), line_number)
 
     def feed(self, item: GenerationRecord | BatchMarker | InvalidRecord, line_number: int = 0) -> None:
         if isinstance(item, GenerationRecord):

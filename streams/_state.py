@@ -14,6 +14,7 @@ from typing import Final
 
 from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
 
+from ._delta import BatchDelta
 from ._exact import grow
 
 __all__ = ["BatchState", "Outcome", "record_value"]
@@ -76,6 +77,9 @@ class BatchState:
         "_algorithms",
         "_counters_seen",
         "_conflicts",
+        "_journal_keys",
+        "_journal_occurrences",
+        "_journal_base",
     )
 
     def __init__(self, batch_id: str) -> None:
@@ -91,6 +95,9 @@ class BatchState:
         self._algorithms: set[str] = set()
         self._counters_seen = False
         self._conflicts = 0
+        self._journal_keys: set[tuple[str, str]] | None = None
+        self._journal_occurrences: list[tuple[str, str | None, str]] | None = None
+        self._journal_base: tuple | None = None
 
     # -- input ----------------------------------------------------------------
     def add(self, record: GenerationRecord, *, late: bool = False) -> Outcome:
@@ -118,16 +125,22 @@ class BatchState:
         known = self._values.get(key)
         if known is None:
             self._values[key] = value
+            if self._journal_keys is not None:
+                self._journal_keys.add(key)
         elif known is not CONFLICT and known != value:
             self._values[key] = CONFLICT
             self._conflicts += 1
             self.conflicting_record_count += 1
+            if self._journal_keys is not None:
+                self._journal_keys.add(key)
         elif known is CONFLICT:
             self.conflicting_record_count += 1
         occurrence = (record.session_id, record.sample_id, record.generation_id)
         if occurrence in self._occurrences:
             return Outcome.REDELIVERED
         self._occurrences.add(occurrence)
+        if self._journal_occurrences is not None:
+            self._journal_occurrences.append(occurrence)
         return Outcome.AGGREGATED
 
     def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
@@ -149,6 +162,85 @@ class BatchState:
         """Name the batch's speculative algorithm without a marker (offline flag)."""
         if name:
             self._algorithms.add(name)
+
+    # -- durability -----------------------------------------------------------
+    def _counters(self) -> tuple:
+        return (self.record_count, self.invalid_record_count, self.late_record_count,
+                self.conflicting_record_count, dict(self._received), dict(self._markers),
+                frozenset(self._algorithms), self._counters_seen)
+
+    def start_journal(self) -> None:
+        """Begin recording changes, to be taken as deltas by ``take_delta``."""
+        self._journal_keys = set()
+        self._journal_occurrences = []
+        self._journal_base = self._counters()
+
+    def take_delta(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> BatchDelta | None:
+        """What changed since the last call (or ``start_journal``); None if nothing did."""
+        if self._journal_keys is None or self._journal_base is None or self._journal_occurrences is None:
+            raise RuntimeError("take_delta() needs start_journal() first")
+        base = self._journal_base
+        now = self._counters()
+        if not self._journal_keys and not self._journal_occurrences and now == base:
+            return None
+        values = self._values
+        entries = []
+        for key in self._journal_keys:
+            value = values[key]
+            if value is CONFLICT:
+                entries.append((key[0], key[1], True, None, None, None, None, None, None))
+            else:
+                entries.append((key[0], key[1], False, *value))  # type: ignore[misc]
+        received = {p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)}
+        markers = [m for p, m in now[5].items() if base[5].get(p) != m]
+        delta = BatchDelta(
+            batch_id=self.batch_id,
+            first_offset=first_offset,
+            last_offset=last_offset,
+            last_input_ms=last_input_ms,
+            entries=entries,
+            occurrences=self._journal_occurrences,
+            record_count=now[0] - base[0],
+            invalid_record_count=now[1] - base[1],
+            late_record_count=now[2] - base[2],
+            conflicting_record_count=now[3] - base[3],
+            received=received,
+            markers=markers,
+            algorithms=sorted(now[6] - base[6]),
+            counters_seen=now[7] and not base[7],
+        )
+        self._journal_keys = set()
+        self._journal_occurrences = []
+        self._journal_base = now
+        return delta
+
+    def apply_delta(self, delta: BatchDelta) -> None:
+        """Replay one durable delta (restoring after a crash or a rebalance)."""
+        values = self._values
+        for session, generation, conflict, *value in delta.entries:
+            key = (session, generation)
+            before = values.get(key)
+            if conflict:
+                if before is not CONFLICT:
+                    self._conflicts += 1
+                values[key] = CONFLICT
+            else:
+                state_hash, accepted, proposed, verify, completion, histogram = value
+                values[key] = (state_hash, accepted, proposed, verify, completion,
+                               tuple(histogram) if histogram is not None else None)
+        self._occurrences.update(tuple(o) for o in delta.occurrences)
+        self.record_count += delta.record_count
+        self.invalid_record_count += delta.invalid_record_count
+        self.late_record_count += delta.late_record_count
+        self.conflicting_record_count += delta.conflicting_record_count
+        for producer, n in delta.received.items():
+            self._received[producer] = self._received.get(producer, 0) + n
+        for marker in delta.markers:
+            self.add_marker(marker)
+        self._algorithms.update(delta.algorithms)
+        self._counters_seen = self._counters_seen or delta.counters_seen
+        if self._journal_keys is not None:
+            self._journal_base = self._counters()
 
     # -- closing --------------------------------------------------------------
     @property

@@ -1,0 +1,35 @@
+"""The worker's own counters: every input accounted for, exported to Prometheus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["WorkerCounters"]
+
+
+@dataclass
+class WorkerCounters:
+    """Since this worker process started. Each record is exactly one of aggregated,
+    redelivered, late (applied within grace) or dead-lettered."""
+
+    messages: int = 0
+    messages_replayed_skipped: int = 0
+    records_aggregated: int = 0
+    records_redelivered: int = 0
+    records_late: int = 0
+    records_dead_lettered: int = 0
+    records_conflicting: int = 0
+    records_invalid: int = 0
+    markers: int = 0
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    partials_emitted: int = 0
+    batches_closed: dict[str, int] = field(default_factory=dict)
+    batches_published: int = 0
+    batches_expired: int = 0
+
+    def dead_letter(self, reason: str, records: int = 1) -> None:
+        self.dead_letters[reason] = self.dead_letters.get(reason, 0) + 1
+        self.records_dead_lettered += records
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)

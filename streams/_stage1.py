@@ -1,0 +1,302 @@
+"""Stage 1, pure: one records-topic partition's batches, from messages to partials.
+
+Decides *when* (markers, timeouts, grace) with times passed in; the core
+decides *what*. Returns effects for the Faust shell to carry out, in order:
+changelog writes (deltas, statuses, then the checkpoint), partials, dead letters.
+
+Exactly-once state without transactions: every chunk's deltas and a checkpoint
+(the chunk's last offset) go to the same changelog partition in order, so a
+durable checkpoint implies durable deltas. On restore, deltas past the
+checkpoint are stale (their chunk will be processed again) and are deleted, and
+messages at or below the checkpoint are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from specmeter.schemas import (
+    BatchMarker,
+    DeadLetter,
+    GenerationRecord,
+    PartialAggregate,
+    decode_records_message,
+    encode_records_message,
+)
+
+from ._counters import WorkerCounters
+from ._delta import BatchStatus, Checkpoint, decode_checkpoint, decode_delta, decode_status, encode_state
+from ._state import BatchState, Outcome
+
+__all__ = ["PartitionProcessor", "Effects", "state_key_prefix"]
+
+log = logging.getLogger("specmeter.stage1")
+_SEP = "\x1f"
+#: how many expired batch ids each partition remembers (to dead-letter late records)
+EXPIRED_MEMORY = 10_000
+
+
+def state_key_prefix(partition: int) -> bytes:
+    return f"{partition}{_SEP}".encode()
+
+
+def _delta_key(partition: int, batch_id: str, last_offset: int) -> bytes:
+    return f"{partition}{_SEP}d{_SEP}{batch_id}{_SEP}{last_offset:020d}".encode()
+
+
+def _status_key(partition: int, batch_id: str) -> bytes:
+    return f"{partition}{_SEP}s{_SEP}{batch_id}".encode()
+
+
+def _checkpoint_key(partition: int) -> bytes:
+    return f"{partition}{_SEP}c".encode()
+
+
+@dataclass
+class Effects:
+    """What the shell must do after a call, in this order."""
+
+    changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    partials: list[PartialAggregate] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    state: BatchState
+    last_input_ms: int
+    closed: bool = False
+    close_reason: str | None = None
+    closed_at_ms: int = 0
+    revision: int = -1
+    partial_digest: bytes = b""
+    delta_keys: list[bytes] = field(default_factory=list)
+
+    def status(self) -> BatchStatus:
+        return BatchStatus(batch_id=self.state.batch_id, closed=self.closed, close_reason=self.close_reason,
+                           closed_at_ms=self.closed_at_ms, revision=self.revision,
+                           partial_digest=self.partial_digest)
+
+
+def _digest(partial: PartialAggregate) -> bytes:
+    """Identity of a partial's content, revision and close time aside."""
+    body = msgspec.structs.replace(partial, revision=0, closed_at_ms=0)
+    return hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
+
+
+class PartitionProcessor:
+    """All open and recently closed batches of one records-topic partition."""
+
+    def __init__(self, partition: int, *, source_topic: str, batch_timeout_ms: int, grace_ms: int,
+                 max_message_bytes: int | None = None, counters: WorkerCounters | None = None) -> None:
+        self.partition = partition
+        self.source_topic = source_topic
+        self.batch_timeout_ms = batch_timeout_ms
+        self.grace_ms = grace_ms
+        self.max_message_bytes = max_message_bytes
+        self.counters = counters if counters is not None else WorkerCounters()
+        self.checkpoint = -1
+        self.batches: dict[str, _Batch] = {}
+        self.expired: OrderedDict[str, None] = OrderedDict()
+
+    # -- restore ------------------------------------------------------------------
+    def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
+        """Rebuild from the changelog entries of this partition (any order).
+
+        Returns the deletions of stale deltas (past the checkpoint or of expired batches).
+        """
+        prefix = state_key_prefix(self.partition)
+        deltas = []
+        statuses = {}
+        for key, value in entries:
+            if not key.startswith(prefix) or value is None:
+                continue
+            kind = key[len(prefix):len(prefix) + 1]
+            if kind == b"c":
+                checkpoint = decode_checkpoint(value)
+                self.checkpoint = checkpoint.offset
+                self.expired = OrderedDict.fromkeys(checkpoint.expired)
+            elif kind == b"d":
+                deltas.append((key, decode_delta(value)))
+            elif kind == b"s":
+                status = decode_status(value)
+                statuses[status.batch_id] = (key, status)
+        effects = Effects()
+        for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
+            if delta.last_offset > self.checkpoint or delta.batch_id in self.expired:
+                effects.changelog.append((key, None))
+                continue
+            batch = self._open(delta.batch_id, delta.last_input_ms)
+            batch.state.apply_delta(delta)
+            batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
+            batch.delta_keys.append(key)
+        for batch_id, (key, status) in statuses.items():
+            batch = self.batches.get(batch_id)
+            if batch is None:
+                effects.changelog.append((key, None))
+                continue
+            batch.closed, batch.close_reason = status.closed, status.close_reason
+            batch.closed_at_ms, batch.revision = status.closed_at_ms, status.revision
+            batch.partial_digest = status.partial_digest
+        log.info("partition=%d restored batches=%d checkpoint=%d stale_deltas=%d", self.partition,
+                 len(self.batches), self.checkpoint, len(effects.changelog))
+        return effects
+
+    def _open(self, batch_id: str, now_ms: int) -> _Batch:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            state = BatchState(batch_id)
+            state.start_journal()
+            batch = self.batches[batch_id] = _Batch(state=state, last_input_ms=now_ms)
+        return batch
+
+    # -- processing ---------------------------------------------------------------
+    def process(self, messages: Iterable[tuple[int, bytes]], now_ms: int) -> Effects:
+        """Apply one chunk of ``(offset, value)`` messages of this partition, in offset order."""
+        effects = Effects()
+        counters = self.counters
+        touched: dict[str, _Batch] = {}
+        first = last = None
+        for offset, value in messages:
+            if offset <= self.checkpoint:
+                counters.messages_replayed_skipped += 1
+                continue
+            counters.messages += 1
+            if first is None:
+                first = offset
+            last = offset
+            decoded = decode_records_message(value, max_bytes=self.max_message_bytes)
+            for record in decoded.records:
+                self._apply_record(record, offset, now_ms, touched, effects)
+            for bad in decoded.invalid:
+                counters.records_invalid += 1
+                counters.dead_letter(bad.reason)
+                effects.dead_letters.append(self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id, now_ms))
+                if bad.batch_id is not None:
+                    batch = self._batch_for_input(bad.batch_id, now_ms)
+                    if batch is not None:
+                        batch.state.add_invalid(bad.producer_id, late=batch.closed)
+                        touched[bad.batch_id] = batch
+            if decoded.marker is not None:
+                self._apply_marker(decoded.marker, value, offset, now_ms, touched, effects)
+        if last is None:
+            return effects
+        assert first is not None
+        for batch_id, batch in touched.items():
+            delta = batch.state.take_delta(first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms)
+            if delta is not None:
+                key = _delta_key(self.partition, batch_id, last)
+                effects.changelog.append((key, encode_state(delta)))
+                batch.delta_keys.append(key)
+            if not batch.closed and batch.state.markers_complete:
+                self._close(batch, "markers", now_ms, effects)
+            elif batch.closed:
+                self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
+        self.checkpoint = last
+        effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+        return effects
+
+    def _batch_for_input(self, batch_id: str, now_ms: int) -> _Batch | None:
+        """The batch to apply input to; None when it expired (the input is late)."""
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            if batch_id in self.expired:
+                return None
+            batch = self._open(batch_id, now_ms)
+        batch.last_input_ms = now_ms
+        return batch
+
+    def _apply_record(self, record: GenerationRecord, offset: int, now_ms: int, touched: dict, effects: Effects) -> None:
+        counters = self.counters
+        batch = self._batch_for_input(record.batch_id, now_ms)
+        if batch is None:
+            counters.dead_letter("late")
+            effects.dead_letters.append(self._dead_letter(
+                "late", f"batch {record.batch_id!r} closed more than grace ago on partition {self.partition}",
+                encode_records_message(record), offset, record.batch_id, now_ms))
+            return
+        touched[record.batch_id] = batch
+        conflicts_before = batch.state.conflicting_record_count
+        outcome = batch.state.add(record, late=batch.closed)
+        if batch.state.conflicting_record_count != conflicts_before:
+            counters.records_conflicting += 1
+        if batch.closed:
+            counters.records_late += 1
+        elif outcome is Outcome.AGGREGATED:
+            counters.records_aggregated += 1
+        else:
+            counters.records_redelivered += 1
+
+    def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
+                      effects: Effects) -> None:
+        self.counters.markers += 1
+        batch = self._batch_for_input(marker.batch_id, now_ms)
+        if batch is None:
+            self.counters.dead_letter("late", records=0)
+            effects.dead_letters.append(self._dead_letter(
+                "late", f"marker for batch {marker.batch_id!r} after its grace ended", raw, offset,
+                marker.batch_id, now_ms))
+            return
+        batch.state.add_marker(marker)
+        touched[marker.batch_id] = batch
+
+    def _dead_letter(self, reason: str, detail: str, raw: bytes, offset: int, batch_id: str | None,
+                     now_ms: int) -> DeadLetter:
+        return DeadLetter(reason=reason, detail=detail, raw=raw, source_topic=self.source_topic,
+                          source_partition=self.partition, source_offset=offset, batch_id=batch_id,
+                          rejected_at=now_ms / 1000)
+
+    # -- closing ----------------------------------------------------------------
+    def _close(self, batch: _Batch, reason: str, now_ms: int, effects: Effects) -> None:
+        batch.closed, batch.close_reason, batch.closed_at_ms = True, reason, now_ms
+        self.counters.batches_closed[reason] = self.counters.batches_closed.get(reason, 0) + 1
+        self._emit(batch, now_ms, effects)
+
+    def _emit(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
+        """Emit the batch's partial if its content changed since the last one."""
+        partial = batch.state.partial(partition=self.partition, revision=batch.revision + 1,
+                                      close_reason=batch.close_reason or "markers", closed_at_ms=batch.closed_at_ms)
+        digest = _digest(partial)
+        if digest == batch.partial_digest:
+            return
+        batch.revision += 1
+        batch.partial_digest = digest
+        effects.changelog.append((_status_key(self.partition, batch.state.batch_id), encode_state(batch.status())))
+        effects.partials.append(partial)
+        self.counters.partials_emitted += 1
+
+    def tick(self, now_ms: int) -> Effects:
+        """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
+        effects = Effects()
+        expired = []
+        for batch in self.batches.values():
+            if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:
+                self._close(batch, "timeout", now_ms, effects)
+            elif batch.closed and now_ms - batch.closed_at_ms >= self.grace_ms:
+                expired.append(batch)
+        if expired:
+            for batch in expired:
+                del self.batches[batch.state.batch_id]
+                self.expired[batch.state.batch_id] = None
+                self.counters.batches_expired += 1
+            while len(self.expired) > EXPIRED_MEMORY:
+                self.expired.popitem(last=False)
+            # checkpoint (with the expired ids) first: deltas left behind by a crash are then known stale
+            effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+            for batch in expired:
+                effects.changelog.extend((key, None) for key in batch.delta_keys)
+                effects.changelog.append((_status_key(self.partition, batch.state.batch_id), None))
+        return effects
+
+    def _checkpoint_value(self) -> bytes:
+        return encode_state(Checkpoint(offset=self.checkpoint, expired=list(self.expired)))
+
+    @property
+    def open_generations(self) -> int:
+        return sum(b.state.generation_count for b in self.batches.values())

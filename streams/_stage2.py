@@ -1,0 +1,118 @@
+"""Stage 2, pure: merge partitions' partials of a batch and decide publication.
+
+A batch is published when every records partition has reported, or when
+``batch_timeout`` passed since its first partial (then ``complete`` is false).
+A later partial (late records, a slow partition) publishes a new revision, but
+only if the content changed, so replays after a crash publish nothing new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from specmeter.schemas import BatchMetrics, PartialAggregate
+
+from ._counters import WorkerCounters
+from ._merge import build_batch_metrics
+
+__all__ = ["BatchMerger", "MergeEffects", "MergeEntry"]
+
+log = logging.getLogger("specmeter.stage2")
+_SEP = "\x1f"
+
+
+class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
+    """Durable stage-2 state of one batch."""
+
+    batch_id: str
+    partials: dict[int, PartialAggregate] = {}
+    first_seen_ms: int = 0
+    last_change_ms: int = 0
+    published_revision: int = -1
+    published_digest: bytes = b""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(MergeEntry)
+
+
+@dataclass
+class MergeEffects:
+    changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    published: list[BatchMetrics] = field(default_factory=list)
+
+
+def _key(partition: int, batch_id: str) -> bytes:
+    return f"{partition}{_SEP}m{_SEP}{batch_id}".encode()
+
+
+class BatchMerger:
+    """Every batch whose partials land on one partition of the partials topic."""
+
+    def __init__(self, partition: int, *, partitions_expected: int, batch_timeout_ms: int, grace_ms: int,
+                 counters: WorkerCounters | None = None) -> None:
+        self.partition = partition
+        self.partitions_expected = partitions_expected
+        self.batch_timeout_ms = batch_timeout_ms
+        self.grace_ms = grace_ms
+        self.counters = counters if counters is not None else WorkerCounters()
+        self.entries: dict[str, MergeEntry] = {}
+
+    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        prefix = f"{self.partition}{_SEP}m{_SEP}".encode()
+        for key, value in entries:
+            if key.startswith(prefix) and value is not None:
+                entry = _decoder.decode(value)
+                self.entries[entry.batch_id] = entry
+        log.info("partition=%d restored merges=%d", self.partition, len(self.entries))
+
+    def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
+        effects = MergeEffects()
+        entry = self.entries.get(partial.batch_id)
+        if entry is None:
+            entry = self.entries[partial.batch_id] = MergeEntry(batch_id=partial.batch_id, first_seen_ms=now_ms)
+        known = entry.partials.get(partial.partition)
+        if known is not None and known.revision >= partial.revision:
+            return effects  # a replayed or stale partial
+        entry.partials[partial.partition] = partial
+        entry.last_change_ms = now_ms
+        if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
+            self._publish(entry, effects)
+        effects.changelog.append((_key(self.partition, entry.batch_id), _encoder.encode(entry)))
+        return effects
+
+    def tick(self, now_ms: int) -> MergeEffects:
+        effects = MergeEffects()
+        for entry in list(self.entries.values()):
+            if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
+                self._publish(entry, effects)
+                effects.changelog.append((_key(self.partition, entry.batch_id), _encoder.encode(entry)))
+            elif entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms:
+                del self.entries[entry.batch_id]
+                effects.changelog.append((_key(self.partition, entry.batch_id), None))
+        return effects
+
+    def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:
+        partials = [entry.partials[p] for p in sorted(entry.partials)]
+        all_reported = len(partials) >= self.partitions_expected
+        by_markers = all_reported and all(p.close_reason == "markers" for p in partials)
+        metrics = build_batch_metrics(
+            partials,
+            revision=entry.published_revision + 1,
+            close_reason="markers" if by_markers else "timeout",
+            closed_at=max(p.closed_at_ms for p in partials) / 1000,
+            partitions_expected=self.partitions_expected,
+        )
+        body = msgspec.structs.replace(metrics, revision=0)
+        digest = hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
+        if digest == entry.published_digest:
+            return
+        entry.published_revision += 1
+        entry.published_digest = digest
+        effects.published.append(metrics)
+        self.counters.batches_published += 1

@@ -1,0 +1,51 @@
+"""Creating and checking the worker's topics with aiokafka's admin client."""
+
+from __future__ import annotations
+
+import logging
+
+from .settings import WorkerSettings
+
+__all__ = ["ensure_topics", "TopicMismatch"]
+
+log = logging.getLogger("specmeter.topics")
+
+
+class TopicMismatch(RuntimeError):
+    """A topic exists with a partition count the worker cannot use."""
+
+
+async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
+    """Create missing topics; return partitions per topic.
+
+    Raises:
+        TopicMismatch: the records topic exists with another partition count
+            than ``settings.partitions`` (state topics must match it).
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    t = settings.topics
+    wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1}
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.kafka)
+    await admin.start()
+    try:
+        existing = await admin.describe_topics(list(wanted))
+        have = {d["topic"]: len(d["partitions"]) for d in existing if d.get("error_code", 0) == 0 and d["partitions"]}
+        missing = [NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
+                            topic_configs={"cleanup.policy": "delete"})
+                   for name, n in wanted.items() if name not in have]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+            log.info("created topics: %s", ", ".join(f"{m.name}({m.num_partitions})" for m in missing))
+        for name in (t.records, t.partials):
+            if name in have and have[name] != settings.partitions:
+                raise TopicMismatch(
+                    f"topic {name!r} has {have[name]} partitions but the worker runs with partitions="
+                    f"{settings.partitions}: start it with --partitions {have[name]} (state topics must match)")
+        return {name: have.get(name, n) for name, n in wanted.items()}
+    finally:
+        await admin.close()

@@ -1,0 +1,62 @@
+"""The worker's one settings object; the CLI and the environment map onto it."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["WorkerSettings", "TopicNames"]
+
+
+class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
+    """Topic names (SPEC §4 defaults)."""
+
+    records: str = "specmeter.records"
+    partials: str = "specmeter.partials"
+    metrics: str = "specmeter.metrics"
+    deadletter: str = "specmeter.deadletter"
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a specmeter worker runs.
+
+    Attributes:
+        broker: Kafka bootstrap address(es), comma-separated.
+        app_id: Faust application id: consumer group and prefix of state topics.
+        topics: topic names.
+        partitions: partitions of the records topic (and of every state topic).
+        replication_factor: of the topics the worker creates.
+        batch_timeout_s: close a batch this long after its last input if its
+            markers never complete (close_reason ``timeout``).
+        grace_s: keep a closed batch this long: late records within it give a
+            new revision; after it they are dead-lettered as ``late``.
+        chunk_messages: Kafka messages processed (and checkpointed) together.
+        chunk_wait_s: longest wait to fill a chunk.
+        tick_s: how often timeouts and grace are checked.
+        max_message_bytes: larger input messages are dead-lettered as ``too_large``.
+        session_timeout_s: how long a silent worker keeps its partitions.
+        commit_interval_s: how often consumed offsets are committed.
+        web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
+        data_dir: Faust's local data folder.
+        log_level: worker log level.
+        kafka: extra client settings (security) for Faust and aiokafka.
+    """
+
+    broker: str = "127.0.0.1:9092"
+    app_id: str = "specmeter"
+    topics: TopicNames = TopicNames()
+    partitions: int = 8
+    replication_factor: int = 1
+    batch_timeout_s: float = 60.0
+    grace_s: float = 300.0
+    chunk_messages: int = 200
+    chunk_wait_s: float = 0.05
+    tick_s: float = 0.25
+    max_message_bytes: int = 8 * 1024 * 1024
+    session_timeout_s: float = 30.0
+    commit_interval_s: float = 1.0
+    web_enabled: bool = True
+    web_host: str = "0.0.0.0"
+    web_port: int = 6066
+    data_dir: str = "/tmp/specmeter-worker"
+    log_level: str = "info"
+    kafka: dict = {}
