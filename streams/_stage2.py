@@ -51,6 +51,10 @@ def _key(partition: int, batch_id: str) -> bytes:
     return f"{partition}{_SEP}m{_SEP}{batch_id}".encode()
 
 
+def _checkpoint_key(partition: int) -> bytes:
+    return f"{partition}{_SEP}k".encode()
+
+
 class BatchMerger:
     """Every batch whose partials land on one partition of the partials topic."""
 
@@ -62,14 +66,37 @@ class BatchMerger:
         self.grace_ms = grace_ms
         self.counters = counters if counters is not None else WorkerCounters()
         self.entries: dict[str, MergeEntry] = {}
+        #: last partials-topic offset whose effects are durable
+        self.checkpoint = -1
 
     def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         prefix = f"{self.partition}{_SEP}m{_SEP}".encode()
+        checkpoint_key = _checkpoint_key(self.partition)
         for key, value in entries:
-            if key.startswith(prefix) and value is not None:
+            if value is None:
+                continue
+            if key == checkpoint_key:
+                self.checkpoint = int(value)
+            elif key.startswith(prefix):
                 entry = _decoder.decode(value)
                 self.entries[entry.batch_id] = entry
-        log.info("partition=%d restored merges=%d", self.partition, len(self.entries))
+        log.info("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
+
+    def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
+        """Apply partials in offset order; the checkpoint is written last."""
+        effects = MergeEffects()
+        last = None
+        for offset, partial in messages:
+            if offset <= self.checkpoint:
+                continue
+            sub = self.on_partial(partial, now_ms)
+            effects.changelog.extend(sub.changelog)
+            effects.published.extend(sub.published)
+            last = offset
+        if last is not None:
+            self.checkpoint = last
+            effects.changelog.append((_checkpoint_key(self.partition), str(last).encode()))
+        return effects
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
         effects = MergeEffects()

@@ -4,6 +4,11 @@ It decides nothing: it moves messages into ``PartitionProcessor`` (stage 1)
 and ``BatchMerger`` (stage 2) and carries out the effects they return. State
 lives in two Faust tables used as changelogs with explicit partitions (stage 1
 writes one delta per batch per chunk, never one write per record).
+
+Offsets: Faust's committed offsets are not trusted (see ``_gate``). Each
+stage keeps a durable checkpoint of the last offset it applied; the shell
+admits only the offsets that follow it, drops messages fetched in an older
+consumer generation, and seeks back when the consumer resumed past a gap.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics, encode_partial
 
 from ._counters import WorkerCounters
+from ._gate import OffsetGate
 from ._stage1 import Effects, PartitionProcessor, state_key_prefix
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings
@@ -27,6 +33,8 @@ log = logging.getLogger("specmeter.worker")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
 
 
 class StreamShell:
@@ -50,19 +58,39 @@ class StreamShell:
                                       value_type=bytes)
         self.processors: dict[int, PartitionProcessor] = {}
         self.mergers: dict[int, BatchMerger] = {}
+        self.gates = {t.records: OffsetGate(), t.partials: OffsetGate()}
         self.last_event_at: dict[int, float] = {}
         self.last_published: Any = None
+        self.seeks = 0
+        #: bumped on every revocation; work that awaited across one is discarded
+        self.epoch = 0
 
     # -- state per partition ------------------------------------------------------
-    def _entries(self, table: Any, partition: int) -> list[tuple[bytes, bytes]]:
+    @staticmethod
+    def _entries(table: Any, partition: int) -> list[tuple[bytes, bytes]]:
         prefix = state_key_prefix(partition)
-        data = table.data
-        entries = [(k, v) for k, v in list(data.items()) if k.startswith(prefix)]
-        for key, _ in entries:  # the in-memory state is the truth from here on
-            data.pop(key, None)
-        return entries
+        return [(k, v) for k, v in list(table.data.items()) if k.startswith(prefix)]
+
+    @staticmethod
+    def _write(table: Any, partition: int, key: bytes, value: bytes | None) -> None:
+        """Write to the changelog and mirror it in the table's store, so the store
+        always equals the changelog however Faust recovers it (fully or from an offset)."""
+        table.send_changelog(partition, key, value)
+        if value is None:
+            table.data.pop(key, None)
+        else:
+            table.data[key] = value
+
+    def _owned(self, epoch: int, topic: str, partition: int) -> bool:
+        return epoch == self.epoch and partition in self._assigned(topic)
 
     def processor(self, partition: int) -> PartitionProcessor:
+        """This partition's stage-1 state, restored from the changelog on first use.
+
+        Synchronous on purpose: nothing here awaits the broker, so a rebalance can
+        never find the agent stuck half-way (a fresh state expects offset 0; the
+        gate accepts a log that starts later after a few seeks).
+        """
         processor = self.processors.get(partition)
         if processor is None:
             s = self.settings
@@ -76,6 +104,7 @@ class StreamShell:
         return processor
 
     def merger(self, partition: int) -> BatchMerger:
+        """This partition's stage-2 state (see ``processor``)."""
         merger = self.mergers.get(partition)
         if merger is None:
             s = self.settings
@@ -88,16 +117,20 @@ class StreamShell:
 
     def forget(self, topic_partitions: Any) -> None:
         """Drop in-memory state of revoked partitions; the next owner rebuilds it."""
+        self.epoch += 1
         for tp in topic_partitions:
             if tp.topic == self.settings.topics.records:
                 self.processors.pop(tp.partition, None)
             elif tp.topic == self.settings.topics.partials:
                 self.mergers.pop(tp.partition, None)
+            gate = self.gates.get(tp.topic)
+            if gate is not None:
+                gate.forget(tp.partition)
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, effects: Effects, partition: int) -> None:
         for key, value in effects.changelog:
-            self.stage1_table.send_changelog(partition, key, value)
+            self._write(self.stage1_table, partition, key, value)
         for partial in effects.partials:
             self.partials_topic.send_soon(key=partial.batch_id.encode(), value=encode_partial(partial))
         for letter in effects.dead_letters:
@@ -107,7 +140,7 @@ class StreamShell:
 
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
-            self.stage2_table.send_changelog(partition, key, value)
+            self._write(self.stage2_table, partition, key, value)
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
@@ -118,20 +151,75 @@ class StreamShell:
                      m.get("spec/tokens_per_verify"))
 
     # -- the agents and the timer -------------------------------------------------------
-    def on_records(self, events: list) -> None:
-        now = _now_ms()
-        by_partition: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+    def _assigned(self, topic: str) -> set[int]:
+        consumer = self.app.consumer
+        return {tp.partition for tp in consumer.assignment() if tp.topic == topic} if consumer is not None else set()
+
+    def _group(self, topic: str, events: list) -> dict[int, list[tuple[int, Any]]]:
+        """Events by partition, in offset order, without those that are not ours now:
+        fetched in an older consumer generation, or of a partition revoked since
+        (their owner reads them again; Faust never commits revoked partitions)."""
+        generation = getattr(self.app, "consumer_generation_id", None)
+        assigned = self._assigned(topic)
+        grouped: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+        stale = 0
         for event in events:
             message = event.message
-            by_partition[message.partition].append((message.offset, event.value))
-        for partition, messages in by_partition.items():
-            self.last_event_at[partition] = time.time()
-            self._apply(self.processor(partition).process(messages, now), partition)
+            if message.partition not in assigned or (
+                    generation is not None and getattr(message, "generation_id", generation) != generation):
+                stale += 1
+                continue
+            grouped[message.partition].append((message.offset, event.value))
+        if stale:
+            log.info("dropped %d message(s) fetched before a rebalance (topic=%s)", stale, topic)
+        for messages in grouped.values():
+            messages.sort(key=lambda m: m[0])
+        return grouped
 
-    def on_partial(self, event: Any) -> None:
-        partial = decode_partial(event.value)
-        partition = event.message.partition
-        self._apply_merge(self.merger(partition).on_partial(partial, _now_ms()), partition)
+    async def _seek(self, topic: str, partition: int, offset: int, epoch: int) -> None:
+        import asyncio
+
+        from faust.types import TP
+
+        if not self._owned(epoch, topic, partition):
+            return
+        self.seeks += 1
+        try:
+            await asyncio.wait_for(self.app.consumer.seek(TP(topic, partition), offset), 10.0)
+        except Exception as exc:  # noqa: BLE001 - the gate asks again if the gap persists
+            log.warning("seek topic=%s partition=%d offset=%d failed: %r", topic, partition, offset, exc)
+
+    async def on_records(self, events: list) -> None:
+        topic = self.settings.topics.records
+        gate = self.gates[topic]
+        epoch = self.epoch
+        seeks = []
+        for partition, messages in self._group(topic, events).items():
+            processor = self.processor(partition)
+            admitted, seek_to = gate.admit(partition, processor.checkpoint, messages, time.monotonic())
+            if admitted:
+                self.last_event_at[partition] = time.time()
+                self._apply(processor.process(admitted, _now_ms()), partition)
+            if seek_to is not None:
+                seeks.append((partition, seek_to))
+        for partition, offset in seeks:
+            await self._seek(topic, partition, offset, epoch)
+
+    async def on_partials(self, events: list) -> None:
+        topic = self.settings.topics.partials
+        gate = self.gates[topic]
+        epoch = self.epoch
+        seeks = []
+        for partition, messages in self._group(topic, events).items():
+            merger = self.merger(partition)
+            admitted, seek_to = gate.admit(partition, merger.checkpoint, messages, time.monotonic())
+            if admitted:
+                decoded = [(offset, decode_partial(value)) for offset, value in admitted]
+                self._apply_merge(merger.process(decoded, _now_ms()), partition)
+            if seek_to is not None:
+                seeks.append((partition, seek_to))
+        for partition, offset in seeks:
+            await self._seek(topic, partition, offset, epoch)
 
     def ready(self) -> bool:
         app = self.app
@@ -139,14 +227,15 @@ class StreamShell:
                     and app.tables.recovery.completed.is_set())
 
     def on_tick(self) -> None:
+        # Restoring needs the changelog recovered: the timer checks, while agents
+        # get a partition's events only after Faust recovered it.
         if not self.ready():
             return
-        now = _now_ms()
-        for tp in self.app.consumer.assignment():
-            if tp.topic == self.settings.topics.records:
-                self._apply(self.processor(tp.partition).tick(now), tp.partition)
-            elif tp.topic == self.settings.topics.partials:
-                self._apply_merge(self.merger(tp.partition).tick(now), tp.partition)
+        t = self.settings.topics
+        for partition in sorted(self._assigned(t.records)):
+            self._apply(self.processor(partition).tick(_now_ms()), partition)
+        for partition in sorted(self._assigned(t.partials)):
+            self._apply_merge(self.merger(partition).tick(_now_ms()), partition)
 
 
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
@@ -181,12 +270,12 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     @app.agent(shell.records_topic, name="specmeter-stage1")
     async def stage1(stream: Any) -> None:
         async for events in stream.take_events(settings.chunk_messages, within=settings.chunk_wait_s):
-            shell.on_records(events)
+            await shell.on_records(events)
 
     @app.agent(shell.partials_topic, name="specmeter-stage2")
     async def stage2(stream: Any) -> None:
-        async for event in stream.events():
-            shell.on_partial(event)
+        async for events in stream.take_events(100, within=0.01):
+            await shell.on_partials(events)
 
     @app.timer(settings.tick_s)
     async def tick() -> None:
@@ -198,7 +287,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/specmeter/stats")
     async def stats(self: Any, request: Any) -> Any:
-        return self.json({"counters": shell.counters.as_dict(),
+        return self.json({"counters": shell.counters.as_dict(), "seeks": shell.seeks,
                           "open_generations": sum(p.open_generations for p in shell.processors.values()),
                           "partitions": sorted(shell.processors)})
 

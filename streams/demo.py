@@ -1,26 +1,167 @@
-"""The README's main job, on a laptop: aggregate the bundled sample rollout.
+"""The README's main job: a worker on an embedded local Kafka broker, fed by the
+bundled sample rollout, printing the metrics it publishes.
 
-(The stream-app milestone upgrades this to the worker on an embedded broker.)
+    deploy/dev demo            (or: python -m specmeter.streams.demo --help)
+
+Steps: start the local KRaft broker (deploy/kafka/broker) unless
+KAFKA_BOOTSTRAP_SERVERS is set; start `specmeter worker` with a fresh app id;
+replay the sample dump as its three producers would; read the metrics topic
+until every batch is published; check the result against `specmeter
+aggregate` on the same file; stop the worker (and the broker it started).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
-from specmeter.schemas import encode_metrics
+import click
 
-from ._offline import OfflineAggregator
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "examples" / "sample_rollout.jsonl"
+BROKER = REPO / "deploy" / "kafka" / "broker"
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sample_rollout.jsonl"
+
+def _start_broker(console) -> tuple[str, bool]:
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        return configured, False
+    if not BROKER.exists():
+        raise click.ClickException(f"no {BROKER}: set KAFKA_BOOTSTRAP_SERVERS to a broker address")
+    was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
+    with console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
+        proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise click.ClickException(f"the local broker did not start:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1], not was_running
 
 
-def main() -> None:
-    aggregator = OfflineAggregator()
-    with SAMPLE.open("rb") as lines:
-        aggregator.feed_lines(lines)
-    for metrics in aggregator.results():
-        sys.stdout.buffer.write(encode_metrics(metrics) + b"\n")
+def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) -> dict:
+    from aiokafka import AIOKafkaConsumer
+
+    from specmeter.schemas import decode_metrics
+
+    async def read() -> dict:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker, auto_offset_reset="earliest", group_id=None)
+        await consumer.start()
+        latest: dict = {}
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not batches <= set(latest):
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    for message in messages:
+                        m = decode_metrics(message.value)
+                        if m.batch_id not in latest or m.revision >= latest[m.batch_id].revision:
+                            latest[m.batch_id] = m
+        finally:
+            await consumer.stop()
+        return latest
+
+    return asyncio.run(read())
+
+
+def _table(results: list, offline: dict):
+    from rich.table import Table
+
+    table = Table(title="specmeter: per-batch speculative decoding metrics (from the stream)")
+    for column in ("batch", "accept rate", "tokens/verify", "accept cov.", "verify cov.", "generations",
+                   "samples", "conflicts", "invalid", "complete", "= offline"):
+        table.add_column(column, justify="right" if column != "batch" else "left")
+    for m in results:
+        x = m.metrics
+        fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+        table.add_row(m.batch_id, fmt(x.get("spec/accept_rate")), fmt(x.get("spec/tokens_per_verify")),
+                      fmt(x.get("spec/accept_count_coverage")), fmt(x.get("spec/verify_count_coverage")),
+                      fmt(x.get("spec/unique_generation_count")), fmt(x.get("spec/sample_count")),
+                      fmt(x.get("spec/conflicting_generation_count")), str(m.invalid_record_count),
+                      "yes" if m.complete else "no", "yes" if offline.get(m.batch_id) == m.metrics else "NO")
+    return table
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dump", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=SAMPLE,
+              show_default=True, help="Rollout dump to feed the worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print BatchMetrics JSON lines instead of a table.")
+@click.option("--timeout", type=float, default=180.0, show_default=True, help="Give up after this many seconds.")
+@click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
+def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
+    """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
+    from rich.console import Console
+
+    from specmeter.producers import PublisherSettings
+    from specmeter.producers._dump import parse_dump_line
+    from specmeter.producers._replay import replay_lines
+    from specmeter.schemas import encode_metrics
+    from specmeter.streams import OfflineAggregator
+    from specmeter.streams._topics import ensure_topics
+    from specmeter.streams.settings import TopicNames, WorkerSettings
+
+    console = Console(stderr=True)
+    broker, started_broker = _start_broker(console)
+    console.print(f"broker: [bold]{broker}[/]")
+    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    topics = TopicNames(records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics",
+                        deadletter=f"{run}.deadletter")
+    settings = WorkerSettings(broker=broker, app_id=run, topics=topics, partitions=4, batch_timeout_s=20.0)
+    asyncio.run(ensure_topics(settings))
+    log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
+    args = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", broker, "--app-id", run,
+            "--records-topic", topics.records, "--partials-topic", topics.partials, "--metrics-topic",
+            topics.metrics, "--deadletter-topic", topics.deadletter, "--partitions", "4", "--batch-timeout", "20",
+            "--session-timeout", "10", "--no-web", "--data-dir", tempfile.mkdtemp(prefix="specmeter-demo-")]
+    worker = None
+    try:
+        with log_path.open("wb") as log, console.status(f"starting the worker (log: {log_path})..."):
+            worker = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + 90
+            while "Worker ready" not in log_path.read_text(errors="replace"):
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise click.ClickException(f"the worker did not start; its log:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.2)
+        console.print(f"worker: ready (app id [bold]{run}[/], log {log_path})")
+        with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
+            summary = asyncio.run(replay_lines(lines, PublisherSettings(bootstrap_servers=broker,
+                                                                        topic=topics.records)))
+        console.print(f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
+                      f"from {summary.producers} producers")
+        offline = OfflineAggregator(parse=parse_dump_line)
+        with dump.open("rb") as lines:
+            offline.feed_lines(lines)
+        expected = {m.batch_id: m.metrics for m in offline.results()}
+        with console.status("waiting for the worker to publish every batch..."):
+            latest = _read_metrics(broker, topics.metrics, set(expected), timeout)
+        results = [latest[b] for b in expected if b in latest]
+        if as_json:
+            for m in results:
+                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+            sys.stdout.flush()
+        else:
+            out = Console()
+            if not out.is_terminal:
+                out = Console(width=150)
+            out.print(_table(results, expected))
+        missing = set(expected) - set(latest)
+        if missing:
+            raise click.ClickException(f"no metrics for {sorted(missing)} within {timeout:.0f}s (log: {log_path})")
+        if any(expected[m.batch_id] != m.metrics for m in results):
+            raise click.ClickException("the stream disagrees with `specmeter aggregate` on the same dump")
+        console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+        if started_broker and not keep_broker:
+            subprocess.run([str(BROKER), "stop"], capture_output=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def pytest_runtest_makereport(item, call):
     """Attach the broker log tail to a failing Kafka test."""
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)  # fixtures can look at their test's outcome
     if report.failed and "kafka" in item.keywords:
         report.sections.append(("local broker log (tail)", broker_log_tail()))
 

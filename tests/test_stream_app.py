@@ -1,0 +1,186 @@
+"""The worker against a real broker: exact metrics, crashes, rebalances, timeouts,
+late records and the accounting of every input message."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+
+from .golden_cases import assert_metrics_equal
+from .kafka_helpers import create_topic
+from .worker_harness import (
+    Deployment,
+    assert_duplicates_identical,
+    expected_metrics,
+    latest_by_batch,
+    publish_events,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, request):
+    d = Deployment(kafka_bootstrap)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    yield d
+    d.close()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(d.log_tail())  # shown with the failure
+
+
+def _fleet(seed: int, batches: int = 4, sessions: int = 24) -> list:
+    return list(synthetic_fleet(FleetSpec(batches=batches, sessions_per_batch=sessions, producers=3, seed=seed,
+                                          redelivery_rate=0.25, conflict_rate=0.02, missing_rate=0.1,
+                                          invalid_rate=0.02, batch_prefix=f"s{seed}-b")))
+
+
+def _wait_for(deployment: Deployment, batches: set[str], *, timeout_s: float = 90.0):
+    """Until every batch has a complete publication (a timeout may publish an
+    incomplete revision first, e.g. while partitions move; a later one corrects it)."""
+
+    def done(published):
+        latest = latest_by_batch(published)
+        return batches <= set(latest) and all(latest[b].complete for b in batches)
+
+    published = deployment.metrics(until=done, timeout_s=timeout_s)
+    assert batches <= {m.batch_id for m in published}, (
+        f"missing batches {sorted(batches - {m.batch_id for m in published})}\n{deployment.log_tail()}")
+    return published
+
+
+def _check_against_offline(published, events):
+    expected = expected_metrics(events)
+    latest = latest_by_batch(published)
+    assert set(latest) == set(expected)
+    for batch_id, want in expected.items():
+        got = latest[batch_id]
+        assert got.speculative == want.speculative, batch_id
+        assert got.accept_histogram == want.accept_histogram, batch_id
+        assert_metrics_equal(got.metrics, want.metrics, batch_id)
+        assert got.record_count == want.record_count, batch_id
+        assert got.invalid_record_count == want.invalid_record_count, batch_id
+        assert got.complete and got.close_reason == "markers" and got.missing_record_count == 0, got
+        assert got.partitions_reported == got.partitions_expected == 4
+    assert_duplicates_identical(published)
+
+
+def test_random_streams_match_offline_aggregate(deployment):
+    events = _fleet(seed=11)
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events, junk=JUNK))
+    published = _wait_for(deployment, {e.batch_id for e in events})
+    _check_against_offline(published, events)
+    # every input message is accounted for
+    letters = deployment.dead_letters()
+    produced = sum(1 for e in events if e.kind != "marker") + len(JUNK)
+    counted_in_batches = sum(m.record_count for m in latest_by_batch(published).values())
+    unbatched = [d for d in letters if d.batch_id is None]
+    assert counted_in_batches + len(unbatched) == produced
+    assert {d.reason for d in unbatched} <= {"invalid", "undecodable"} and len(unbatched) == len(JUNK)
+    assert len(letters) == sum(1 for e in events if e.kind == "invalid") + len(JUNK)
+
+
+def test_sigkill_mid_batch_then_restart_changes_nothing(deployment):
+    events = _fleet(seed=12)
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    half = len(events) // 2
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[:half]))
+    time.sleep(1.5)  # let it process (and checkpoint) part of the stream
+    deployment.kill(worker)
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[half:]))
+    worker = deployment.start_worker()
+    published = _wait_for(deployment, {e.batch_id for e in events})
+    _check_against_offline(published, events)
+
+
+def test_second_worker_joins_mid_stream(deployment):
+    events = _fleet(seed=13)
+    first = deployment.start_worker()
+    deployment.wait_ready(first)
+    third = len(events) // 3
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[:third]))
+    second = deployment.start_worker()
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[third:2 * third]))
+    deployment.wait_ready(second)
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[2 * third:]))
+    published = _wait_for(deployment, {e.batch_id for e in events})
+    _check_against_offline(published, events)
+
+
+def test_stopping_one_of_two_workers(deployment):
+    events = _fleet(seed=14)
+    first, second = deployment.start_worker(), deployment.start_worker()
+    deployment.wait_ready(first)
+    deployment.wait_ready(second)
+    half = len(events) // 2
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[:half]))
+    time.sleep(1.0)
+    deployment.stop(second)
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[half:]))
+    published = _wait_for(deployment, {e.batch_id for e in events})
+    _check_against_offline(published, events)
+
+
+def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
+    from specmeter.schemas import GenerationRecord
+    from specmeter.streams import OfflineAggregator
+
+    from .worker_harness import Deployment
+
+    d = Deployment(kafka_bootstrap, batch_timeout_s=2.0, grace_s=8.0)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    try:
+        worker = d.start_worker()
+        d.wait_ready(worker)
+
+        def record(session: str, generation: str, accepted: int) -> GenerationRecord:
+            return GenerationRecord(batch_id="lonely", session_id=session, generation_id=generation,
+                                    accepted=accepted, proposed=10, verify=4, completion=accepted + 4,
+                                    producer_id="p0")
+
+        from specmeter.producers.synthetic import FleetEvent
+
+        first = [FleetEvent("record", "p0", "lonely", record(f"s{i}", "g", i)) for i in range(6)]
+        asyncio.run(publish_events(kafka_bootstrap, d.topics.records, first))  # no marker: never completes
+        published = d.metrics(until=lambda ms: any(m.batch_id == "lonely" for m in ms), timeout_s=60)
+        (first_pub,) = [m for m in published if m.batch_id == "lonely"]
+        assert first_pub.revision == 0 and first_pub.close_reason == "timeout" and not first_pub.complete
+        assert first_pub.partitions_reported < first_pub.partitions_expected == 4
+        offline = OfflineAggregator()
+        for e in first:
+            offline.feed(e.payload)
+        assert_metrics_equal(first_pub.metrics, offline.results()[0].metrics, "revision 0")
+
+        # a late record within grace: revision 1, corrected numbers
+        late = FleetEvent("record", "p0", "lonely", record("s0", "g-late", 9))
+        asyncio.run(publish_events(kafka_bootstrap, d.topics.records, [late]))
+        published = d.metrics(until=lambda ms: any(m.batch_id == "lonely" and m.revision == 1 for m in ms))
+        second = latest_by_batch(published)["lonely"]
+        assert second.revision == 1 and second.late_record_count == 1
+        offline.feed(late.payload)
+        assert_metrics_equal(second.metrics, offline.results()[0].metrics, "revision 1")
+        assert second.metrics["spec/unique_generation_count"] == first_pub.metrics["spec/unique_generation_count"] + 1
+
+        # after grace: dead-lettered as late, nothing republished
+        time.sleep(9.0)
+        too_late = FleetEvent("record", "p0", "lonely", record("s0", "g-too-late", 3))
+        asyncio.run(publish_events(kafka_bootstrap, d.topics.records, [too_late]))
+        letters = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not letters:
+            letters = [x for x in d.dead_letters(idle_s=1.0) if x.reason == "late"]
+        assert len(letters) == 1 and letters[0].batch_id == "lonely"
+        assert letters[0].source_topic == d.topics.records and letters[0].source_offset is not None
+        assert latest_by_batch(d.metrics(idle_s=1.0))["lonely"].revision == 1
+    finally:
+        d.close()

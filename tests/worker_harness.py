@@ -1,0 +1,161 @@
+"""Running real ``specmeter worker`` processes and feeding them, for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from specmeter.producers import Publisher, PublisherSettings
+from specmeter.producers.synthetic import FleetEvent
+from specmeter.schemas import BatchMetrics, GenerationRecord, decode_dead_letter, decode_metrics
+from specmeter.streams import OfflineAggregator
+from specmeter.streams.settings import TopicNames
+
+from .kafka_helpers import read_topic
+
+
+@dataclass
+class Deployment:
+    """One isolated specmeter deployment: its own app id and topics."""
+
+    bootstrap: str
+    partitions: int = 4
+    batch_timeout_s: float = 10.0
+    grace_s: float = 30.0
+    session_timeout_s: float = 6.0
+    name: str = field(default_factory=lambda: f"it-{uuid.uuid4().hex[:8]}")
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(records=f"{self.name}.records", partials=f"{self.name}.partials",
+                          metrics=f"{self.name}.metrics", deadletter=f"{self.name}.deadletter")
+
+    def start_worker(self, *extra: str) -> subprocess.Popen:
+        t = self.topics
+        log = Path(tempfile.mkstemp(prefix=f"{self.name}-worker-", suffix=".log")[1])
+        args = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", self.bootstrap,
+                "--app-id", self.name, "--records-topic", t.records, "--partials-topic", t.partials,
+                "--metrics-topic", t.metrics, "--deadletter-topic", t.deadletter,
+                "--partitions", str(self.partitions), "--batch-timeout", str(self.batch_timeout_s),
+                "--grace", str(self.grace_s), "--session-timeout", str(self.session_timeout_s), "--no-web",
+                "--data-dir", tempfile.mkdtemp(prefix=f"{self.name}-data-"), *extra]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.workers.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def wait_ready(self, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+        """Until the worker logs that it is ready (it then owns partitions or waits for some)."""
+        log = self.logs[self.workers.index(proc)]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            if "Worker ready" in log.read_text(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready in {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+
+    def close(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                self.kill(proc)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-chars:]}" for p in self.logs)
+
+    # -- reading results ------------------------------------------------------------
+    def metrics(self, *, until=None, timeout_s: float = 60.0, idle_s: float | None = None) -> list[BatchMetrics]:
+        messages = asyncio.run(read_topic(self.bootstrap, self.topics.metrics, until=until and (
+            lambda ms: until([decode_metrics(m.value) for m in ms])), timeout_s=timeout_s, idle_s=idle_s))
+        return [decode_metrics(m.value) for m in messages]
+
+    def dead_letters(self, *, idle_s: float = 2.0, timeout_s: float = 20.0) -> list:
+        messages = asyncio.run(read_topic(self.bootstrap, self.topics.deadletter, idle_s=idle_s, timeout_s=timeout_s))
+        return [decode_dead_letter(m.value) for m in messages]
+
+
+def latest_by_batch(published: list[BatchMetrics]) -> dict[str, BatchMetrics]:
+    latest: dict[str, BatchMetrics] = {}
+    for m in published:
+        if m.batch_id not in latest or m.revision > latest[m.batch_id].revision:
+            latest[m.batch_id] = m
+    return latest
+
+
+def assert_duplicates_identical(published: list[BatchMetrics]) -> None:
+    """Output may repeat after a crash, but one (batch_id, revision) has one content."""
+    seen: dict[tuple[str, int], bytes] = {}
+    for m in published:
+        body = msgspec.json.encode(m)
+        key = (m.batch_id, m.revision)
+        assert seen.setdefault(key, body) == body, f"two different messages for {key}"
+
+
+def expected_metrics(events: list[FleetEvent], extra_invalid: list[dict] = ()) -> dict[str, BatchMetrics]:
+    """What the offline core says for the same events."""
+    aggregator = OfflineAggregator()
+    for event in events:
+        if event.kind == "record":
+            aggregator.feed(event.payload)
+        elif event.kind == "marker":
+            aggregator.feed(event.payload)
+        else:
+            aggregator.feed_line(msgspec.json.encode(event.payload), 0)
+    return {m.batch_id: m for m in aggregator.results()}
+
+
+async def publish_events(bootstrap: str, topic: str, events: list[FleetEvent], *, junk: list[bytes] = ()) -> None:
+    """Publish as the fleet would: one publisher per producer, markers via close_batch."""
+    publishers: dict[str, Publisher] = {}
+    try:
+        for event in events:
+            publisher = publishers.get(event.producer_id)
+            if publisher is None:
+                publisher = publishers[event.producer_id] = Publisher(PublisherSettings(
+                    bootstrap_servers=bootstrap, topic=topic, producer_id=event.producer_id, linger_ms=5))
+                await publisher.start()
+            if event.kind == "record":
+                assert isinstance(event.payload, GenerationRecord)
+                await publisher.publish(event.payload)
+            elif event.kind == "invalid":
+                payload = event.payload
+                publisher.publish_raw(msgspec.msgpack.encode(payload), session_id=payload["session_id"],
+                                      batch_id=payload["batch_id"])
+            else:
+                marker = event.payload
+                await publisher.close_batch(marker.batch_id, marker.speculative_algorithm, marker.expected_producers)
+        if junk and publishers:
+            some = next(iter(publishers.values()))
+            for data in junk:
+                some.publish_raw(data)
+            await some.flush()
+    finally:
+        for publisher in publishers.values():
+            await publisher.stop()
