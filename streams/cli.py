@@ -168,5 +168,94 @@ def replay(file: str, broker: str, topic: str, rate: float | None, speculative_a
                f"open batch(es) at the end", err=True)
 
 
+@main.command()
+@_broker_option
+@click.option("--topic", default="specmeter.records", show_default=True, help="The records topic.")
+@click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
+@click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
+@click.option("--sessions-per-batch", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--max-samples-per-session", type=click.IntRange(1), default=3, show_default=True,
+              help="Trajectories a session branches into (sharing ancestor generations).")
+@click.option("--max-turns", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--algorithm", type=click.Choice(["NGRAM", "EAGLE", "EAGLE3", "STANDALONE", "none"]),
+              default="EAGLE3", show_default=True, help="Counter model; 'none' sends completion-only records.")
+@click.option("--redelivery-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True)
+@click.option("--conflict-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True)
+@click.option("--missing-rate", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="Share of generations with some counters unknown.")
+@click.option("--invalid-rate", type=click.FloatRange(0, 1), default=0.005, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
+              help="Target rate (default: as fast as the broker takes it).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--expect", type=click.File("wb"), default=None, metavar="FILE",
+              help="Write the BatchMetrics the offline core computes for the same events (JSON lines).")
+@click.option("--dump", type=click.File("wb"), default=None, metavar="FILE",
+              help="Write the events as a JSON-lines dump instead of publishing them.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_batch: int,
+            max_samples_per_session: int, max_turns: int, algorithm: str, redelivery_rate: float,
+            conflict_rate: float, missing_rate: float, invalid_rate: float, rate: float | None, seed: int,
+            expect: IO[bytes] | None, dump: IO[bytes] | None, no_progress: bool) -> None:
+    """Simulate a rollout fleet: publish synthetic records and batch markers.
+
+    Sessions branch into trajectories that share ancestor generations; counters
+    follow a per-step acceptance model of the algorithm; a share of records is
+    redelivered, conflicting, missing counters or invalid. Each simulated worker
+    closes its batches with markers. With --expect, the metrics the worker must
+    publish are written first, so a run can be checked end to end.
+    """
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from specmeter.producers import PublisherSettings
+    from specmeter.producers._loadgen import publish_fleet, write_dump, write_expected
+    from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+
+    spec = FleetSpec(batches=batches, sessions_per_batch=sessions_per_batch, producers=producers,
+                     max_samples_per_session=max_samples_per_session, max_turns=max_turns,
+                     redelivery_rate=redelivery_rate, conflict_rate=conflict_rate, missing_rate=missing_rate,
+                     invalid_rate=invalid_rate, algorithm=None if algorithm == "none" else algorithm, seed=seed)
+    if expect is not None:
+        n = write_expected(synthetic_fleet(spec), expect)
+        click.echo(f"loadgen: expected metrics of {n} batch(es) written to {expect.name}", err=True)
+    if dump is not None:
+        n = write_dump(synthetic_fleet(spec), dump)
+        click.echo(f"loadgen: {n} events written to {dump.name}", err=True)
+        return
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), disable=no_progress) as progress:
+        task = progress.add_task("batches", total=batches)
+
+        def on_event(event) -> None:
+            if event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}"):
+                progress.advance(task)
+
+        summary = asyncio.run(publish_fleet(synthetic_fleet(spec), PublisherSettings(
+            bootstrap_servers=broker, topic=topic), rate=rate, on_event=on_event))
+    click.echo(f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
+               f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)", err=True)
+
+
+@main.command()
+@_broker_option
+@click.option("--topic", default="specmeter.metrics", show_default=True, help="The metrics topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print each BatchMetrics as a JSON line (for scripts).")
+@click.option("--from-beginning", is_flag=True, help="Start at the topic's first message, not its end.")
+@click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
+@click.option("--max-messages", type=click.IntRange(1), default=None, help="Stop after this many messages.")
+@click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
+def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, rows: int, max_messages: int | None,
+         timeout: float | None) -> None:
+    """Follow the metrics topic: a live table of the latest batches, or JSON lines."""
+    from ._tail import run_tail
+
+    try:
+        run_tail(broker, topic, as_json=as_json, from_beginning=from_beginning, rows=rows,
+                 max_messages=max_messages, timeout_s=timeout)
+    except KeyboardInterrupt:
+        pass
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

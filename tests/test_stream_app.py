@@ -184,3 +184,20 @@ def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
         assert latest_by_batch(d.metrics(idle_s=1.0))["lonely"].revision == 1
     finally:
         d.close()
+
+
+def test_readme_main_job(kafka_bootstrap):
+    """`deploy/dev demo` runs this module: worker, sample replay, metrics equal to offline."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--json", "--timeout", "120"],
+                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    batches = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [b["batch_id"] for b in batches] == ["step-00000", "step-00001", "step-00002"]
+    assert all(b["complete"] and b["speculative"] for b in batches)
+    assert "every batch matches `specmeter aggregate`" in proc.stderr

@@ -1,0 +1,96 @@
+"""SGLang integration: records from what SGLang returns, published for you.
+
+Install with ``pip install 'specmeter[sglang]'``. Nothing here imports sglang at
+module level: the helpers read the dicts that ``Engine.generate``,
+``Engine.async_generate`` and the HTTP ``/generate`` endpoint return (one dict,
+a list for a batch of prompts, ``n`` dicts per prompt with ``n > 1``), so they
+also work on outputs fetched over HTTP by a process without sglang installed.
+
+    engine = sglang.Engine(model_path=..., speculative_algorithm="EAGLE3", ...)
+    out = await engine.async_generate(prompts, sampling_params)
+    await publish_outputs(publisher, out, batch_id=f"step-{step}", session_ids=sessions)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specmeter.schemas import GenerationRecord
+
+from ._builders import record_from_meta_info
+from ._publisher import Publisher
+
+__all__ = ["records_from_outputs", "publish_outputs", "require_sglang"]
+
+
+def require_sglang() -> Any:
+    """Import sglang, or say how to get it."""
+    try:
+        import sglang
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the SGLang integration needs sglang: pip install 'specmeter[sglang]'") from exc
+    return sglang
+
+
+def _as_list(outputs: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if isinstance(outputs, Mapping):
+        return [outputs]
+    if isinstance(outputs, Sequence) and not isinstance(outputs, (str, bytes)):
+        return list(outputs)
+    raise TypeError(f"expected an SGLang output dict or a list of them, got {type(outputs).__name__}")
+
+
+def records_from_outputs(
+    outputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    batch_id: str,
+    session_ids: str | Sequence[str],
+    sample_ids: Sequence[str | None] | None = None,
+    state_hashes: Sequence[str | None] | None = None,
+    producer_id: str | None = None,
+) -> list[GenerationRecord]:
+    """One record per output dict, in order.
+
+    Args:
+        outputs: what SGLang returned (each item has a ``meta_info`` dict).
+        session_ids: one session for all outputs, or one per output.
+        sample_ids: the trajectory each output belongs to (None: its own sample).
+        state_hashes: optional content hashes of the states produced.
+
+    Raises:
+        ValueError: lengths do not match, or an output lacks ``meta_info``/its ``id``.
+    """
+    items = _as_list(outputs)
+    sessions = [session_ids] * len(items) if isinstance(session_ids, str) else list(session_ids)
+    samples = list(sample_ids) if sample_ids is not None else [None] * len(items)
+    hashes = list(state_hashes) if state_hashes is not None else [None] * len(items)
+    if not len(sessions) == len(samples) == len(hashes) == len(items):
+        raise ValueError(f"{len(items)} outputs but {len(sessions)} session ids, {len(samples)} sample ids, "
+                         f"{len(hashes)} state hashes")
+    records = []
+    for item, session, sample, state_hash in zip(items, sessions, samples, hashes):
+        meta_info = item.get("meta_info")
+        if not isinstance(meta_info, Mapping):
+            raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
+        records.append(record_from_meta_info(meta_info, batch_id=batch_id, session_id=session, sample_id=sample,
+                                             state_hash=state_hash, producer_id=producer_id))
+    return records
+
+
+async def publish_outputs(
+    publisher: Publisher,
+    outputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    batch_id: str,
+    session_ids: str | Sequence[str],
+    sample_ids: Sequence[str | None] | None = None,
+    state_hashes: Sequence[str | None] | None = None,
+) -> int:
+    """Publish the records of committed outputs; returns how many. Only publish what
+    your rollout keeps: discarded branches and aborted requests are not metrics."""
+    records = records_from_outputs(outputs, batch_id=batch_id, session_ids=session_ids, sample_ids=sample_ids,
+                                   state_hashes=state_hashes, producer_id=publisher.settings.producer_id)
+    for record in records:
+        await publisher.publish(record)
+    return len(records)
