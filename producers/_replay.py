@@ -72,6 +72,8 @@ async def replay_lines(
             item = parse_dump_line(line)
             if isinstance(item, GenerationRecord):
                 producer = item.producer_id or DEFAULT_PRODUCER
+                if item.producer_id is None:  # the replayer is its producer: markers must count it
+                    item = msgspec.structs.replace(item, producer_id=producer)
                 batch_producers[item.batch_id].add(producer)
                 await (await publisher_for(producer)).publish(item)
                 summary.records += 1
@@ -91,6 +93,8 @@ async def replay_lines(
                     obj = msgspec.json.decode(item.raw)
                 except msgspec.DecodeError:
                     pass
+                if isinstance(obj, dict) and not obj.get("producer_id"):
+                    obj["producer_id"] = producer
                 value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
                 session = obj.get("session_id") if isinstance(obj, dict) else None
                 (await publisher_for(producer)).publish_raw(

@@ -34,6 +34,7 @@ def _wait_complete(d: Deployment, batches: set[str]):
         latest_by_batch(ms)[b].complete for b in batches), timeout_s=120)
     latest = latest_by_batch(published)
     assert batches <= set(latest), d.log_tail()
+    assert all(latest[b].complete for b in batches), [latest[b] for b in batches if not latest[b].complete]
     return latest
 
 
@@ -88,6 +89,7 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
         for batch_id, want in offline.items():
             assert_metrics_equal(latest[batch_id].metrics, want["metrics"], batch_id)
             assert latest[batch_id].invalid_record_count == want["invalid_record_count"]
+            assert latest[batch_id].complete and latest[batch_id].missing_record_count == 0
         assert latest["replay-b1"].metrics["spec/conflicting_generation_count"] == 1
     finally:
         d.close()
