@@ -32,7 +32,7 @@ from specmeter.schemas import (
 
 from ._counters import WorkerCounters
 from ._delta import BatchStatus, Checkpoint, decode_checkpoint, decode_delta, decode_status, encode_state
-from ._state import BatchState, Outcome
+from ._state import BatchState
 
 __all__ = ["PartitionProcessor", "Effects", "state_key_prefix"]
 
@@ -172,8 +172,14 @@ class PartitionProcessor:
                 first = offset
             last = offset
             decoded = decode_records_message(value, max_bytes=self.max_message_bytes)
-            for record in decoded.records:
-                self._apply_record(record, offset, now_ms, touched, effects)
+            records = decoded.records
+            if records:
+                batch_id = records[0].batch_id
+                if all(r.batch_id == batch_id for r in records):  # the usual case: one batch per message
+                    self._apply_records(batch_id, records, offset, now_ms, touched, effects)
+                else:
+                    for record in records:
+                        self._apply_records(record.batch_id, [record], offset, now_ms, touched, effects)
             for bad in decoded.invalid:
                 counters.records_invalid += 1
                 counters.dead_letter(bad.reason)
@@ -212,26 +218,26 @@ class PartitionProcessor:
         batch.last_input_ms = now_ms
         return batch
 
-    def _apply_record(self, record: GenerationRecord, offset: int, now_ms: int, touched: dict, effects: Effects) -> None:
+    def _apply_records(self, batch_id: str, records: list[GenerationRecord], offset: int, now_ms: int,
+                       touched: dict, effects: Effects) -> None:
+        """Apply records of one batch from one message."""
         counters = self.counters
-        batch = self._batch_for_input(record.batch_id, now_ms)
+        batch = self._batch_for_input(batch_id, now_ms)
         if batch is None:
-            counters.dead_letter("late")
-            effects.dead_letters.append(self._dead_letter(
-                "late", f"batch {record.batch_id!r} closed more than grace ago on partition {self.partition}",
-                encode_records_message(record), offset, record.batch_id, now_ms))
+            for record in records:
+                counters.dead_letter("late")
+                effects.dead_letters.append(self._dead_letter(
+                    "late", f"batch {batch_id!r} closed more than grace ago on partition {self.partition}",
+                    encode_records_message(record), offset, batch_id, now_ms))
             return
-        touched[record.batch_id] = batch
-        conflicts_before = batch.state.conflicting_record_count
-        outcome = batch.state.add(record, late=batch.closed)
-        if batch.state.conflicting_record_count != conflicts_before:
-            counters.records_conflicting += 1
+        touched[batch_id] = batch
+        aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed)
+        counters.records_conflicting += conflicting
         if batch.closed:
-            counters.records_late += 1
-        elif outcome is Outcome.AGGREGATED:
-            counters.records_aggregated += 1
+            counters.records_late += len(records)
         else:
-            counters.records_redelivered += 1
+            counters.records_aggregated += aggregated
+            counters.records_redelivered += redelivered
 
     def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
                       effects: Effects) -> None:

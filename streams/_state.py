@@ -143,6 +143,64 @@ class BatchState:
             self._journal_occurrences.append(occurrence)
         return Outcome.AGGREGATED
 
+    def add_many(self, records: list[GenerationRecord], *, late: bool = False) -> tuple[int, int, int]:
+        """``add`` for a run of records (the hot path: one call per chunk, local names).
+
+        Returns:
+            (aggregated, redelivered, conflicting) record counts.
+        """
+        values = self._values
+        occurrences = self._occurrences
+        journal_keys = self._journal_keys
+        journal_occurrences = self._journal_occurrences
+        received = self._received
+        aggregated = redelivered = conflicting = 0
+        counters_seen = self._counters_seen
+        producer, produced = None, 0
+        for r in records:
+            if r.producer_id is not producer:
+                if producer is not None:
+                    received[producer] = received.get(producer, 0) + produced
+                producer, produced = r.producer_id, 0
+            produced += 1
+            session, generation = r.session_id, r.generation_id
+            key = (session, generation)
+            histogram = r.accept_histogram
+            value = (r.state_hash, r.accepted, r.proposed, r.verify, r.completion,
+                     tuple(histogram) if histogram is not None else None)
+            if not counters_seen and (value[1] is not None or value[2] is not None or value[3] is not None):
+                counters_seen = True
+            known = values.get(key)
+            if known is None:
+                values[key] = value
+                if journal_keys is not None:
+                    journal_keys.add(key)
+            elif known is CONFLICT:
+                conflicting += 1
+            elif known != value:
+                values[key] = CONFLICT
+                self._conflicts += 1
+                conflicting += 1
+                if journal_keys is not None:
+                    journal_keys.add(key)
+            occurrence = (session, r.sample_id, generation)
+            if occurrence in occurrences:
+                redelivered += 1
+            else:
+                occurrences.add(occurrence)
+                aggregated += 1
+                if journal_occurrences is not None:
+                    journal_occurrences.append(occurrence)
+        if producer is not None:
+            received[producer] = received.get(producer, 0) + produced
+        self._counters_seen = counters_seen
+        n = len(records)
+        self.record_count += n
+        if late:
+            self.late_record_count += n
+        self.conflicting_record_count += conflicting
+        return aggregated, redelivered, conflicting
+
     def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
         """Count an invalid record attributed to this batch (every delivery counts)."""
         self.record_count += 1
@@ -295,13 +353,17 @@ class BatchState:
                         histogram.extend([0] * (len(hist) - len(histogram)))
                     for i, count in enumerate(hist):
                         histogram[i] += count
-        samples = self._sample_folds()
         accept_parts: list[float] = []
         length_parts: list[float] = []
         accept_samples = length_samples = 0
         # The aliases are suppressed by any conflict or invalid record, anywhere;
-        # this partition's share is only worth computing when it has neither.
-        if not self._conflicts and not self.invalid_record_count:
+        # this partition's share is only worth folding when it has neither.
+        if self._conflicts or self.invalid_record_count:
+            sample_count = len({(s, sample) if sample is not None else (s, None, g)
+                                for s, sample, g in self._occurrences})
+        else:
+            samples = self._sample_folds()
+            sample_count = len(samples)
             for accepted, proposed, verify, completion in samples.values():
                 if accepted is not None and proposed:
                     accept_samples += 1
@@ -328,7 +390,7 @@ class BatchState:
             occurrence_count=len(self._occurrences),
             unique_generation_count=len(self._values),
             conflicting_generation_count=self._conflicts,
-            sample_count=len(samples),
+            sample_count=sample_count,
             accepted_total=totals[0],
             proposed_total=totals[1],
             verify_total=totals[2],

@@ -1,0 +1,116 @@
+"""Preloading a records topic and timing workers over it (throughput, scaling)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from specmeter.producers import PublisherSettings
+from specmeter.producers._loadgen import publish_fleet
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.schemas import decode_records_message
+
+from _common import fresh_topic
+
+
+def fleet(records_target: int) -> FleetSpec:
+    """≈ records_target records: 100 batches (fewer when small), 20 % redeliveries,
+    shared ancestors, 1 % conflicts, 5 % missing counters."""
+    batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
+    sessions = max(1, round(records_target / batches / 101))
+    return FleetSpec(batches=batches, sessions_per_batch=sessions, producers=4, max_samples_per_session=8,
+                     max_turns=24, redelivery_rate=0.2, conflict_rate=0.01, missing_rate=0.05, invalid_rate=0.0,
+                     seed=1, batch_prefix="bench-")
+
+
+def preload(bootstrap: str, spec: FleetSpec, partitions: int, records_per_message: int = 500) -> tuple[str, int, int]:
+    """A fresh records topic holding the whole fleet; returns (topic, records, batches)."""
+    topic = fresh_topic(bootstrap, "records", partitions)
+    settings = PublisherSettings(bootstrap_servers=bootstrap, topic=topic, max_message_bytes=records_per_message * 120,
+                                 linger_ms=50, max_queued_records=2_000_000)
+    summary = asyncio.run(publish_fleet(synthetic_fleet(spec), settings))
+    return topic, summary.records, spec.batches
+
+
+def bare_consumer(bootstrap: str, topic: str, records: int) -> float:
+    """Baseline: aiokafka getmany + msgspec decode + dict dedup, nothing else. Records/s."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> float:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"bare-{uuid.uuid4().hex[:6]}",
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024)
+        await consumer.start()
+        seen: dict = {}
+        count = 0
+        t0 = time.perf_counter()
+        try:
+            while count < records:
+                for messages in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
+                    for message in messages:
+                        decoded = decode_records_message(message.value)
+                        for r in decoded.records:
+                            seen[(r.session_id, r.generation_id)] = (r.accepted, r.proposed, r.verify, r.completion)
+                        count += len(decoded.records)
+        finally:
+            await consumer.stop()
+        return count / (time.perf_counter() - t0)
+
+    return asyncio.run(run())
+
+
+def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
+                timeout_s: float = 900.0) -> float:
+    """Seconds from starting ``workers`` worker processes to the last batch's BatchMetrics."""
+    from aiokafka import AIOKafkaConsumer
+
+    from specmeter.schemas import decode_metrics
+
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    topics = ["--records-topic", records_topic, "--partials-topic", f"{name}.partials", "--metrics-topic",
+              f"{name}.metrics", "--deadletter-topic", f"{name}.deadletter"]
+    procs = []
+    t0 = time.perf_counter()
+    for _ in range(workers):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
+             *topics, "--partitions", str(partitions), "--batch-timeout", "120", "--no-web", "--log-level",
+             "warning", "--data-dir", tempfile.mkdtemp(prefix="bench-")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    async def wait_metrics() -> float:
+        deadline = time.perf_counter() + timeout_s
+        while True:  # the metrics topic appears when the worker starts
+            consumer = AIOKafkaConsumer(f"{name}.metrics", bootstrap_servers=bootstrap, group_id=None,
+                                        auto_offset_reset="earliest")
+            await consumer.start()
+            done: set[str] = set()
+            try:
+                while len(done) < batches and time.perf_counter() < deadline:
+                    for messages in (await consumer.getmany(timeout_ms=200)).values():
+                        for message in messages:
+                            m = decode_metrics(message.value)
+                            if m.complete:
+                                done.add(m.batch_id)
+                if len(done) >= batches:
+                    return time.perf_counter() - t0
+                raise TimeoutError(f"{len(done)}/{batches} batches within {timeout_s}s")
+            finally:
+                await consumer.stop()
+
+    try:
+        return asyncio.run(wait_metrics())
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
