@@ -26,6 +26,18 @@ class WorkerCounters:
     batches_closed: dict[str, int] = field(default_factory=dict)
     batches_published: int = 0
     batches_expired: int = 0
+    close_latency_buckets: list[int] = field(default_factory=lambda: [0] * 10)
+    close_latency_sum: float = 0.0
+    close_latency_count: int = 0
+
+    def observe_close_latency(self, seconds: float) -> None:
+        from ._prometheus import CLOSE_LATENCY_BUCKETS
+
+        self.close_latency_sum += seconds
+        self.close_latency_count += 1
+        for i, bound in enumerate(CLOSE_LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.close_latency_buckets[i] += 1
 
     def dead_letter(self, reason: str, records: int = 1) -> None:
         self.dead_letters[reason] = self.dead_letters.get(reason, 0) + 1

@@ -70,10 +70,14 @@ def run_tail(broker: str, topic: str, *, as_json: bool, from_beginning: bool, ro
 
         return asyncio.run(follow_metrics(broker, topic, emit, from_beginning=from_beginning,
                                           max_messages=max_messages, timeout_s=timeout_s))
+    from rich.console import Console
     from rich.live import Live
 
+    console = Console()
+    if not console.is_terminal:  # piped: a fixed, wide rendering instead of 80 columns
+        console = Console(width=160)
     latest: dict[str, BatchMetrics] = {}
-    with Live(metrics_table(latest, rows), refresh_per_second=4) as live:
+    with Live(metrics_table(latest, rows), refresh_per_second=4, console=console) as live:
         def update(m: BatchMetrics) -> None:
             latest.pop(m.batch_id, None)
             latest[m.batch_id] = m

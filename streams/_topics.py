@@ -27,7 +27,9 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
 
     t = settings.topics
     wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1}
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.kafka)
+    security = settings.kafka.get("__security__")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker,
+                                **(security.aiokafka_kwargs() if security is not None else {}))
     await admin.start()
     try:
         existing = await admin.describe_topics(list(wanted))

@@ -61,6 +61,7 @@ class StreamShell:
         self.gates = {t.records: OffsetGate(), t.partials: OffsetGate()}
         self.last_event_at: dict[int, float] = {}
         self.last_published: Any = None
+        self.started_at = time.time()
         self.seeks = 0
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
@@ -144,6 +145,8 @@ class StreamShell:
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
+            if metrics.revision == 0:
+                self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
             m = metrics.metrics
             log.info("published batch=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
                      "tokens_per_verify=%s", metrics.batch_id, metrics.revision, metrics.close_reason,
@@ -263,7 +266,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         web_port=settings.web_port,
         datadir=settings.data_dir,
         autodiscover=False,
-        **settings.kafka,
+        **(settings.kafka["__security__"].faust_kwargs() if "__security__" in settings.kafka else {}),
     )
     shell = StreamShell(app, settings)
 
@@ -290,5 +293,22 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         return self.json({"counters": shell.counters.as_dict(), "seeks": shell.seeks,
                           "open_generations": sum(p.open_generations for p in shell.processors.values()),
                           "partitions": sorted(shell.processors)})
+
+    @app.page("/metrics")
+    async def prometheus(self: Any, request: Any) -> Any:
+        from ._prometheus import render
+
+        return self.bytes(render(shell), content_type="text/plain; version=0.0.4")
+
+    @app.page("/specmeter/healthz")
+    async def healthz(self: Any, request: Any) -> Any:
+        """Liveness: the web server answers while the event loop runs."""
+        return self.json({"status": "alive"})
+
+    @app.page("/specmeter/readyz")
+    async def readyz(self: Any, request: Any) -> Any:
+        """Readiness: partitions assigned and their state recovered."""
+        ready = shell.ready()
+        return self.json({"ready": ready}, status=200 if ready else 503)
 
     return app, shell

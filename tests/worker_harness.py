@@ -49,7 +49,8 @@ class Deployment:
                 "--app-id", self.name, "--records-topic", t.records, "--partials-topic", t.partials,
                 "--metrics-topic", t.metrics, "--deadletter-topic", t.deadletter,
                 "--partitions", str(self.partitions), "--batch-timeout", str(self.batch_timeout_s),
-                "--grace", str(self.grace_s), "--session-timeout", str(self.session_timeout_s), "--no-web",
+                "--grace", str(self.grace_s), "--session-timeout", str(self.session_timeout_s),
+                *(() if "--web-port" in extra else ("--no-web",)),
                 "--data-dir", tempfile.mkdtemp(prefix=f"{self.name}-data-"), *extra]
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

@@ -1,0 +1,106 @@
+"""The worker's /metrics under real traffic, and `specmeter tail` against the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+
+from .kafka_helpers import create_topic
+from .worker_harness import Deployment, latest_by_batch, publish_events
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fed_worker(kafka_bootstrap):
+    d = Deployment(kafka_bootstrap)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    port = _free_port()
+    worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")
+    events = list(synthetic_fleet(FleetSpec(batches=2, sessions_per_batch=20, producers=2, seed=21,
+                                            batch_prefix="obs-")))
+    try:
+        d.wait_ready(worker)
+        asyncio.run(publish_events(kafka_bootstrap, d.topics.records, events))
+        batches = {e.batch_id for e in events}
+        published = d.metrics(until=lambda ms: batches <= {m.batch_id for m in ms if m.complete}, timeout_s=90)
+        yield d, port, published, events
+    finally:
+        d.close()
+
+
+def test_metrics_endpoint_equals_last_published_batch(fed_worker):
+    d, port, published, events = fed_worker
+    body = b""
+    for _ in range(50):
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            if b"specmeter_batch_accept_rate_ratio" in body:
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    info = families["specmeter_batch_info"].samples[0].labels
+    last = [m for m in published if m.batch_id == info["batch_id"]][-1]
+    value = lambda name: families[name].samples[0].value  # noqa: E731
+    assert value("specmeter_batch_accept_rate_ratio") == last.metrics["spec/accept_rate"]
+    assert value("specmeter_batch_tokens_per_verify") == last.metrics["spec/tokens_per_verify"]
+    assert value("specmeter_batch_accept_coverage_ratio") == last.metrics["spec/accept_count_coverage"]
+    assert value("specmeter_batch_generations") == last.metrics["spec/unique_generation_count"]
+    assert value("specmeter_batch_records") == last.record_count
+    assert value("specmeter_batch_complete") == 1.0
+    records = sum(1 for e in events if e.kind == "record")
+    invalid = sum(1 for e in events if e.kind == "invalid")
+    counted = sum(value(f"specmeter_records_{k}") for k in ("aggregated", "redelivered", "late", "dead_lettered"))
+    assert counted == records + invalid, "every record is aggregated, redelivered, late or dead-lettered"
+    assert families["specmeter_batch_close_latency_seconds"].samples, "close latency histogram"
+    assert {s.labels["partition"] for s in families["specmeter_partition_seconds_since_last_event"].samples} \
+        == {"0", "1", "2", "3"}
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")
+    check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+    ready = urllib.request.urlopen(f"http://127.0.0.1:{port}/specmeter/readyz", timeout=5)
+    assert json.loads(ready.read()) == {"ready": True}
+
+
+def test_tail_json_from_beginning(fed_worker):
+    d, port, published, events = fed_worker
+    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.cli", "tail", "--broker", d.bootstrap,
+                           "--topic", d.topics.metrics, "--json", "--from-beginning", "--max-messages",
+                           str(len(published)), "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(lines) == len(published)
+    latest = latest_by_batch(published)
+    for line in lines:
+        if line["revision"] == latest[line["batch_id"]].revision:
+            assert line["metrics"] == latest[line["batch_id"]].metrics
+
+
+def test_tail_table_renders(fed_worker):
+    d, port, published, events = fed_worker
+    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.cli", "tail", "--broker", d.bootstrap,
+                           "--topic", d.topics.metrics, "--from-beginning", "--timeout", "3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "obs-00000" in proc.stdout and "accept rate" in proc.stdout
