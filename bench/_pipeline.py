@@ -65,6 +65,32 @@ def bare_consumer(bootstrap: str, topic: str, records: int) -> float:
     return asyncio.run(run())
 
 
+def start_workers(bootstrap: str, records_topic: str, partitions: int, workers: int) -> tuple[str, list]:
+    """Start worker processes of a fresh app; returns (app name, processes)."""
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    topics = ["--records-topic", records_topic, "--partials-topic", f"{name}.partials", "--metrics-topic",
+              f"{name}.metrics", "--deadletter-topic", f"{name}.deadletter"]
+    procs = []
+    for _ in range(workers):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
+             *topics, "--partitions", str(partitions), "--batch-timeout", "120", "--no-web", "--log-level",
+             "info", "--data-dir", tempfile.mkdtemp(prefix="bench-")],
+            stdout=open(os.path.join(tempfile.gettempdir(), f"{name}-{len(procs)}.log"), "wb"),
+            stderr=subprocess.STDOUT, start_new_session=True))
+    return name, procs
+
+
+def stop_workers(procs: list) -> None:
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
                 timeout_s: float = 900.0) -> float:
     """Seconds from starting ``workers`` worker processes to the last batch's BatchMetrics."""
@@ -72,17 +98,8 @@ def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: in
 
     from specmeter.schemas import decode_metrics
 
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    topics = ["--records-topic", records_topic, "--partials-topic", f"{name}.partials", "--metrics-topic",
-              f"{name}.metrics", "--deadletter-topic", f"{name}.deadletter"]
-    procs = []
     t0 = time.perf_counter()
-    for _ in range(workers):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
-             *topics, "--partitions", str(partitions), "--batch-timeout", "120", "--no-web", "--log-level",
-             "warning", "--data-dir", tempfile.mkdtemp(prefix="bench-")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    name, procs = start_workers(bootstrap, records_topic, partitions, workers)
 
     async def wait_metrics() -> float:
         deadline = time.perf_counter() + timeout_s
@@ -107,10 +124,4 @@ def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: in
     try:
         return asyncio.run(wait_metrics())
     finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_workers(procs)

@@ -139,7 +139,7 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                         # a redelivery lands later in the same producer's stream
                         out.insert(rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again))
         # interleave producers as a fleet would
-        queues = [list(reversed(events)) for events in per_producer.values()]
+        queues = [list(reversed(events)) for events in per_producer.values() if events]
         while queues:
             queue = rng.choice(queues)
             yield queue.pop()

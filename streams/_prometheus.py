@@ -42,7 +42,7 @@ EXPORTED_METRICS = (
     "specmeter_records_redelivered_total", "specmeter_records_late_total", "specmeter_records_dead_lettered_total",
     "specmeter_records_conflicting_total", "specmeter_records_invalid_total", "specmeter_markers_total",
     "specmeter_dead_letters_total", "specmeter_partials_emitted_total", "specmeter_batches_closed_total",
-    "specmeter_batches_published_total", "specmeter_batches_expired_total", "specmeter_offset_seeks_total",
+    "specmeter_batches_published_total", "specmeter_batches_expired_total", "specmeter_offset_gap_fills_total", "specmeter_idle_catch_ups_total",
     "specmeter_open_generations", "specmeter_partition_seconds_since_last_event",
     "specmeter_batch_close_latency_seconds",
 )
@@ -71,7 +71,10 @@ class WorkerCollector:
             ("specmeter_partials_emitted", c.partials_emitted, "Per-partition partial aggregates emitted."),
             ("specmeter_batches_published", c.batches_published, "BatchMetrics messages published (all revisions)."),
             ("specmeter_batches_expired", c.batches_expired, "Batches forgotten after their grace period."),
-            ("specmeter_offset_seeks", shell.seeks, "Seeks back to the durable checkpoint after a consumer skipped offsets."),
+            ("specmeter_offset_gap_fills", shell.gap_fills,
+             "Times offsets skipped by the consumer were read directly to keep the state exact."),
+            ("specmeter_idle_catch_ups", shell.idle_catch_ups,
+             "Times a partition with unread messages and no delivery was read directly."),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         dead = CounterMetricFamily("specmeter_dead_letters", "Dead letters by reason.", labels=["reason"])

@@ -25,17 +25,25 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
+    from ._changelog import changelog_topics
+
     t = settings.topics
-    wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1}
+    stage1_log, stage2_log = changelog_topics(settings.app_id)
+    wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1,
+              stage1_log: settings.partitions, stage2_log: settings.partitions}
+    compacted = {stage1_log, stage2_log}
     security = settings.kafka.get("__security__")
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker,
                                 **(security.aiokafka_kwargs() if security is not None else {}))
     await admin.start()
     try:
-        existing = await admin.describe_topics(list(wanted))
+        # list_topics() first: describing a missing topic can auto-create it with the
+        # broker's default partition count (auto.create.topics.enable).
+        present = set(await admin.list_topics()) & set(wanted)
+        existing = await admin.describe_topics(sorted(present)) if present else []
         have = {d["topic"]: len(d["partitions"]) for d in existing if d.get("error_code", 0) == 0 and d["partitions"]}
         missing = [NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
-                            topic_configs={"cleanup.policy": "delete"})
+                            topic_configs={"cleanup.policy": "compact" if name in compacted else "delete"})
                    for name, n in wanted.items() if name not in have]
         if missing:
             try:
@@ -43,7 +51,10 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics: %s", ", ".join(f"{m.name}({m.num_partitions})" for m in missing))
-        for name in (t.records, t.partials):
+        if missing:  # what we just created must be visible with the right shape
+            created = await admin.describe_topics([m.name for m in missing])
+            have.update({d["topic"]: len(d["partitions"]) for d in created if d["partitions"]})
+        for name in (t.records, t.partials, stage1_log, stage2_log):
             if name in have and have[name] != settings.partitions:
                 raise TopicMismatch(
                     f"topic {name!r} has {have[name]} partitions but the worker runs with partitions="

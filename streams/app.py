@@ -2,8 +2,10 @@
 
 It decides nothing: it moves messages into ``PartitionProcessor`` (stage 1)
 and ``BatchMerger`` (stage 2) and carries out the effects they return. State
-lives in two Faust tables used as changelogs with explicit partitions (stage 1
-writes one delta per batch per chunk, never one write per record).
+lives in two compacted changelog topics written through Faust's producer with
+explicit partitions (stage 1 writes one delta per batch per chunk, never one
+write per record) and read back by ``_changelog`` when a worker takes a
+partition over; Faust's table recovery is not used (it can hang on rebalances).
 
 Offsets: Faust's committed offsets are not trusted (see ``_gate``). Each
 stage keeps a durable checkpoint of the last offset it applied; the shell
@@ -20,8 +22,8 @@ from typing import Any
 
 from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics, encode_partial
 
+from ._changelog import changelog_topics, read_changelog_partition, read_range
 from ._counters import WorkerCounters
-from ._gate import OffsetGate
 from ._stage1 import Effects, PartitionProcessor, state_key_prefix
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings
@@ -51,87 +53,114 @@ class StreamShell:
                                         value_type=bytes, key_serializer="raw", value_serializer="raw")
         self.metrics_topic = app.topic(t.metrics, key_serializer="raw", value_serializer="raw")
         self.deadletter_topic = app.topic(t.deadletter, key_serializer="raw", value_serializer="raw")
-        # key/value serializers are the app's ("raw"): values are our own msgpack structs
-        self.stage1_table = app.Table("stage1-state", partitions=settings.partitions, key_type=bytes,
-                                      value_type=bytes)
-        self.stage2_table = app.Table("stage2-state", partitions=settings.partitions, key_type=bytes,
-                                      value_type=bytes)
+        stage1_log, stage2_log = changelog_topics(settings.app_id)
+        self.stage1_log = app.topic(stage1_log, partitions=settings.partitions, key_serializer="raw",
+                                    value_serializer="raw")
+        self.stage2_log = app.topic(stage2_log, partitions=settings.partitions, key_serializer="raw",
+                                    value_serializer="raw")
+        self._restoring: dict[tuple[str, int], Any] = {}
+        self._last_progress: dict[tuple[str, int], float] = {}
         self.processors: dict[int, PartitionProcessor] = {}
         self.mergers: dict[int, BatchMerger] = {}
-        self.gates = {t.records: OffsetGate(), t.partials: OffsetGate()}
         self.last_event_at: dict[int, float] = {}
         self.last_published: Any = None
         self.started_at = time.time()
-        self.seeks = 0
+        self.gap_fills = 0
+        self.idle_catch_ups = 0
+        self._end_offsets: Any = None  # a standalone consumer for log-end queries
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
 
     # -- state per partition ------------------------------------------------------
     @staticmethod
-    def _entries(table: Any, partition: int) -> list[tuple[bytes, bytes]]:
-        prefix = state_key_prefix(partition)
-        return [(k, v) for k, v in list(table.data.items()) if k.startswith(prefix)]
-
-    @staticmethod
-    def _write(table: Any, partition: int, key: bytes, value: bytes | None) -> None:
-        """Write to the changelog and mirror it in the table's store, so the store
-        always equals the changelog however Faust recovers it (fully or from an offset)."""
-        table.send_changelog(partition, key, value)
-        if value is None:
-            table.data.pop(key, None)
-        else:
-            table.data[key] = value
+    def _write(log_topic: Any, partition: int, key: bytes, value: bytes | None) -> None:
+        """Append to a state changelog (same producer as everything else: ordered
+        per partition, flushed by Faust before it commits offsets or gives up partitions)."""
+        log_topic.send_soon(key=key, value=value, partition=partition)
 
     def _owned(self, epoch: int, topic: str, partition: int) -> bool:
         return epoch == self.epoch and partition in self._assigned(topic)
 
-    def processor(self, partition: int) -> PartitionProcessor:
-        """This partition's stage-1 state, restored from the changelog on first use.
+    def _ensure_restore(self, topic: str, partition: int) -> None:
+        """Start restoring a partition's state in the background (once per epoch)."""
+        import asyncio
 
-        Synchronous on purpose: nothing here awaits the broker, so a rebalance can
-        never find the agent stuck half-way (a fresh state expects offset 0; the
-        gate accepts a log that starts later after a few seeks).
-        """
-        processor = self.processors.get(partition)
-        if processor is None:
-            s = self.settings
-            processor = PartitionProcessor(partition, source_topic=s.topics.records,
-                                           batch_timeout_ms=int(s.batch_timeout_s * 1000),
-                                           grace_ms=int(s.grace_s * 1000), max_message_bytes=s.max_message_bytes,
-                                           counters=self.counters)
-            effects = processor.restore(self._entries(self.stage1_table, partition), _now_ms())
-            self.processors[partition] = processor
-            self._apply(effects, partition)
-        return processor
+        task = self._restoring.get((topic, partition))
+        if task is not None and not task.done():
+            return
+        self._restoring[(topic, partition)] = asyncio.get_running_loop().create_task(
+            self._restore(topic, partition, self.epoch), name=f"restore-{topic}-{partition}")
 
-    def merger(self, partition: int) -> BatchMerger:
-        """This partition's stage-2 state (see ``processor``)."""
-        merger = self.mergers.get(partition)
-        if merger is None:
-            s = self.settings
-            merger = BatchMerger(partition, partitions_expected=s.partitions,
-                                 batch_timeout_ms=int(s.batch_timeout_s * 1000), grace_ms=int(s.grace_s * 1000),
-                                 counters=self.counters)
-            merger.restore(self._entries(self.stage2_table, partition))
-            self.mergers[partition] = merger
-        return merger
+    async def _restore(self, topic: str, partition: int, epoch: int) -> None:
+        """Read the partition's changelog, install its state, then seek the input to
+        the checkpoint: whatever arrived meanwhile was dropped and is read again."""
+        s = self.settings
+        stage1 = topic == s.topics.records
+        log_topic = self.stage1_log if stage1 else self.stage2_log
+        try:
+            entries = await read_changelog_partition(s.broker, log_topic.get_topic_name(), partition,
+                                                     kafka=self._client_kwargs())
+        except Exception as exc:  # noqa: BLE001 - retried by the next tick
+            log.warning("restoring topic=%s partition=%d failed (%r): retrying", topic, partition, exc)
+            return
+        if not self._owned(epoch, topic, partition):
+            return
+        now = _now_ms()
+        if stage1:
+            state: Any = PartitionProcessor(partition, source_topic=s.topics.records,
+                                            batch_timeout_ms=int(s.batch_timeout_s * 1000),
+                                            grace_ms=int(s.grace_s * 1000), max_message_bytes=s.max_message_bytes,
+                                            counters=self.counters)
+            restored = state.restore(entries, now)
+        else:
+            state = BatchMerger(partition, partitions_expected=s.partitions,
+                                batch_timeout_ms=int(s.batch_timeout_s * 1000), grace_ms=int(s.grace_s * 1000),
+                                counters=self.counters)
+            state.restore(entries)
+            restored = MergeEffects()
+        # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
+        # have resumed anywhere (it commits past offsets it considers gaps).
+        try:
+            missing, _ = await read_range(s.broker, topic, partition, state.checkpoint + 1,
+                                          kafka=self._client_kwargs())
+        except Exception as exc:  # noqa: BLE001 - retried by the next tick
+            log.warning("catching up topic=%s partition=%d failed (%r): retrying", topic, partition, exc)
+            return
+        if not self._owned(epoch, topic, partition):
+            return
+        if stage1:
+            self.processors[partition] = state
+            self._apply(restored, partition)
+            if missing:
+                self._apply(state.process(missing, _now_ms()), partition)
+        else:
+            self.mergers[partition] = state
+            if missing:
+                self._apply_merge(state.process([(o, decode_partial(v)) for o, v in missing], _now_ms()), partition)
+        if missing:
+            log.info("topic=%s partition=%d caught up %d message(s) from offset %d", topic, partition,
+                     len(missing), missing[0][0])
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        security = self.settings.kafka.get("__security__")
+        return security.aiokafka_kwargs() if security is not None else {}
 
     def forget(self, topic_partitions: Any) -> None:
         """Drop in-memory state of revoked partitions; the next owner rebuilds it."""
         self.epoch += 1
         for tp in topic_partitions:
+            task = self._restoring.pop((tp.topic, tp.partition), None)
+            if task is not None:
+                task.cancel()
             if tp.topic == self.settings.topics.records:
                 self.processors.pop(tp.partition, None)
             elif tp.topic == self.settings.topics.partials:
                 self.mergers.pop(tp.partition, None)
-            gate = self.gates.get(tp.topic)
-            if gate is not None:
-                gate.forget(tp.partition)
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, effects: Effects, partition: int) -> None:
         for key, value in effects.changelog:
-            self._write(self.stage1_table, partition, key, value)
+            self._write(self.stage1_log, partition, key, value)
         for partial in effects.partials:
             self.partials_topic.send_soon(key=partial.batch_id.encode(), value=encode_partial(partial))
         for letter in effects.dead_letters:
@@ -141,7 +170,7 @@ class StreamShell:
 
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
-            self._write(self.stage2_table, partition, key, value)
+            self._write(self.stage2_log, partition, key, value)
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
@@ -179,66 +208,124 @@ class StreamShell:
             messages.sort(key=lambda m: m[0])
         return grouped
 
-    async def _seek(self, topic: str, partition: int, offset: int, epoch: int) -> None:
-        import asyncio
-
-        from faust.types import TP
-
+    async def _fill(self, topic: str, partition: int, checkpoint: int, messages: list[tuple[int, Any]],
+                    epoch: int) -> list[tuple[int, Any]] | None:
+        """The messages after ``checkpoint``, with whatever the consumer skipped read in
+        directly; None when the partition stopped being ours meanwhile."""
+        fresh = [m for m in messages if m[0] > checkpoint]
+        if fresh and fresh[0][0] == checkpoint + 1 and all(
+                b[0] == a[0] + 1 for a, b in zip(fresh, fresh[1:])):
+            return fresh  # the usual case: contiguous
+        if not fresh:
+            return []
+        self.gap_fills += 1
+        missing, _ = await read_range(self.settings.broker, topic, partition, checkpoint + 1, fresh[-1][0] + 1,
+                                      kafka=self._client_kwargs())
+        log.warning("partition=%d of %s skipped offsets after %d: read %d message(s) directly", partition, topic,
+                    checkpoint, len(missing))
         if not self._owned(epoch, topic, partition):
-            return
-        self.seeks += 1
-        try:
-            await asyncio.wait_for(self.app.consumer.seek(TP(topic, partition), offset), 10.0)
-        except Exception as exc:  # noqa: BLE001 - the gate asks again if the gap persists
-            log.warning("seek topic=%s partition=%d offset=%d failed: %r", topic, partition, offset, exc)
+            return None
+        return missing
 
     async def on_records(self, events: list) -> None:
         topic = self.settings.topics.records
-        gate = self.gates[topic]
         epoch = self.epoch
-        seeks = []
         for partition, messages in self._group(topic, events).items():
-            processor = self.processor(partition)
-            admitted, seek_to = gate.admit(partition, processor.checkpoint, messages, time.monotonic())
+            processor = self.processors.get(partition)
+            if processor is None:  # not restored yet: the restore's catch-up reads these
+                self._ensure_restore(topic, partition)
+                continue
+            admitted = await self._fill(topic, partition, processor.checkpoint, messages, epoch)
+            if admitted is None or self.processors.get(partition) is not processor:
+                continue
             if admitted:
                 self.last_event_at[partition] = time.time()
+                self._last_progress[(topic, partition)] = time.monotonic()
                 self._apply(processor.process(admitted, _now_ms()), partition)
-            if seek_to is not None:
-                seeks.append((partition, seek_to))
-        for partition, offset in seeks:
-            await self._seek(topic, partition, offset, epoch)
 
     async def on_partials(self, events: list) -> None:
         topic = self.settings.topics.partials
-        gate = self.gates[topic]
         epoch = self.epoch
-        seeks = []
         for partition, messages in self._group(topic, events).items():
-            merger = self.merger(partition)
-            admitted, seek_to = gate.admit(partition, merger.checkpoint, messages, time.monotonic())
+            merger = self.mergers.get(partition)
+            if merger is None:
+                self._ensure_restore(topic, partition)
+                continue
+            admitted = await self._fill(topic, partition, merger.checkpoint, messages, epoch)
+            if admitted is None or self.mergers.get(partition) is not merger:
+                continue
             if admitted:
+                self._last_progress[(topic, partition)] = time.monotonic()
                 decoded = [(offset, decode_partial(value)) for offset, value in admitted]
                 self._apply_merge(merger.process(decoded, _now_ms()), partition)
-            if seek_to is not None:
-                seeks.append((partition, seek_to))
-        for partition, offset in seeks:
-            await self._seek(topic, partition, offset, epoch)
+
+    async def catch_up_idle(self, idle_s: float = 1.0) -> None:
+        """Progress that does not depend on Faust's delivery: for every owned partition
+        whose log end is past its checkpoint while nothing arrived for ``idle_s``,
+        read the rest directly (Faust can stall or skip after a rebalance)."""
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        app = self.app
+        if app.consumer is None or app.rebalancing:
+            return
+        t = self.settings.topics
+        owned = [(t.records, p, s) for p, s in self.processors.items() if p in self._assigned(t.records)]
+        owned += [(t.partials, p, s) for p, s in self.mergers.items() if p in self._assigned(t.partials)]
+        now = time.monotonic()
+        owned = [(topic, p, state) for topic, p, state in owned
+                 if now - self._last_progress.get((topic, p), 0.0) >= idle_s]
+        if not owned:
+            return
+        if self._end_offsets is None:
+            self._end_offsets = AIOKafkaConsumer(bootstrap_servers=self.settings.broker, group_id=None,
+                                                 enable_auto_commit=False, **self._client_kwargs())
+            await self._end_offsets.start()
+        epoch = self.epoch
+        ends = await self._end_offsets.end_offsets([TopicPartition(topic, p) for topic, p, _ in owned])
+        for topic, partition, state in owned:
+            end = ends.get(TopicPartition(topic, partition), 0)
+            if end - 1 <= state.checkpoint:
+                self._last_progress[(topic, partition)] = time.monotonic()
+                continue
+            missing, _ = await read_range(self.settings.broker, topic, partition, state.checkpoint + 1, end,
+                                          kafka=self._client_kwargs())
+            if not self._owned(epoch, topic, partition):
+                return
+            self.idle_catch_ups += 1
+            log.info("topic=%s partition=%d: nothing delivered for %.0fs, read %d message(s) directly",
+                     topic, partition, idle_s, len(missing))
+            if topic == t.records and self.processors.get(partition) is state:
+                self._apply(state.process(missing, _now_ms()), partition)
+            elif topic == t.partials and self.mergers.get(partition) is state:
+                self._apply_merge(state.process([(o, decode_partial(v)) for o, v in missing], _now_ms()), partition)
+            self._last_progress[(topic, partition)] = time.monotonic()
 
     def ready(self) -> bool:
+        """Partitions assigned, not rebalancing, and the state of every owned partition restored."""
         app = self.app
-        return bool(app.consumer is not None and not app.rebalancing and not getattr(app, "in_recovery", False)
-                    and app.tables.recovery.completed.is_set())
+        if app.consumer is None or app.rebalancing:
+            return False
+        t = self.settings.topics
+        return self._assigned(t.records) <= set(self.processors) and self._assigned(t.partials) <= set(self.mergers)
 
     def on_tick(self) -> None:
-        # Restoring needs the changelog recovered: the timer checks, while agents
-        # get a partition's events only after Faust recovered it.
-        if not self.ready():
+        app = self.app
+        if app.consumer is None or app.rebalancing:
             return
         t = self.settings.topics
         for partition in sorted(self._assigned(t.records)):
-            self._apply(self.processor(partition).tick(_now_ms()), partition)
+            processor = self.processors.get(partition)
+            if processor is None:
+                self._ensure_restore(t.records, partition)  # an idle partition is restored too
+            else:
+                self._apply(processor.tick(_now_ms()), partition)
         for partition in sorted(self._assigned(t.partials)):
-            self._apply_merge(self.merger(partition).tick(_now_ms()), partition)
+            merger = self.mergers.get(partition)
+            if merger is None:
+                self._ensure_restore(t.partials, partition)
+            else:
+                self._apply_merge(merger.tick(_now_ms()), partition)
 
 
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
@@ -253,7 +340,6 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         value_serializer="raw",
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
-        table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
@@ -284,13 +370,20 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     async def tick() -> None:
         shell.on_tick()
 
+    @app.timer(1.0)
+    async def watchdog() -> None:
+        try:
+            await shell.catch_up_idle()
+        except Exception as exc:  # noqa: BLE001 - retried next second
+            log.warning("catch-up failed: %r", exc)
+
     @app.on_partitions_revoked.connect
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         shell.forget(revoked)
 
     @app.page("/specmeter/stats")
     async def stats(self: Any, request: Any) -> Any:
-        return self.json({"counters": shell.counters.as_dict(), "seeks": shell.seeks,
+        return self.json({"counters": shell.counters.as_dict(), "gap_fills": shell.gap_fills,
                           "open_generations": sum(p.open_generations for p in shell.processors.values()),
                           "partitions": sorted(shell.processors)})
 

@@ -201,3 +201,22 @@ def test_readme_main_job(kafka_bootstrap):
     assert [b["batch_id"] for b in batches] == ["step-00000", "step-00001", "step-00002"]
     assert all(b["complete"] and b["speculative"] for b in batches)
     assert "every batch matches `specmeter aggregate`" in proc.stderr
+
+
+def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
+    """Not the broker's default (4 here): describing a missing topic must not auto-create it."""
+    from specmeter.streams._changelog import changelog_topics
+    from specmeter.streams._topics import TopicMismatch, ensure_topics
+    from specmeter.streams.settings import TopicNames, WorkerSettings
+
+    name = f"topics-{time.time_ns()}"
+    topics = TopicNames(records=f"{name}.records", partials=f"{name}.partials", metrics=f"{name}.metrics",
+                        deadletter=f"{name}.deadletter")
+    settings = WorkerSettings(broker=kafka_bootstrap, app_id=name, topics=topics, partitions=6)
+    made = asyncio.run(ensure_topics(settings))
+    for topic in (topics.records, topics.partials, *changelog_topics(name)):
+        assert made[topic] == 6, (topic, made[topic])
+    import msgspec
+
+    with pytest.raises(TopicMismatch, match="--partitions 6"):
+        asyncio.run(ensure_topics(msgspec.structs.replace(settings, partitions=3)))
