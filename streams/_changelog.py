@@ -53,11 +53,13 @@ async def read_changelog_partition(broker: str, topic: str, partition: int, *, k
 
 
 async def read_range(broker: str, topic: str, partition: int, start: int, end: int | None = None, *,
-                     kafka: dict[str, Any] | None = None, timeout_s: float = 120.0) -> tuple[list[tuple[int, bytes]], int]:
+                     kafka: dict[str, Any] | None = None, timeout_s: float = 120.0,
+                     max_messages: int | None = None) -> tuple[list[tuple[int, bytes]], int]:
     """Messages of one partition with offsets in [start, end) (end None: the log end now).
 
     Used to fill what Faust's consumer skipped: it is the authority on which
-    offsets exist. Returns the (offset, value) pairs and the end offset read to.
+    offsets exist. Returns the (offset, value) pairs and the offset read up to
+    (exclusive): ``end``, or less when ``max_messages`` stopped the read early.
     """
     import asyncio
 
@@ -85,6 +87,8 @@ async def read_range(broker: str, topic: str, partition: int, start: int, end: i
             for message in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
                 if start <= message.offset < end:
                     out.append((message.offset, message.value))
+            if max_messages is not None and len(out) >= max_messages:
+                return out, await consumer.position(tp)
     finally:
         await consumer.stop()
     return out, end

@@ -118,28 +118,48 @@ class StreamShell:
                                 counters=self.counters)
             state.restore(entries)
             restored = MergeEffects()
-        # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
-        # have resumed anywhere (it commits past offsets it considers gaps).
-        try:
-            missing, _ = await read_range(s.broker, topic, partition, state.checkpoint + 1,
-                                          kafka=self._client_kwargs())
-        except Exception as exc:  # noqa: BLE001 - retried by the next tick
-            log.warning("catching up topic=%s partition=%d failed (%r): retrying", topic, partition, exc)
-            return
         if not self._owned(epoch, topic, partition):
             return
         if stage1:
             self.processors[partition] = state
             self._apply(restored, partition)
-            if missing:
-                self._apply(state.process(missing, _now_ms()), partition)
         else:
             self.mergers[partition] = state
-            if missing:
-                self._apply_merge(state.process([(o, decode_partial(v)) for o, v in missing], _now_ms()), partition)
-        if missing:
-            log.info("topic=%s partition=%d caught up %d message(s) from offset %d", topic, partition,
-                     len(missing), missing[0][0])
+        # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
+        # have resumed anywhere (it commits past offsets it considers gaps).
+        try:
+            caught = await self._read_and_apply(topic, partition, state, None, epoch)
+        except Exception as exc:  # noqa: BLE001 - the watchdog retries
+            log.warning("catching up topic=%s partition=%d failed (%r)", topic, partition, exc)
+            return
+        if caught:
+            log.info("topic=%s partition=%d caught up %d message(s) after the checkpoint", topic, partition, caught)
+
+    async def _read_and_apply(self, topic: str, partition: int, state: Any, end: int | None, epoch: int,
+                              chunk: int = 2000) -> int:
+        """Read [checkpoint+1, end) of a partition directly and apply it, ``chunk``
+        messages at a time (bounded memory); stops when the partition is not ours."""
+        done = 0
+        stage1 = topic == self.settings.topics.records
+        while True:
+            start = state.checkpoint + 1
+            messages, upto = await read_range(self.settings.broker, topic, partition, start, end,
+                                              kafka=self._client_kwargs(), max_messages=chunk)
+            current = self.processors.get(partition) if stage1 else self.mergers.get(partition)
+            if not self._owned(epoch, topic, partition) or current is not state:
+                return done
+            if messages:
+                if stage1:
+                    self._apply(state.process(messages, _now_ms()), partition)
+                else:
+                    self._apply_merge(state.process([(o, decode_partial(v)) for o, v in messages], _now_ms()),
+                                      partition)
+                done += len(messages)
+            self._last_progress[(topic, partition)] = time.monotonic()
+            if end is None:
+                end = upto if len(messages) < chunk else None
+            if not messages or (end is not None and state.checkpoint + 1 >= end) or len(messages) < chunk:
+                return done
 
     def _client_kwargs(self) -> dict[str, Any]:
         security = self.settings.kafka.get("__security__")
@@ -219,13 +239,13 @@ class StreamShell:
         if not fresh:
             return []
         self.gap_fills += 1
-        missing, _ = await read_range(self.settings.broker, topic, partition, checkpoint + 1, fresh[-1][0] + 1,
-                                      kafka=self._client_kwargs())
+        state = self.processors.get(partition) if topic == self.settings.topics.records else self.mergers.get(partition)
+        read = await self._read_and_apply(topic, partition, state, fresh[-1][0] + 1, epoch)
         log.warning("partition=%d of %s skipped offsets after %d: read %d message(s) directly", partition, topic,
-                    checkpoint, len(missing))
+                    checkpoint, read)
         if not self._owned(epoch, topic, partition):
             return None
-        return missing
+        return []  # everything up to the last delivered offset is applied now
 
     async def on_records(self, events: list) -> None:
         topic = self.settings.topics.records
@@ -288,18 +308,12 @@ class StreamShell:
             if end - 1 <= state.checkpoint:
                 self._last_progress[(topic, partition)] = time.monotonic()
                 continue
-            missing, _ = await read_range(self.settings.broker, topic, partition, state.checkpoint + 1, end,
-                                          kafka=self._client_kwargs())
+            read = await self._read_and_apply(topic, partition, state, end, epoch)
             if not self._owned(epoch, topic, partition):
                 return
             self.idle_catch_ups += 1
             log.info("topic=%s partition=%d: nothing delivered for %.0fs, read %d message(s) directly",
-                     topic, partition, idle_s, len(missing))
-            if topic == t.records and self.processors.get(partition) is state:
-                self._apply(state.process(missing, _now_ms()), partition)
-            elif topic == t.partials and self.mergers.get(partition) is state:
-                self._apply_merge(state.process([(o, decode_partial(v)) for o, v in missing], _now_ms()), partition)
-            self._last_progress[(topic, partition)] = time.monotonic()
+                     topic, partition, idle_s, read)
 
     def ready(self) -> bool:
         """Partitions assigned, not rebalancing, and the state of every owned partition restored."""
