@@ -1,4 +1,4 @@
-"""Durable forms of stage-1 state, written to the Faust table's changelog.
+"""Durable forms of stage-1 state, written to the stage-1 state changelog.
 
 A ``BatchDelta`` is what one processed chunk of messages changed in one batch
 on one partition; replaying every delta up to the partition's ``Checkpoint``
