@@ -315,6 +315,14 @@ class StreamShell:
             log.info("topic=%s partition=%d: nothing delivered for %.0fs, read %d message(s) directly",
                      topic, partition, idle_s, read)
 
+    async def close(self) -> None:
+        """Stop what the shell owns besides Faust (restore tasks, the log-end consumer)."""
+        for task in self._restoring.values():
+            task.cancel()
+        if self._end_offsets is not None:
+            await self._end_offsets.stop()
+            self._end_offsets = None
+
     def ready(self) -> bool:
         """Partitions assigned, not rebalancing, and the state of every owned partition restored."""
         app = self.app
@@ -394,6 +402,10 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     @app.on_partitions_revoked.connect
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         shell.forget(revoked)
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(app: Any, **kwargs: Any) -> None:
+        await shell.close()
 
     @app.page("/specmeter/stats")
     async def stats(self: Any, request: Any) -> Any:
