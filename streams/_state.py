@@ -17,7 +17,7 @@ from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
 from ._delta import BatchDelta
 from ._exact import grow
 
-__all__ = ["BatchState", "Outcome", "record_value"]
+__all__ = ["BatchState", "Outcome"]
 
 #: (state_hash, accepted, proposed, verify, completion, accept_histogram)
 Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None]
@@ -40,19 +40,6 @@ class Outcome(enum.Enum):
 
     AGGREGATED = "aggregated"  # a new occurrence
     REDELIVERED = "redelivered"  # an occurrence already seen: changes nothing
-
-
-def record_value(record: GenerationRecord) -> Value:
-    """The part of a record that must agree across deliveries of one key."""
-    histogram = record.accept_histogram
-    return (
-        record.state_hash,
-        record.accepted,
-        record.proposed,
-        record.verify,
-        record.completion,
-        tuple(histogram) if histogram is not None else None,
-    )
 
 
 class BatchState:
@@ -110,41 +97,12 @@ class BatchState:
         Returns:
             ``AGGREGATED`` for a new occurrence, ``REDELIVERED`` otherwise.
         """
-        self.record_count += 1
-        if late:
-            self.late_record_count += 1
-        producer = record.producer_id
-        if producer is not None:
-            self._received[producer] = self._received.get(producer, 0) + 1
-        if not self._counters_seen and (
-            record.accepted is not None or record.proposed is not None or record.verify is not None
-        ):
-            self._counters_seen = True
-        key = (record.session_id, record.generation_id)
-        value = record_value(record)
-        known = self._values.get(key)
-        if known is None:
-            self._values[key] = value
-            if self._journal_keys is not None:
-                self._journal_keys.add(key)
-        elif known is not CONFLICT and known != value:
-            self._values[key] = CONFLICT
-            self._conflicts += 1
-            self.conflicting_record_count += 1
-            if self._journal_keys is not None:
-                self._journal_keys.add(key)
-        elif known is CONFLICT:
-            self.conflicting_record_count += 1
-        occurrence = (record.session_id, record.sample_id, record.generation_id)
-        if occurrence in self._occurrences:
-            return Outcome.REDELIVERED
-        self._occurrences.add(occurrence)
-        if self._journal_occurrences is not None:
-            self._journal_occurrences.append(occurrence)
-        return Outcome.AGGREGATED
+        aggregated, _, _ = self.add_many([record], late=late)
+        return Outcome.AGGREGATED if aggregated else Outcome.REDELIVERED
 
     def add_many(self, records: list[GenerationRecord], *, late: bool = False) -> tuple[int, int, int]:
-        """``add`` for a run of records (the hot path: one call per chunk, local names).
+        """Apply a run of valid records: the one implementation of the dedup rule
+        (``add`` is its one-record case; the worker calls it once per chunk).
 
         Returns:
             (aggregated, redelivered, conflicting) record counts.
