@@ -32,9 +32,7 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
     wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1,
               stage1_log: settings.partitions, stage2_log: settings.partitions}
     compacted = {stage1_log, stage2_log}
-    security = settings.kafka.get("__security__")
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker,
-                                **(security.aiokafka_kwargs() if security is not None else {}))
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.security.aiokafka_kwargs())
     await admin.start()
     try:
         # list_topics() first: describing a missing topic can auto-create it with the

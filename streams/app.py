@@ -162,8 +162,7 @@ class StreamShell:
                 return done
 
     def _client_kwargs(self) -> dict[str, Any]:
-        security = self.settings.kafka.get("__security__")
-        return security.aiokafka_kwargs() if security is not None else {}
+        return self.settings.security.aiokafka_kwargs()
 
     def forget(self, topic_partitions: Any) -> None:
         """Drop in-memory state of revoked partitions; the next owner rebuilds it."""
@@ -374,7 +373,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         web_port=settings.web_port,
         datadir=settings.data_dir,
         autodiscover=False,
-        **(settings.kafka["__security__"].faust_kwargs() if "__security__" in settings.kafka else {}),
+        **settings.security.faust_kwargs(),
     )
     shell = StreamShell(app, settings)
 

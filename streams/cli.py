@@ -114,13 +114,14 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
     batch and revision. Start more workers with the same --app-id to scale out
     (up to --partitions). Stop with Ctrl-C or SIGTERM.
     """
+    from ._security import KafkaSecurity
     from .settings import TopicNames, WorkerSettings
     from .worker import run_worker
 
     settings = WorkerSettings(
         broker=broker, app_id=app_id, partitions=partitions, batch_timeout_s=batch_timeout, grace_s=grace,
         session_timeout_s=session_timeout, web_enabled=not no_web, web_port=web_port, web_host=web_host,
-        data_dir=data_dir, log_level=log_level,
+        data_dir=data_dir, log_level=log_level, security=KafkaSecurity.from_env(),
         topics=TopicNames(records=records_topic, partials=partials_topic, metrics=metrics_topic,
                           deadletter=deadletter_topic),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from ._security import KafkaSecurity
+
 __all__ = ["WorkerSettings", "TopicNames"]
 
 
@@ -38,7 +40,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
         data_dir: Faust's local data folder.
         log_level: worker log level.
-        kafka: extra client settings (security) for Faust and aiokafka.
+        security: Kafka client security (SASL, TLS), for Faust and aiokafka alike;
+            the CLI reads it from the environment (``KafkaSecurity.from_env``).
     """
 
     broker: str = "127.0.0.1:9092"
@@ -59,4 +62,4 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     web_port: int = 6066
     data_dir: str = "/tmp/specmeter-worker"
     log_level: str = "info"
-    kafka: dict = {}
+    security: KafkaSecurity = KafkaSecurity()

@@ -16,14 +16,7 @@ def run_worker(settings: WorkerSettings) -> None:
     """Create missing topics, then run the worker until SIGINT/SIGTERM."""
     import faust
 
-    import msgspec
-
-    from ._security import KafkaSecurity
-
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
-    security = KafkaSecurity.from_env()
-    if security.protocol != "PLAINTEXT" and not settings.kafka:
-        settings = msgspec.structs.replace(settings, kafka={"__security__": security})
     asyncio.run(ensure_topics(settings))
     app, _ = build_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
