@@ -64,7 +64,9 @@ def _start_local() -> tuple[str, Callable[[], None]]:
 
     def stop() -> None:
         if not was_running:  # leave a broker someone else started alone
-            subprocess.run([str(BROKER_SCRIPT), "stop"], capture_output=True, timeout=120)
+            # --purge: test topics are unique per run; keeping them makes every later
+            # start reload hundreds of partitions before groups can join.
+            subprocess.run([str(BROKER_SCRIPT), "stop", "--purge"], capture_output=True, timeout=120)
 
     return address, stop
 
