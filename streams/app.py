@@ -24,7 +24,7 @@ from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics
 
 from ._changelog import changelog_topics, read_changelog_partition, read_range
 from ._counters import WorkerCounters
-from ._stage1 import Effects, PartitionProcessor, state_key_prefix
+from ._stage1 import Effects, PartitionProcessor
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings
 

@@ -47,20 +47,11 @@ def unique_name():
 @pytest.fixture
 def new_topic(kafka_bootstrap, unique_name):
     """Factory: create a fresh topic with N partitions and return its name."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from .kafka_helpers import create_topic
 
     def make(partitions: int = 4, prefix: str = "test") -> str:
         name = unique_name(prefix)
-
-        async def create() -> None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-            await admin.start()
-            try:
-                await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-            finally:
-                await admin.close()
-
-        asyncio.run(create())
+        asyncio.run(create_topic(kafka_bootstrap, name, partitions))
         return name
 
     return make

@@ -16,8 +16,9 @@ from pathlib import Path
 import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
+from specmeter.producers._loadgen import publish_fleet
 from specmeter.producers.synthetic import FleetEvent
-from specmeter.schemas import BatchMetrics, GenerationRecord, decode_dead_letter, decode_metrics
+from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics
 from specmeter.streams import OfflineAggregator
 from specmeter.streams.settings import TopicNames
 
@@ -133,30 +134,10 @@ def expected_metrics(events: list[FleetEvent], extra_invalid: list[dict] = ()) -
 
 
 async def publish_events(bootstrap: str, topic: str, events: list[FleetEvent], *, junk: list[bytes] = ()) -> None:
-    """Publish as the fleet would: one publisher per producer, markers via close_batch."""
-    publishers: dict[str, Publisher] = {}
-    try:
-        for event in events:
-            publisher = publishers.get(event.producer_id)
-            if publisher is None:
-                publisher = publishers[event.producer_id] = Publisher(PublisherSettings(
-                    bootstrap_servers=bootstrap, topic=topic, producer_id=event.producer_id, linger_ms=5))
-                await publisher.start()
-            if event.kind == "record":
-                assert isinstance(event.payload, GenerationRecord)
-                await publisher.publish(event.payload)
-            elif event.kind == "invalid":
-                payload = event.payload
-                publisher.publish_raw(msgspec.msgpack.encode(payload), session_id=payload["session_id"],
-                                      batch_id=payload["batch_id"])
-            else:
-                marker = event.payload
-                await publisher.close_batch(marker.batch_id, marker.speculative_algorithm, marker.expected_producers)
-        if junk and publishers:
-            some = next(iter(publishers.values()))
+    """Publish as the fleet would (``loadgen``'s own path: one publisher per producer,
+    markers via close_batch), then any ``junk`` bytes as a foreign client might."""
+    await publish_fleet(events, PublisherSettings(bootstrap_servers=bootstrap, topic=topic, linger_ms=5))
+    if junk:
+        async with Publisher(PublisherSettings(bootstrap_servers=bootstrap, topic=topic, producer_id="junk")) as pub:
             for data in junk:
-                some.publish_raw(data)
-            await some.flush()
-    finally:
-        for publisher in publishers.values():
-            await publisher.stop()
+                pub.publish_raw(data)
