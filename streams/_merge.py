@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from specmeter.schemas import BatchMetrics, PartialAggregate
 
 from ._exact import expansion_value, merge_expansions
+from ._state import add_histograms
 
 __all__ = ["merge_partials", "batch_metrics_dict", "build_batch_metrics", "missing_records", "is_speculative"]
 
@@ -35,21 +36,6 @@ _SUMMED = (
     "accept_ratio_samples",
     "length_ratio_samples",
 )
-
-
-def _add_histograms(histograms: Iterable[list[int] | None]) -> list[int] | None:
-    out: list[int] | None = None
-    for hist in histograms:
-        if hist is None:
-            continue
-        if out is None:
-            out = list(hist)
-            continue
-        if len(hist) > len(out):
-            out.extend([0] * (len(hist) - len(out)))
-        for i, count in enumerate(hist):
-            out[i] += count
-    return out
 
 
 def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
@@ -83,7 +69,7 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         expected_producers=max(p.expected_producers for p in partials),
         speculative_algorithms=sorted({a for p in partials for a in p.speculative_algorithms}),
         counters_seen=any(p.counters_seen for p in partials),
-        accept_histogram=_add_histograms(p.accept_histogram for p in partials),
+        accept_histogram=add_histograms(p.accept_histogram for p in partials),
         accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
         length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
         **sums,

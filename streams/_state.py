@@ -10,6 +10,7 @@ records: a redelivery changes a counter and nothing else.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
@@ -17,7 +18,7 @@ from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
 from ._delta import BatchDelta
 from ._exact import grow
 
-__all__ = ["BatchState", "Outcome"]
+__all__ = ["BatchState", "Outcome", "add_histograms"]
 
 #: (state_hash, accepted, proposed, verify, completion, accept_histogram)
 Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None]
@@ -40,6 +41,23 @@ class Outcome(enum.Enum):
 
     AGGREGATED = "aggregated"  # a new occurrence
     REDELIVERED = "redelivered"  # an occurrence already seen: changes nothing
+
+
+def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | None:
+    """Element-wise sum of the known histograms (shorter ones padded with zeros);
+    None when none is known."""
+    out: list[int] | None = None
+    for hist in histograms:
+        if hist is None:
+            continue
+        if out is None:
+            out = list(hist)
+            continue
+        if len(hist) > len(out):
+            out.extend([0] * (len(hist) - len(out)))
+        for i, count in enumerate(hist):
+            out[i] += count
+    return out
 
 
 class BatchState:
@@ -282,7 +300,7 @@ class BatchState:
         """This partition's sums for the batch; O(generations + occurrences)."""
         totals = [0, 0, 0, 0]  # accepted, proposed, verify, completion
         paired = [0, 0, 0, 0, 0, 0]  # acc, prop, covered, completion, verify, covered
-        histogram: list[int] | None = None
+        histograms = []
         for value in self._values.values():
             if value is CONFLICT:
                 continue
@@ -304,13 +322,8 @@ class BatchState:
                 paired[4] += verify
                 paired[5] += 1
             if hist is not None:
-                if histogram is None:
-                    histogram = list(hist)
-                else:
-                    if len(hist) > len(histogram):
-                        histogram.extend([0] * (len(hist) - len(histogram)))
-                    for i, count in enumerate(hist):
-                        histogram[i] += count
+                histograms.append(hist)
+        histogram = add_histograms(histograms)
         accept_parts: list[float] = []
         length_parts: list[float] = []
         accept_samples = length_samples = 0
