@@ -8,6 +8,7 @@ used: it can hang on rebalances (faust-streaming#21, #74, robinhood/faust#218).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["changelog_topics", "read_changelog_partition"]
@@ -18,10 +19,11 @@ def changelog_topics(app_id: str) -> tuple[str, str]:
     return f"{app_id}-stage1-state-changelog", f"{app_id}-stage2-state-changelog"
 
 
-async def read_changelog_partition(broker: str, topic: str, partition: int, *, kafka: dict[str, Any] | None = None,
-                                   timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
-    """Every live (key, value) of one changelog partition, read to its end (latest value
-    per key; tombstones remove keys)."""
+async def _read(broker: str, topic: str, partition: int, start: int | None, end: int | None,
+                visit: Callable[[Any], bool], *, kafka: dict[str, Any] | None, timeout_s: float) -> int:
+    """Feed the messages of one partition from ``start`` (None: its beginning) up to
+    ``end`` (None: its end now) to ``visit`` until it returns False; returns the
+    position reached. A standalone consumer, so nothing depends on Faust's."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
@@ -29,26 +31,46 @@ async def read_changelog_partition(broker: str, topic: str, partition: int, *, k
 
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_uncommitted",
-                                max_partition_fetch_bytes=16 * 1024 * 1024, **(kafka or {}))
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
+                                **(kafka or {}))
     await consumer.start()
-    live: dict[bytes, bytes] = {}
     try:
         consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
+        if end is None:
+            end = (await consumer.end_offsets([tp]))[tp]
+        if start is None:
+            await consumer.seek_to_beginning(tp)
+        elif start >= end:
+            return end
+        else:
+            consumer.seek(tp, max(start, 0))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while await consumer.position(tp) < end:
+        while (position := await consumer.position(tp)) < end:
             if loop.time() > deadline:
-                raise TimeoutError(f"reading {topic}[{partition}] up to offset {end} took over {timeout_s}s")
+                raise TimeoutError(f"reading {topic}[{partition}] from {start} to {end} took over {timeout_s}s")
             for message in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
-                if message.value is None:
-                    live.pop(message.key, None)
-                else:
-                    live[message.key] = message.value
+                if message.offset < end and not visit(message):
+                    return message.offset + 1  # the fetch may have gone further; we read to here
+        return position
     finally:
         await consumer.stop()
+
+
+async def read_changelog_partition(broker: str, topic: str, partition: int, *, kafka: dict[str, Any] | None = None,
+                                   timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
+    """Every live (key, value) of one changelog partition, read to its end (latest value
+    per key; tombstones remove keys)."""
+    live: dict[bytes, bytes] = {}
+
+    def keep(message: Any) -> bool:
+        if message.value is None:
+            live.pop(message.key, None)
+        else:
+            live[message.key] = message.value
+        return True
+
+    await _read(broker, topic, partition, None, None, keep, kafka=kafka, timeout_s=timeout_s)
     return list(live.items())
 
 
@@ -61,34 +83,12 @@ async def read_range(broker: str, topic: str, partition: int, start: int, end: i
     offsets exist. Returns the (offset, value) pairs and the offset read up to
     (exclusive): ``end``, or less when ``max_messages`` stopped the read early.
     """
-    import asyncio
-
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.structs import TopicPartition
-
-    tp = TopicPartition(topic, partition)
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
-                                **(kafka or {}))
-    await consumer.start()
     out: list[tuple[int, bytes]] = []
-    try:
-        consumer.assign([tp])
-        if end is None:
-            end = (await consumer.end_offsets([tp]))[tp]
-        if start >= end:
-            return out, end
-        consumer.seek(tp, max(start, 0))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while await consumer.position(tp) < end:
-            if loop.time() > deadline:
-                raise TimeoutError(f"reading {topic}[{partition}] {start}..{end} took over {timeout_s}s")
-            for message in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
-                if start <= message.offset < end:
-                    out.append((message.offset, message.value))
-            if max_messages is not None and len(out) >= max_messages:
-                return out, await consumer.position(tp)
-    finally:
-        await consumer.stop()
-    return out, end
+
+    def collect(message: Any) -> bool:
+        if message.offset >= start:
+            out.append((message.offset, message.value))
+        return max_messages is None or len(out) < max_messages
+
+    upto = await _read(broker, topic, partition, start, end, collect, kafka=kafka, timeout_s=timeout_s)
+    return out, upto
