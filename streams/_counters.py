@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["WorkerCounters"]
+__all__ = ["WorkerCounters", "CLOSE_LATENCY_BUCKETS"]
+
+#: upper bounds (seconds) of the close-latency histogram buckets
+CLOSE_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass
@@ -26,13 +29,11 @@ class WorkerCounters:
     batches_closed: dict[str, int] = field(default_factory=dict)
     batches_published: int = 0
     batches_expired: int = 0
-    close_latency_buckets: list[int] = field(default_factory=lambda: [0] * 10)
+    close_latency_buckets: list[int] = field(default_factory=lambda: [0] * len(CLOSE_LATENCY_BUCKETS))
     close_latency_sum: float = 0.0
     close_latency_count: int = 0
 
     def observe_close_latency(self, seconds: float) -> None:
-        from ._prometheus import CLOSE_LATENCY_BUCKETS
-
         self.close_latency_sum += seconds
         self.close_latency_count += 1
         for i, bound in enumerate(CLOSE_LATENCY_BUCKETS):

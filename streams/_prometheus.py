@@ -14,9 +14,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
+from ._counters import CLOSE_LATENCY_BUCKETS
+
 __all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS"]
 
-CLOSE_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 #: batch gauge -> key of BatchMetrics.metrics
 _BATCH_GAUGES = {
