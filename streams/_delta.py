@@ -50,10 +50,12 @@ class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
 
 
 class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
-    """The last source offset whose effects are durable, and recently expired batches."""
+    """The last source offset whose effects are durable, and recently expired batches
+    (``overflowed``: those closed early at the open-generation limit)."""
 
     offset: int
     expired: list[str] = []
+    overflowed: list[str] = []
 
 
 _encoder = msgspec.msgpack.Encoder()

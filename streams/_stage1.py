@@ -9,6 +9,12 @@ Exactly-once state without transactions: every chunk's deltas and a checkpoint
 durable checkpoint implies durable deltas. On restore, deltas past the
 checkpoint are stale (their chunk will be processed again) and are deleted, and
 messages at or below the checkpoint are skipped.
+
+Bounded state: past ``max_open_generations`` distinct generations held by a
+partition, the batch whose input crossed the limit is closed early (reason
+``incomplete``), its partial emitted and its state dropped; its later input is
+dead-lettered as ``overflow``. Memory per partition stays near the limit
+whatever a producer floods in.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from specmeter.schemas import (
     DeadLetter,
     GenerationRecord,
     PartialAggregate,
+    RecordBatch,
     decode_records_message,
     encode_records_message,
 )
@@ -94,7 +101,8 @@ class PartitionProcessor:
     """All open and recently closed batches of one records-topic partition."""
 
     def __init__(self, partition: int, *, source_topic: str, batch_timeout_ms: int, grace_ms: int,
-                 max_message_bytes: int | None = None, counters: WorkerCounters | None = None) -> None:
+                 max_message_bytes: int | None = None, max_open_generations: int | None = None,
+                 counters: WorkerCounters | None = None) -> None:
         self.partition = partition
         self.source_topic = source_topic
         self.batch_timeout_ms = batch_timeout_ms
@@ -104,6 +112,12 @@ class PartitionProcessor:
         self.checkpoint = -1
         self.batches: dict[str, _Batch] = {}
         self.expired: OrderedDict[str, None] = OrderedDict()
+        self.max_open_generations = max_open_generations
+        #: batches closed early at the open-generation limit (their input is dead-lettered)
+        self.overflowed: OrderedDict[str, None] = OrderedDict()
+        #: distinct generations held over all batches (open or within grace)
+        self.open_generations = 0
+        self._dropped: list[_Batch] = []
 
     # -- restore ------------------------------------------------------------------
     def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
@@ -122,6 +136,7 @@ class PartitionProcessor:
                 checkpoint = decode_checkpoint(value)
                 self.checkpoint = checkpoint.offset
                 self.expired = OrderedDict.fromkeys(checkpoint.expired)
+                self.overflowed = OrderedDict.fromkeys(checkpoint.overflowed)
             elif kind == b"d":
                 deltas.append((key, decode_delta(value)))
             elif kind == b"s":
@@ -129,7 +144,7 @@ class PartitionProcessor:
                 statuses[status.batch_id] = (key, status)
         effects = Effects()
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
-            if delta.last_offset > self.checkpoint or delta.batch_id in self.expired:
+            if delta.last_offset > self.checkpoint or delta.batch_id in self.expired or delta.batch_id in self.overflowed:
                 effects.changelog.append((key, None))
                 continue
             batch = self._open(delta.batch_id, delta.last_input_ms)
@@ -144,6 +159,7 @@ class PartitionProcessor:
             batch.closed, batch.close_reason = status.closed, status.close_reason
             batch.closed_at_ms, batch.revision = status.closed_at_ms, status.revision
             batch.partial_digest = status.partial_digest
+        self.open_generations = sum(b.state.generation_count for b in self.batches.values())
         log.info("partition=%d restored batches=%d checkpoint=%d stale_deltas=%d", self.partition,
                  len(self.batches), self.checkpoint, len(effects.changelog))
         return effects
@@ -206,13 +222,18 @@ class PartitionProcessor:
                 self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
         self.checkpoint = last
         effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+        if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
+            for batch in self._dropped:
+                self._forget_state(batch, effects)
+            self._dropped.clear()
         return effects
 
     def _batch_for_input(self, batch_id: str, now_ms: int) -> _Batch | None:
-        """The batch to apply input to; None when it expired (the input is late)."""
+        """The batch to apply input to; None when it expired (the input is late) or
+        was closed early at the open-generation limit."""
         batch = self.batches.get(batch_id)
         if batch is None:
-            if batch_id in self.expired:
+            if batch_id in self.expired or batch_id in self.overflowed:
                 return None
             batch = self._open(batch_id, now_ms)
         batch.last_input_ms = now_ms
@@ -224,6 +245,12 @@ class PartitionProcessor:
         counters = self.counters
         batch = self._batch_for_input(batch_id, now_ms)
         if batch is None:
+            if batch_id in self.overflowed:
+                counters.dead_letter("overflow", records=len(records))
+                effects.dead_letters.append(self._dead_letter(
+                    "overflow", self._overflow_detail(batch_id), encode_records_message(RecordBatch(records=records)),
+                    offset, batch_id, now_ms))
+                return
             for record in records:
                 counters.dead_letter("late")
                 effects.dead_letters.append(self._dead_letter(
@@ -231,23 +258,56 @@ class PartitionProcessor:
                     encode_records_message(record), offset, batch_id, now_ms))
             return
         touched[batch_id] = batch
+        held = batch.state.generation_count
         aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed)
+        self.open_generations += batch.state.generation_count - held
         counters.records_conflicting += conflicting
         if batch.closed:
             counters.records_late += len(records)
         else:
             counters.records_aggregated += aggregated
             counters.records_redelivered += redelivered
+        limit = self.max_open_generations
+        if limit is not None and self.open_generations > limit:
+            del touched[batch_id]
+            self._overflow(batch, now_ms, effects)
+
+    def _overflow_detail(self, batch_id: str) -> str:
+        return (f"batch {batch_id!r} passed the limit of {self.max_open_generations} open generations on "
+                f"partition {self.partition} and was closed early as incomplete (raise --max-open-generations "
+                f"if batches are really this large)")
+
+    def _overflow(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
+        """Close the batch now (its partial holds everything up to this message) and drop its state."""
+        batch_id = batch.state.batch_id
+        log.warning("partition=%d: %s", self.partition, self._overflow_detail(batch_id))
+        if batch.closed:
+            self._emit(batch, now_ms, effects)  # late input within grace: publish what it changed
+        else:
+            self._close(batch, "incomplete", now_ms, effects)
+        del self.batches[batch_id]
+        self.open_generations -= batch.state.generation_count
+        self.overflowed[batch_id] = None
+        while len(self.overflowed) > EXPIRED_MEMORY:
+            self.overflowed.popitem(last=False)
+        self._dropped.append(batch)
+
+    def _forget_state(self, batch: _Batch, effects: Effects) -> None:
+        """Delete a dropped batch's deltas and status from the changelog."""
+        effects.changelog.extend((key, None) for key in batch.delta_keys)
+        effects.changelog.append((_status_key(self.partition, batch.state.batch_id), None))
 
     def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
                       effects: Effects) -> None:
         self.counters.markers += 1
         batch = self._batch_for_input(marker.batch_id, now_ms)
         if batch is None:
-            self.counters.dead_letter("late", records=0)
-            effects.dead_letters.append(self._dead_letter(
-                "late", f"marker for batch {marker.batch_id!r} after its grace ended", raw, offset,
-                marker.batch_id, now_ms))
+            overflowed = marker.batch_id in self.overflowed
+            reason = "overflow" if overflowed else "late"
+            detail = (self._overflow_detail(marker.batch_id) if overflowed
+                      else f"marker for batch {marker.batch_id!r} after its grace ended")
+            self.counters.dead_letter(reason, records=0)
+            effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, marker.batch_id, now_ms))
             return
         batch.state.add_marker(marker)
         touched[marker.batch_id] = batch
@@ -289,6 +349,7 @@ class PartitionProcessor:
         if expired:
             for batch in expired:
                 del self.batches[batch.state.batch_id]
+                self.open_generations -= batch.state.generation_count
                 self.expired[batch.state.batch_id] = None
                 self.counters.batches_expired += 1
             while len(self.expired) > EXPIRED_MEMORY:
@@ -296,13 +357,9 @@ class PartitionProcessor:
             # checkpoint (with the expired ids) first: deltas left behind by a crash are then known stale
             effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
             for batch in expired:
-                effects.changelog.extend((key, None) for key in batch.delta_keys)
-                effects.changelog.append((_status_key(self.partition, batch.state.batch_id), None))
+                self._forget_state(batch, effects)
         return effects
 
     def _checkpoint_value(self) -> bytes:
-        return encode_state(Checkpoint(offset=self.checkpoint, expired=list(self.expired)))
-
-    @property
-    def open_generations(self) -> int:
-        return sum(b.state.generation_count for b in self.batches.values())
+        return encode_state(Checkpoint(offset=self.checkpoint, expired=list(self.expired),
+                                       overflowed=list(self.overflowed)))

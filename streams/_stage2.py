@@ -128,10 +128,14 @@ class BatchMerger:
         partials = [entry.partials[p] for p in sorted(entry.partials)]
         all_reported = len(partials) >= self.partitions_expected
         by_markers = all_reported and all(p.close_reason == "markers" for p in partials)
+        if any(p.close_reason == "incomplete" for p in partials):
+            close_reason = "incomplete"  # a partition closed it early at its open-generation limit
+        else:
+            close_reason = "markers" if by_markers else "timeout"
         metrics = build_batch_metrics(
             partials,
             revision=entry.published_revision + 1,
-            close_reason="markers" if by_markers else "timeout",
+            close_reason=close_reason,
             closed_at=max(p.closed_at_ms for p in partials) / 1000,
             partitions_expected=self.partitions_expected,
         )

@@ -110,6 +110,7 @@ class StreamShell:
             state: Any = PartitionProcessor(partition, source_topic=s.topics.records,
                                             batch_timeout_ms=int(s.batch_timeout_s * 1000),
                                             grace_ms=int(s.grace_s * 1000), max_message_bytes=s.max_message_bytes,
+                                            max_open_generations=s.max_open_generations,
                                             counters=self.counters)
             restored = state.restore(entries, now)
         else:

@@ -96,6 +96,11 @@ def _topic_options(func):
               help="Keep a closed batch this long; later records are dead-lettered as 'late'.")
 @click.option("--session-timeout", type=click.FloatRange(1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long a silent worker keeps its partitions before others take them.")
+@click.option("--max-open-generations", type=click.IntRange(1), default=1_000_000, show_default=True,
+              metavar="N", help="Distinct generations one partition may hold (~300 B each); the batch that "
+              "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.")
+@click.option("--max-message-bytes", type=click.IntRange(1024), default=8 * 1024 * 1024, show_default=True,
+              metavar="BYTES", help="Larger input messages are dead-lettered as 'too_large'.")
 @click.option("--web-port", type=click.IntRange(0, 65535), default=6066, show_default=True,
               help="HTTP port for health, stats and Prometheus metrics.")
 @click.option("--web-host", default="0.0.0.0", show_default=True, help="HTTP bind address.")
@@ -105,7 +110,7 @@ def _topic_options(func):
               show_default=True)
 def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: str, deadletter_topic: str,
            app_id: str, partitions: int, batch_timeout: float, grace: float, session_timeout: float,
-           web_port: int, web_host: str, no_web: bool, data_dir: str, log_level: str) -> None:
+           max_open_generations: int, max_message_bytes: int, web_port: int, web_host: str, no_web: bool, data_dir: str, log_level: str) -> None:
     """Run a stream worker: records topic in, BatchMetrics on the metrics topic.
 
     Creates missing topics, deduplicates each batch per partition (durable
@@ -120,7 +125,8 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
 
     settings = WorkerSettings(
         broker=broker, app_id=app_id, partitions=partitions, batch_timeout_s=batch_timeout, grace_s=grace,
-        session_timeout_s=session_timeout, web_enabled=not no_web, web_port=web_port, web_host=web_host,
+        session_timeout_s=session_timeout, max_open_generations=max_open_generations,
+        max_message_bytes=max_message_bytes, web_enabled=not no_web, web_port=web_port, web_host=web_host,
         data_dir=data_dir, log_level=log_level, security=KafkaSecurity.from_env(),
         topics=TopicNames(records=records_topic, partials=partials_topic, metrics=metrics_topic,
                           deadletter=deadletter_topic),

@@ -35,6 +35,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         chunk_wait_s: longest wait to fill a chunk.
         tick_s: how often timeouts and grace are checked.
         max_message_bytes: larger input messages are dead-lettered as ``too_large``.
+        max_open_generations: distinct generations one records partition may hold
+            (all its batches); the batch whose input crosses it is closed early
+            as ``incomplete`` and its later input dead-lettered as ``overflow``.
+            About 300 bytes each: the default bounds a partition near 300 MB.
         session_timeout_s: how long a silent worker keeps its partitions.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
@@ -55,6 +59,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     chunk_wait_s: float = 0.05
     tick_s: float = 0.25
     max_message_bytes: int = 8 * 1024 * 1024
+    max_open_generations: int = 1_000_000
     session_timeout_s: float = 30.0
     commit_interval_s: float = 1.0
     web_enabled: bool = True

@@ -1,0 +1,129 @@
+"""Stage 1 without Kafka: the open-generation limit, its accounting, its restore,
+and resident memory under a flood (measured in a child process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, decode_records_message, encode_records_message
+from specmeter.streams._stage1 import PartitionProcessor
+
+
+def _record(batch: str, i: int, producer: str = "p0") -> GenerationRecord:
+    return GenerationRecord(batch_id=batch, session_id=f"s{i}", generation_id="g", accepted=i % 7, proposed=8,
+                            verify=3, completion=(i % 7) + 3, producer_id=producer)
+
+
+def _messages(batch: str, n: int, per_message: int, start_offset: int = 0, first: int = 0):
+    out = []
+    for k in range(0, n, per_message):
+        records = [_record(batch, first + i) for i in range(k, min(n, k + per_message))]
+        out.append((start_offset + len(out), encode_records_message(RecordBatch(records=records))))
+    return out
+
+
+def _letter_records(letter) -> int:
+    return len(decode_records_message(letter.raw).records)
+
+
+def test_flooded_batch_closes_early_as_incomplete_and_its_state_is_dropped():
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=1000)
+    small = p.process(_messages("small", 10, 10), now_ms=1)
+    assert not small.partials and p.open_generations == 10
+    flood = p.process(_messages("flood", 5000, 100, start_offset=1), now_ms=2)
+    (partial,) = flood.partials
+    assert partial.batch_id == "flood" and partial.close_reason == "incomplete"
+    # closed at the message that crossed the limit: 10 + 1000 > 1000 after 10 messages of 100
+    assert partial.record_count == 1000
+    letters = flood.dead_letters
+    assert {d.reason for d in letters} == {"overflow"} and all(d.batch_id == "flood" for d in letters)
+    assert "--max-open-generations" in letters[0].detail
+    # conservation: every record is in the partial or in exactly one dead letter
+    assert partial.record_count + sum(_letter_records(d) for d in letters) == 5000
+    assert p.counters.dead_letters == {"overflow": len(letters)}
+    assert p.open_generations == 10 and set(p.batches) == {"small"}
+    # the other batch is untouched and closes normally
+    marker = BatchMarker(batch_id="small", producer_id="p0", records_sent=10, expected_producers=1)
+    closed = p.process([(100, encode_records_message(marker))], now_ms=3)
+    assert [(x.batch_id, x.close_reason, x.record_count) for x in closed.partials] == [("small", "markers", 10)]
+    # a marker of the flooded batch is dead-lettered too, never applied
+    late_marker = BatchMarker(batch_id="flood", producer_id="p0", records_sent=5000, expected_producers=1)
+    effects = p.process([(101, encode_records_message(late_marker))], now_ms=4)
+    assert [d.reason for d in effects.dead_letters] == ["overflow"] and not effects.partials
+
+
+def test_overflow_survives_a_restart_and_its_stale_deltas_are_deleted():
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=500)
+    changelog: dict[bytes, bytes | None] = {}
+    for chunk in (_messages("flood", 300, 100), _messages("flood", 900, 100, start_offset=3, first=300)):
+        changelog.update(p.process(chunk, now_ms=1).changelog)
+    live = {k: v for k, v in changelog.items() if v is not None}
+    assert not [k for k in live if b"\x1fd\x1fflood" in k], "the dropped batch's deltas must be deleted"
+    restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
+                                  max_open_generations=500)
+    restored.restore(live.items(), now_ms=2)
+    assert "flood" in restored.overflowed and restored.open_generations == 0
+    effects = restored.process(_messages("flood", 5, 5, start_offset=20, first=5000), now_ms=3)
+    assert [d.reason for d in effects.dead_letters] == ["overflow"] and not effects.partials
+
+
+def test_the_early_close_does_not_depend_on_chunking():
+    """A crash re-chunks the input; the partial at the limit must come out the same."""
+    messages = _messages("flood", 3000, 50)
+    partials = []
+    for chunk_size in (1, 7, len(messages)):
+        p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
+                               max_open_generations=1234)
+        out = []
+        for k in range(0, len(messages), chunk_size):
+            out += p.process(messages[k:k + chunk_size], now_ms=5).partials
+        (partial,) = out
+        partials.append(partial)
+    assert partials[0] == partials[1] == partials[2]
+
+
+_FLOOD = textwrap.dedent("""
+    import json, sys
+    from specmeter.schemas import GenerationRecord, RecordBatch, encode_records_message
+    from specmeter.streams._stage1 import PartitionProcessor
+
+    def rss_kib(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1])
+
+    limit, total = int(sys.argv[1]), int(sys.argv[2])
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=10**9, grace_ms=10**9, max_open_generations=limit)
+    before = rss_kib("VmRSS")
+    offset = 0
+    for k in range(0, total, 200):
+        records = [GenerationRecord(batch_id="flood", session_id=f"session-{i:09d}", generation_id="g", accepted=3,
+                                    proposed=8, verify=3, completion=6, producer_id="p0")
+                   for i in range(k, k + 200)]
+        p.process([(offset, encode_records_message(RecordBatch(records=records)))], now_ms=1)  # effects dropped, as sent
+        offset += 1
+    print(json.dumps({"growth_kib": rss_kib("VmHWM") - before, "held": p.open_generations}))
+""")
+
+
+def _flood_growth_mib(limit: int, total: int) -> tuple[float, int]:
+    proc = subprocess.run([sys.executable, "-c", _FLOOD, str(limit), str(total)], capture_output=True, text=True,
+                          timeout=240, check=True)
+    result = json.loads(proc.stdout)
+    return result["growth_kib"] / 1024, result["held"]
+
+
+def test_resident_memory_stays_bounded_under_a_flood_of_unique_keys():
+    """1M unique generations into one never-closing batch with a 20k limit: peak
+    resident growth stays near what 20k generations cost, far below what the
+    flood would cost unbounded (measured in the same run at a 200k limit: every
+    generation kept)."""
+    bounded, held = _flood_growth_mib(20_000, 1_000_000)
+    unbounded, held_unbounded = _flood_growth_mib(1_000_000, 200_000)
+    assert held <= 20_000 and held_unbounded == 200_000
+    assert unbounded > 30, f"the control did not grow ({unbounded:.1f} MiB): the measurement is broken"
+    # 1M generations bounded must cost less than a fifth of 200k generations unbounded
+    assert bounded < unbounded / 5, f"peak growth {bounded:.1f} MiB at the limit vs {unbounded:.1f} MiB unbounded"
