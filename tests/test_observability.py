@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
 
 from .kafka_helpers import create_topic
+from .tools import find_tool
 from .worker_harness import Deployment, latest_by_batch, publish_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -74,7 +74,7 @@ def test_metrics_endpoint_equals_last_published_batch(fed_worker):
     assert families["specmeter_batch_close_latency_seconds"].samples, "close latency histogram"
     assert {s.labels["partition"] for s in families["specmeter_partition_seconds_since_last_event"].samples} \
         == {"0", "1", "2", "3"}
-    promtool = shutil.which("promtool")
+    promtool = find_tool("promtool")
     if promtool is None:
         pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")
     check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
