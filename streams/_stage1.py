@@ -33,7 +33,9 @@ from specmeter.schemas import (
     GenerationRecord,
     PartialAggregate,
     RecordBatch,
+    decode_partial,
     decode_records_message,
+    encode_partial,
     encode_records_message,
 )
 
@@ -59,6 +61,10 @@ def _delta_key(partition: int, batch_id: str, last_offset: int) -> bytes:
 
 def _status_key(partition: int, batch_id: str) -> bytes:
     return f"{partition}{_SEP}s{_SEP}{batch_id}".encode()
+
+
+def _overflow_key(partition: int, batch_id: str) -> bytes:
+    return f"{partition}{_SEP}o{_SEP}{batch_id}".encode()
 
 
 def _checkpoint_key(partition: int) -> bytes:
@@ -128,6 +134,7 @@ class PartitionProcessor:
         prefix = state_key_prefix(self.partition)
         deltas = []
         statuses = {}
+        overflow_partials: list[PartialAggregate] = []
         for key, value in entries:
             if not key.startswith(prefix) or value is None:
                 continue
@@ -142,6 +149,8 @@ class PartitionProcessor:
             elif kind == b"s":
                 status = decode_status(value)
                 statuses[status.batch_id] = (key, status)
+            elif kind == b"o":
+                overflow_partials.append(decode_partial(value))
         effects = Effects()
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
             if delta.last_offset > self.checkpoint or delta.batch_id in self.expired or delta.batch_id in self.overflowed:
@@ -160,6 +169,17 @@ class PartitionProcessor:
             batch.closed_at_ms, batch.revision = status.closed_at_ms, status.revision
             batch.partial_digest = status.partial_digest
         self.open_generations = sum(b.state.generation_count for b in self.batches.values())
+        # Send every closed batch's latest partial again: its status may be durable while
+        # the partial itself was lost in a crash (stage 2 ignores a revision it has).
+        for batch in self.batches.values():
+            if batch.closed and batch.revision >= 0:
+                partial = self._partial(batch, batch.revision)
+                if _digest(partial) == batch.partial_digest:
+                    effects.partials.append(partial)
+                else:  # cannot happen unless the core changed between versions
+                    log.warning("partition=%d batch=%s: restored state does not reproduce revision %d",
+                                self.partition, batch.state.batch_id, batch.revision)
+        effects.partials.extend(overflow_partials)
         log.info("partition=%d restored batches=%d checkpoint=%d stale_deltas=%d", self.partition,
                  len(self.batches), self.checkpoint, len(effects.changelog))
         return effects
@@ -288,8 +308,12 @@ class PartitionProcessor:
         del self.batches[batch_id]
         self.open_generations -= batch.state.generation_count
         self.overflowed[batch_id] = None
+        # its last partial stays in the changelog (sent again on restore, like a status)
+        effects.changelog.append((_overflow_key(self.partition, batch_id),
+                                  encode_partial(self._partial(batch, batch.revision))))
         while len(self.overflowed) > EXPIRED_MEMORY:
-            self.overflowed.popitem(last=False)
+            forgotten, _ = self.overflowed.popitem(last=False)
+            effects.changelog.append((_overflow_key(self.partition, forgotten), None))
         self._dropped.append(batch)
 
     def _forget_state(self, batch: _Batch, effects: Effects) -> None:
@@ -326,8 +350,7 @@ class PartitionProcessor:
 
     def _emit(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
         """Emit the batch's partial if its content changed since the last one."""
-        partial = batch.state.partial(partition=self.partition, revision=batch.revision + 1,
-                                      close_reason=batch.close_reason or "markers", closed_at_ms=batch.closed_at_ms)
+        partial = self._partial(batch, batch.revision + 1)
         digest = _digest(partial)
         if digest == batch.partial_digest:
             return
@@ -336,6 +359,10 @@ class PartitionProcessor:
         effects.changelog.append((_status_key(self.partition, batch.state.batch_id), encode_state(batch.status())))
         effects.partials.append(partial)
         self.counters.partials_emitted += 1
+
+    def _partial(self, batch: _Batch, revision: int) -> PartialAggregate:
+        return batch.state.partial(partition=self.partition, revision=revision,
+                                   close_reason=batch.close_reason or "markers", closed_at_ms=batch.closed_at_ms)
 
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""

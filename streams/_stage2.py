@@ -69,7 +69,10 @@ class BatchMerger:
         #: last partials-topic offset whose effects are durable
         self.checkpoint = -1
 
-    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> list[BatchMetrics]:
+        """Rebuild from the changelog; returns each batch's latest publication, to send
+        again: the state that says it was published may be durable while the
+        publication itself was lost in a crash (the repeat is identical)."""
         prefix = f"{self.partition}{_SEP}m{_SEP}".encode()
         checkpoint_key = _checkpoint_key(self.partition)
         for key, value in entries:
@@ -81,6 +84,16 @@ class BatchMerger:
                 entry = _decoder.decode(value)
                 self.entries[entry.batch_id] = entry
         log.info("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
+        republish = []
+        for entry in self.entries.values():
+            if entry.published_revision >= 0:
+                metrics, digest = self._metrics(entry, entry.published_revision)
+                if digest == entry.published_digest:
+                    republish.append(metrics)
+                else:  # cannot happen unless the merge rules changed between versions
+                    log.warning("batch=%s: restored state does not reproduce revision %d; not repeating it",
+                                entry.batch_id, entry.published_revision)
+        return republish
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
         """Apply partials in offset order; the checkpoint is written last."""
@@ -125,6 +138,16 @@ class BatchMerger:
         return effects
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:
+        metrics, digest = self._metrics(entry, entry.published_revision + 1)
+        if digest == entry.published_digest:
+            return
+        entry.published_revision += 1
+        entry.published_digest = digest
+        effects.published.append(metrics)
+        self.counters.batches_published += 1
+
+    def _metrics(self, entry: MergeEntry, revision: int) -> tuple[BatchMetrics, bytes]:
+        """The entry's BatchMetrics at ``revision`` and the digest of its content (revision aside)."""
         partials = [entry.partials[p] for p in sorted(entry.partials)]
         all_reported = len(partials) >= self.partitions_expected
         by_markers = all_reported and all(p.close_reason == "markers" for p in partials)
@@ -134,16 +157,10 @@ class BatchMerger:
             close_reason = "markers" if by_markers else "timeout"
         metrics = build_batch_metrics(
             partials,
-            revision=entry.published_revision + 1,
+            revision=revision,
             close_reason=close_reason,
             closed_at=max(p.closed_at_ms for p in partials) / 1000,
             partitions_expected=self.partitions_expected,
         )
         body = msgspec.structs.replace(metrics, revision=0)
-        digest = hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
-        if digest == entry.published_digest:
-            return
-        entry.published_revision += 1
-        entry.published_digest = digest
-        effects.published.append(metrics)
-        self.counters.batches_published += 1
+        return metrics, hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()

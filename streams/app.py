@@ -24,6 +24,7 @@ from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics
 
 from ._changelog import changelog_topics, read_changelog_partition, read_range
 from ._counters import WorkerCounters
+from ._faults import CrashPoints
 from ._stage1 import Effects, PartitionProcessor
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings
@@ -70,6 +71,7 @@ class StreamShell:
         self._end_offsets: Any = None  # a standalone consumer for log-end queries
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
+        self.crash_points = CrashPoints.from_env()
 
     # -- state per partition ------------------------------------------------------
     @staticmethod
@@ -105,6 +107,7 @@ class StreamShell:
             return
         if not self._owned(epoch, topic, partition):
             return
+        await self.crash_points.reached("restore")
         now = _now_ms()
         if stage1:
             state: Any = PartitionProcessor(partition, source_topic=s.topics.records,
@@ -117,8 +120,7 @@ class StreamShell:
             state = BatchMerger(partition, partitions_expected=s.partitions,
                                 batch_timeout_ms=int(s.batch_timeout_s * 1000), grace_ms=int(s.grace_s * 1000),
                                 counters=self.counters)
-            state.restore(entries)
-            restored = MergeEffects()
+            republish = state.restore(entries)
         if not self._owned(epoch, topic, partition):
             return
         if stage1:
@@ -126,6 +128,8 @@ class StreamShell:
             self._apply(restored, partition)
         else:
             self.mergers[partition] = state
+            for metrics in republish:  # identical repeats: a crash may have lost the original
+                self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
         # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
         # have resumed anywhere (it commits past offsets it considers gaps).
         try:
@@ -151,16 +155,37 @@ class StreamShell:
                 return done
             if messages:
                 if stage1:
-                    self._apply(state.process(messages, _now_ms()), partition)
+                    await self._run_stage1(state, partition, messages)
                 else:
-                    self._apply_merge(state.process([(o, decode_partial(v)) for o, v in messages], _now_ms()),
-                                      partition)
+                    await self._run_stage2(state, partition, messages)
                 done += len(messages)
             self._last_progress[(topic, partition)] = time.monotonic()
             if end is None:
                 end = upto if len(messages) < chunk else None
             if not messages or (end is not None and state.checkpoint + 1 >= end) or len(messages) < chunk:
                 return done
+
+    async def _run_stage1(self, processor: PartitionProcessor, partition: int,
+                          messages: list[tuple[int, bytes]]) -> None:
+        """Process admitted input and carry out the effects (delivered or read directly)."""
+        effects = processor.process(messages, _now_ms())
+        crash = self.crash_points
+        await crash.reached("stage1-processed")
+        self._apply_changelog(effects, partition)
+        await crash.reached("stage1-changelog", self._flush)
+        self._apply_outputs(effects)
+        if effects.partials:
+            await crash.reached("stage1-partials", self._flush)
+
+    async def _run_stage2(self, merger: BatchMerger, partition: int, messages: list[tuple[int, bytes]]) -> None:
+        effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], _now_ms())
+        await self.crash_points.reached("stage2-merged")
+        self._apply_merge(effects, partition)
+        if effects.published:
+            await self.crash_points.reached("stage2-published", self._flush)
+
+    async def _flush(self) -> None:
+        await self.app.producer.flush()
 
     def _client_kwargs(self) -> dict[str, Any]:
         return self.settings.security.aiokafka_kwargs()
@@ -179,8 +204,14 @@ class StreamShell:
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, effects: Effects, partition: int) -> None:
+        self._apply_changelog(effects, partition)
+        self._apply_outputs(effects)
+
+    def _apply_changelog(self, effects: Effects, partition: int) -> None:
         for key, value in effects.changelog:
             self._write(self.stage1_log, partition, key, value)
+
+    def _apply_outputs(self, effects: Effects) -> None:
         for partial in effects.partials:
             self.partials_topic.send_soon(key=partial.batch_id.encode(), value=encode_partial(partial))
         for letter in effects.dead_letters:
@@ -191,6 +222,9 @@ class StreamShell:
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
             self._write(self.stage2_log, partition, key, value)
+        self._publish(effects)
+
+    def _publish(self, effects: MergeEffects) -> None:
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
@@ -261,7 +295,7 @@ class StreamShell:
             if admitted:
                 self.last_event_at[partition] = time.time()
                 self._last_progress[(topic, partition)] = time.monotonic()
-                self._apply(processor.process(admitted, _now_ms()), partition)
+                await self._run_stage1(processor, partition, admitted)
 
     async def on_partials(self, events: list) -> None:
         topic = self.settings.topics.partials
@@ -276,8 +310,7 @@ class StreamShell:
                 continue
             if admitted:
                 self._last_progress[(topic, partition)] = time.monotonic()
-                decoded = [(offset, decode_partial(value)) for offset, value in admitted]
-                self._apply_merge(merger.process(decoded, _now_ms()), partition)
+                await self._run_stage2(merger, partition, admitted)
 
     async def catch_up_idle(self, idle_s: float = 1.0) -> None:
         """Progress that does not depend on Faust's delivery: for every owned partition

@@ -127,3 +127,40 @@ def test_resident_memory_stays_bounded_under_a_flood_of_unique_keys():
     assert unbounded > 30, f"the control did not grow ({unbounded:.1f} MiB): the measurement is broken"
     # 1M generations bounded must cost less than a fifth of 200k generations unbounded
     assert bounded < unbounded / 5, f"peak growth {bounded:.1f} MiB at the limit vs {unbounded:.1f} MiB unbounded"
+
+
+def test_restore_sends_the_partials_and_publications_a_crash_may_have_lost():
+    """A status (or stage-2 entry) that says "emitted" can be durable while the
+    partial (or BatchMetrics) itself was not: restore sends the same message again."""
+    from specmeter.streams._stage2 import BatchMerger
+
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+    changelog: dict[bytes, bytes | None] = {}
+    marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=20, expected_producers=1)
+    effects = p.process(_messages("b", 20, 10) + [(2, encode_records_message(marker))], now_ms=7)
+    changelog.update(effects.changelog)
+    (emitted,) = effects.partials  # ... and lost with the crash
+    restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+    again = restored.restore([(k, v) for k, v in changelog.items() if v is not None], now_ms=9)
+    assert again.partials == [emitted]
+
+    merger = BatchMerger(0, partitions_expected=1, batch_timeout_ms=60_000, grace_ms=60_000)
+    merged = merger.process([(0, emitted)], now_ms=10)
+    (published,) = merged.published
+    fresh = BatchMerger(0, partitions_expected=1, batch_timeout_ms=60_000, grace_ms=60_000)
+    assert fresh.restore([(k, v) for k, v in merged.changelog if v is not None]) == [published]
+    # and the repeated partial changes nothing at stage 2
+    assert not fresh.process([(1, emitted)], now_ms=11).published
+
+
+def test_an_overflowed_batch_partial_is_sent_again_on_restore():
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=50)
+    effects = p.process(_messages("flood", 200, 20), now_ms=1)
+    (partial,) = effects.partials
+    live = {}
+    for key, value in effects.changelog:
+        live[key] = value
+    restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
+                                  max_open_generations=50)
+    again = restored.restore([(k, v) for k, v in live.items() if v is not None], now_ms=2)
+    assert again.partials == [partial] and partial.close_reason == "incomplete"
