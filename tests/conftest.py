@@ -55,3 +55,19 @@ def new_topic(kafka_bootstrap, unique_name):
         return name
 
     return make
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap, request):
+    """A fresh specmeter deployment (own app id and topics, records topic with 4
+    partitions); its workers are killed afterwards, their logs shown on failure."""
+    from .kafka_helpers import create_topic
+    from .worker_harness import Deployment
+
+    d = Deployment(kafka_bootstrap)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    yield d
+    d.close()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(d.log_tail())  # shown with the failure

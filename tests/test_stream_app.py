@@ -8,89 +8,40 @@ import time
 
 import pytest
 
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
-
 from .golden_cases import assert_metrics_equal
 from .kafka_helpers import create_topic
 from .worker_harness import (
+    JUNK,
     Deployment,
-    assert_duplicates_identical,
-    expected_metrics,
+    assert_conserved,
+    assert_matches_offline,
+    fleet_events,
     latest_by_batch,
+    produced_records,
     publish_events,
+    wait_complete,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
-
-
-@pytest.fixture
-def deployment(kafka_bootstrap, request):
-    d = Deployment(kafka_bootstrap)
-    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
-    yield d
-    d.close()
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        print(d.log_tail())  # shown with the failure
-
-
-def _fleet(seed: int, batches: int = 4, sessions: int = 24) -> list:
-    return list(synthetic_fleet(FleetSpec(batches=batches, sessions_per_batch=sessions, producers=3, seed=seed,
-                                          redelivery_rate=0.25, conflict_rate=0.02, missing_rate=0.1,
-                                          invalid_rate=0.02, batch_prefix=f"s{seed}-b")))
-
-
-def _wait_for(deployment: Deployment, batches: set[str], *, timeout_s: float = 90.0):
-    """Until every batch has a complete publication (a timeout may publish an
-    incomplete revision first, e.g. while partitions move; a later one corrects it)."""
-
-    def done(published):
-        latest = latest_by_batch(published)
-        return batches <= set(latest) and all(latest[b].complete for b in batches)
-
-    published = deployment.metrics(until=done, timeout_s=timeout_s)
-    assert batches <= {m.batch_id for m in published}, (
-        f"missing batches {sorted(batches - {m.batch_id for m in published})}\n{deployment.log_tail()}")
-    return published
-
-
-def _check_against_offline(published, events):
-    expected = expected_metrics(events)
-    latest = latest_by_batch(published)
-    assert set(latest) == set(expected)
-    for batch_id, want in expected.items():
-        got = latest[batch_id]
-        assert got.speculative == want.speculative, batch_id
-        assert got.accept_histogram == want.accept_histogram, batch_id
-        assert_metrics_equal(got.metrics, want.metrics, batch_id)
-        assert got.record_count == want.record_count, batch_id
-        assert got.invalid_record_count == want.invalid_record_count, batch_id
-        assert got.complete and got.close_reason == "markers" and got.missing_record_count == 0, got
-        assert got.partitions_reported == got.partitions_expected == 4
-    assert_duplicates_identical(published)
-
 
 def test_random_streams_match_offline_aggregate(deployment):
-    events = _fleet(seed=11)
+    events = fleet_events(seed=11)
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events, junk=JUNK))
-    published = _wait_for(deployment, {e.batch_id for e in events})
-    _check_against_offline(published, events)
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    assert_matches_offline(published, events)
     # every input message is accounted for
     letters = deployment.dead_letters()
-    produced = sum(1 for e in events if e.kind != "marker") + len(JUNK)
-    counted_in_batches = sum(m.record_count for m in latest_by_batch(published).values())
+    assert_conserved(produced_records(events) + len(JUNK), published, letters)
     unbatched = [d for d in letters if d.batch_id is None]
-    assert counted_in_batches + len(unbatched) == produced
     assert {d.reason for d in unbatched} <= {"invalid", "undecodable"} and len(unbatched) == len(JUNK)
     assert len(letters) == sum(1 for e in events if e.kind == "invalid") + len(JUNK)
 
 
 def test_sigkill_mid_batch_then_restart_changes_nothing(deployment):
-    events = _fleet(seed=12)
+    events = fleet_events(seed=12)
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     half = len(events) // 2
@@ -99,12 +50,13 @@ def test_sigkill_mid_batch_then_restart_changes_nothing(deployment):
     deployment.kill(worker)
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[half:]))
     worker = deployment.start_worker()
-    published = _wait_for(deployment, {e.batch_id for e in events})
-    _check_against_offline(published, events)
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    assert_matches_offline(published, events)
+    assert_conserved(produced_records(events), published, deployment.dead_letters())
 
 
 def test_second_worker_joins_mid_stream(deployment):
-    events = _fleet(seed=13)
+    events = fleet_events(seed=13)
     first = deployment.start_worker()
     deployment.wait_ready(first)
     third = len(events) // 3
@@ -113,12 +65,13 @@ def test_second_worker_joins_mid_stream(deployment):
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[third:2 * third]))
     deployment.wait_ready(second)
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[2 * third:]))
-    published = _wait_for(deployment, {e.batch_id for e in events})
-    _check_against_offline(published, events)
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    assert_matches_offline(published, events)
+    assert_conserved(produced_records(events), published, deployment.dead_letters())
 
 
 def test_stopping_one_of_two_workers(deployment):
-    events = _fleet(seed=14)
+    events = fleet_events(seed=14)
     first, second = deployment.start_worker(), deployment.start_worker()
     deployment.wait_ready(first)
     deployment.wait_ready(second)
@@ -127,15 +80,16 @@ def test_stopping_one_of_two_workers(deployment):
     time.sleep(1.0)
     deployment.stop(second)
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[half:]))
-    published = _wait_for(deployment, {e.batch_id for e in events})
-    _check_against_offline(published, events)
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    assert_matches_offline(published, events)
+    assert_conserved(produced_records(events), published, deployment.dead_letters())
 
 
 def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
     from specmeter.schemas import GenerationRecord
     from specmeter.streams import OfflineAggregator
 
-    from .worker_harness import Deployment
+
 
     d = Deployment(kafka_bootstrap, batch_timeout_s=2.0, grace_s=8.0)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))

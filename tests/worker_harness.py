@@ -17,12 +17,27 @@ import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.producers._loadgen import publish_fleet
-from specmeter.producers.synthetic import FleetEvent
-from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics
+from specmeter.producers.synthetic import FleetEvent, FleetSpec, synthetic_fleet
+from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics, decode_records_message
 from specmeter.streams import OfflineAggregator
 from specmeter.streams.settings import TopicNames
 
 from .kafka_helpers import read_topic
+
+
+#: foreign bytes on the records topic: not msgpack, a bare array, an unknown tag
+JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
+
+
+def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetEvent]:
+    """A small seeded fleet with every kind of trouble (redeliveries, conflicts, unknowns, invalid)."""
+    return list(synthetic_fleet(FleetSpec(batches=batches, sessions_per_batch=sessions, producers=3, seed=seed,
+                                          redelivery_rate=0.25, conflict_rate=0.02, missing_rate=0.1,
+                                          invalid_rate=0.02, batch_prefix=f"s{seed}-b")))
+
+
+def produced_records(events: list[FleetEvent]) -> int:
+    return sum(1 for e in events if e.kind != "marker")
 
 
 @dataclass
@@ -43,7 +58,7 @@ class Deployment:
         return TopicNames(records=f"{self.name}.records", partials=f"{self.name}.partials",
                           metrics=f"{self.name}.metrics", deadletter=f"{self.name}.deadletter")
 
-    def start_worker(self, *extra: str) -> subprocess.Popen:
+    def start_worker(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         t = self.topics
         log = Path(tempfile.mkstemp(prefix=f"{self.name}-worker-", suffix=".log")[1])
         args = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", self.bootstrap,
@@ -55,7 +70,7 @@ class Deployment:
                 "--data-dir", tempfile.mkdtemp(prefix=f"{self.name}-data-"), *extra]
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.workers.append(proc)
         self.logs.append(log)
         return proc
@@ -103,6 +118,39 @@ class Deployment:
         return [decode_dead_letter(m.value) for m in messages]
 
 
+def wait_complete(deployment: Deployment, batches: set[str], *, timeout_s: float = 90.0) -> list[BatchMetrics]:
+    """Until every batch has a complete publication (a timeout may publish an
+    incomplete revision first, e.g. while partitions move; a later one corrects it)."""
+
+    def done(published):
+        latest = latest_by_batch(published)
+        return batches <= set(latest) and all(latest[b].complete for b in batches)
+
+    published = deployment.metrics(until=done, timeout_s=timeout_s)
+    assert batches <= {m.batch_id for m in published}, (
+        f"missing batches {sorted(batches - {m.batch_id for m in published})}\n{deployment.log_tail()}")
+    return published
+
+
+def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEvent], partitions: int = 4) -> None:
+    """The latest revision of every batch equals ``specmeter aggregate``'s result, complete."""
+    from .golden_cases import assert_metrics_equal
+
+    expected = expected_metrics(events)
+    latest = latest_by_batch(published)
+    assert set(latest) == set(expected)
+    for batch_id, want in expected.items():
+        got = latest[batch_id]
+        assert got.speculative == want.speculative, batch_id
+        assert got.accept_histogram == want.accept_histogram, batch_id
+        assert_metrics_equal(got.metrics, want.metrics, batch_id)
+        assert got.record_count == want.record_count, batch_id
+        assert got.invalid_record_count == want.invalid_record_count, batch_id
+        assert got.complete and got.close_reason == "markers" and got.missing_record_count == 0, got
+        assert got.partitions_reported == got.partitions_expected == partitions
+    assert_duplicates_identical(published)
+
+
 def latest_by_batch(published: list[BatchMetrics]) -> dict[str, BatchMetrics]:
     latest: dict[str, BatchMetrics] = {}
     for m in published:
@@ -118,6 +166,29 @@ def assert_duplicates_identical(published: list[BatchMetrics]) -> None:
         body = msgspec.json.encode(m)
         key = (m.batch_id, m.revision)
         assert seen.setdefault(key, body) == body, f"two different messages for {key}"
+
+
+def assert_conserved(produced: int, published: list[BatchMetrics], letters: list) -> dict[str, int]:
+    """Every produced record is counted once: in its batch's final ``record_count``
+    (aggregated, redelivered, late within grace, invalid with a batch id) or in a
+    dead letter outside any batch count (undecodable, invalid without a batch id,
+    late after grace, overflow). Dead letters repeated after a crash count once.
+
+    Returns the breakdown, for messages."""
+    unique = {}
+    for letter in letters:
+        unique.setdefault((letter.source_partition, letter.source_offset, letter.reason, letter.raw), letter)
+    in_batches = sum(m.record_count for m in latest_by_batch(published).values())
+    outside = {"unbatched": 0, "late": 0, "overflow": 0}
+    for letter in unique.values():
+        if letter.reason in ("late", "overflow"):
+            decoded = decode_records_message(letter.raw)
+            outside[letter.reason] += len(decoded.records)  # 0 for a marker
+        elif letter.batch_id is None:
+            outside["unbatched"] += 1
+    breakdown = {"produced": produced, "in_batches": in_batches, **outside}
+    assert in_batches + sum(outside.values()) == produced, f"records not conserved: {breakdown}"
+    return breakdown
 
 
 def expected_metrics(events: list[FleetEvent], extra_invalid: list[dict] = ()) -> dict[str, BatchMetrics]:
