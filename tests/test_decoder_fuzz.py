@@ -58,3 +58,19 @@ def test_deep_nesting_and_huge_strings():
                                    "accepted": 2**64 - 1})
     (bad,) = decode_records_message(huge).invalid
     assert "accepted" in bad.detail
+
+
+def test_coverage_guided_fuzzing_with_atheris():
+    """libFuzzer's mutations through atheris (installed with the test extras where it has wheels)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    pytest.importorskip("atheris", reason="atheris has no wheel for this platform")
+    script = Path(__file__).parent / "fuzz" / "records_decoder.py"
+    proc = subprocess.run([sys.executable, str(script), "-runs=100000", "-seed=20261202"], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Done 100000 runs" in proc.stderr
