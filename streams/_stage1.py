@@ -10,10 +10,10 @@ durable checkpoint implies durable deltas. On restore, deltas past the
 checkpoint are stale (their chunk will be processed again) and are deleted, and
 messages at or below the checkpoint are skipped.
 
-Bounded state: past ``max_open_generations`` distinct generations held by a
-partition, the batch whose input crossed the limit is closed early (reason
-``incomplete``), its partial emitted and its state dropped; its later input is
-dead-lettered as ``overflow``. Memory per partition stays near the limit
+Bounded state: a partition holds at most ``max_open_generations`` distinct
+generations. A batch whose input finds the limit reached is closed early (reason
+``incomplete``) with what fitted, its partial emitted and its state dropped; the
+rest of its input is dead-lettered as ``overflow``. Memory per partition stays near the limit
 whatever a producer floods in.
 """
 
@@ -49,6 +49,9 @@ log = logging.getLogger("specmeter.stage1")
 _SEP = "\x1f"
 #: how many expired batch ids each partition remembers (to dead-letter late records)
 EXPIRED_MEMORY = 10_000
+#: a dead letter carries at most this much of the rejected message (brokers refuse
+#: messages over 1 MiB by default; base64 in JSON adds a third)
+DEAD_LETTER_RAW_LIMIT = 256 * 1024
 
 
 def state_key_prefix(partition: int) -> bytes:
@@ -266,10 +269,8 @@ class PartitionProcessor:
         batch = self._batch_for_input(batch_id, now_ms)
         if batch is None:
             if batch_id in self.overflowed:
-                counters.dead_letter("overflow", records=len(records))
-                effects.dead_letters.append(self._dead_letter(
-                    "overflow", self._overflow_detail(batch_id), encode_records_message(RecordBatch(records=records)),
-                    offset, batch_id, now_ms))
+                self._dead_letter_records("overflow", self._overflow_detail(batch_id), records, offset, batch_id,
+                                          now_ms, effects)
                 return
             for record in records:
                 counters.dead_letter("late")
@@ -278,6 +279,23 @@ class PartitionProcessor:
                     encode_records_message(record), offset, batch_id, now_ms))
             return
         touched[batch_id] = batch
+        limit = self.max_open_generations
+        if limit is not None and self.open_generations + len(records) > limit:
+            # each record adds at most one generation: apply what fits, then cut the batch
+            while records and self.open_generations < limit:
+                room = limit - self.open_generations
+                self._add(batch, records[:room])
+                records = records[room:]
+            if records:
+                del touched[batch_id]
+                self._overflow(batch, now_ms, effects)
+                self._dead_letter_records("overflow", self._overflow_detail(batch_id), records, offset, batch_id,
+                                          now_ms, effects)
+            return
+        self._add(batch, records)
+
+    def _add(self, batch: _Batch, records: list[GenerationRecord]) -> None:
+        counters = self.counters
         held = batch.state.generation_count
         aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed)
         self.open_generations += batch.state.generation_count - held
@@ -287,10 +305,6 @@ class PartitionProcessor:
         else:
             counters.records_aggregated += aggregated
             counters.records_redelivered += redelivered
-        limit = self.max_open_generations
-        if limit is not None and self.open_generations > limit:
-            del touched[batch_id]
-            self._overflow(batch, now_ms, effects)
 
     def _overflow_detail(self, batch_id: str) -> str:
         return (f"batch {batch_id!r} passed the limit of {self.max_open_generations} open generations on "
@@ -336,8 +350,24 @@ class PartitionProcessor:
         batch.state.add_marker(marker)
         touched[marker.batch_id] = batch
 
+    def _dead_letter_records(self, reason: str, detail: str, records: list[GenerationRecord], offset: int,
+                             batch_id: str, now_ms: int, effects: Effects) -> None:
+        """Dead-letter valid records as packed batches, each small enough to carry whole."""
+        raw = encode_records_message(RecordBatch(records=records))
+        if len(raw) > DEAD_LETTER_RAW_LIMIT and len(records) > 1:
+            half = len(records) // 2
+            self._dead_letter_records(reason, detail, records[:half], offset, batch_id, now_ms, effects)
+            self._dead_letter_records(reason, detail, records[half:], offset, batch_id, now_ms, effects)
+            return
+        self.counters.dead_letter(reason, records=len(records))
+        effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, batch_id, now_ms))
+
     def _dead_letter(self, reason: str, detail: str, raw: bytes, offset: int, batch_id: str | None,
                      now_ms: int) -> DeadLetter:
+        if len(raw) > DEAD_LETTER_RAW_LIMIT:  # the whole message stays in the records topic, named here
+            detail = (f"{detail} (raw cut to its first {DEAD_LETTER_RAW_LIMIT} of {len(raw)} bytes; the whole "
+                      f"message is {self.source_topic} partition {self.partition} offset {offset})")
+            raw = raw[:DEAD_LETTER_RAW_LIMIT]
         return DeadLetter(reason=reason, detail=detail, raw=raw, source_topic=self.source_topic,
                           source_partition=self.partition, source_offset=offset, batch_id=batch_id,
                           rejected_at=now_ms / 1000)

@@ -9,6 +9,7 @@ import random
 import subprocess
 import time
 
+import msgspec
 import pytest
 
 from specmeter.streams._faults import CRASH_POINTS
@@ -17,6 +18,7 @@ from .worker_harness import (
     assert_conserved,
     assert_matches_offline,
     fleet_events,
+    latest_by_batch,
     produced_records,
     publish_events,
     wait_complete,
@@ -70,3 +72,88 @@ def test_sigkill_at_seeded_crash_points_changes_nothing(deployment):
     published = wait_complete(deployment, set(slices), timeout_s=120)
     assert_matches_offline(published, events)
     assert_conserved(produced_records(events), published, deployment.dead_letters())
+
+
+def hostile_messages(seed: int) -> list[bytes]:
+    """Seeded hostile records-topic messages, each rejected whole: random bytes,
+    truncated msgpack, a huge string, deep nesting, wrong types, negative and huge
+    counters, unknown tags, a broken marker."""
+    rnd = random.Random(seed)
+    good = msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s", "generation_id": "g",
+                                   "accepted": 3, "proposed": 8, "verify": 3, "completion": 6, "producer_id": "evil"})
+    out = [rnd.randbytes(rnd.randint(1, 400)) for _ in range(40)]
+    out += [good[:rnd.randint(1, len(good) - 1)] for _ in range(20)]
+    out.append(msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s" * 300_000,
+                                       "generation_id": "g"}))  # over --max-message-bytes
+    out.append(b"\x91" * 50_000 + b"\xc0")  # 50k nested arrays
+    out.append(b"\x81\xa1a" * 20_000 + b"\xc0")  # 20k nested maps
+    for field, value in (("session_id", 7), ("accepted", -5), ("proposed", 2**64 - 1), ("verify", "three"),
+                         ("accept_histogram", [1, -1]), ("completion", 1.5), ("generation_id", None)):
+        out.append(msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s",
+                                           "generation_id": "g", field: value}))
+    out.append(msgspec.msgpack.encode({"type": "nonsuch", "batch_id": "hostile"}))
+    out.append(msgspec.msgpack.encode({"type": "marker", "batch_id": "hostile", "producer_id": "evil",
+                                       "expected_producers": "all"}))
+    out.append(msgspec.msgpack.encode([1, 2, 3]))
+    return out
+
+
+def test_hostile_input_at_a_running_worker_is_dead_lettered_and_nothing_else_changes(deployment):
+    """The worker survives every hostile message, dead-letters each with a reason
+    (and a bounded copy of its bytes), and still gets the good batches exact."""
+    hostile = hostile_messages(seed=7)
+    events = fleet_events(seed=41, batches=2, sessions=12)
+    worker = deployment.start_worker("--max-message-bytes", "65536")
+    deployment.wait_ready(worker)
+    half = len(events) // 2
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[:half], junk=hostile))
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[half:]))
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    assert worker.poll() is None, "the worker died on input"
+    good = [m for m in published if m.batch_id != "hostile"]
+    assert_matches_offline(good, events)
+    letters = [d for d in deployment.dead_letters() if d.batch_id != "s41-b00000" and d.batch_id != "s41-b00001"]
+    assert len(letters) == len(hostile), sorted(d.reason for d in letters)
+    assert all(d.reason in {"undecodable", "invalid", "too_large"} and d.detail for d in letters)
+    by_raw = {d.raw: d for d in letters}
+    for message in hostile:
+        if len(message) > 65536:
+            (big,) = [d for d in letters if d.reason == "too_large"]
+            assert message.startswith(big.raw) and "offset" in big.detail
+        else:
+            assert message in by_raw, message[:60]
+    # the invalid records that named batch "hostile" are counted there (it closes on timeout)
+    hostile_batch = [m for m in deployment.metrics(until=lambda ms: any(m.batch_id == "hostile" for m in ms),
+                                                   timeout_s=60) if m.batch_id == "hostile"]
+    assert hostile_batch and hostile_batch[-1].close_reason == "timeout"
+    assert_conserved(produced_records(events) + len(hostile), published + hostile_batch,
+                     deployment.dead_letters())
+
+
+def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
+    """One batch floods 40k unique generations past a 5k limit and never closes;
+    it is published early as incomplete, its later records are dead-lettered as
+    overflow, a normal batch beside it is exact, and every record is accounted for."""
+    from specmeter.producers.synthetic import FleetEvent
+    from specmeter.schemas import GenerationRecord
+
+    flood = [FleetEvent("record", "p-flood", "flood", GenerationRecord(
+        batch_id="flood", session_id=f"s{i}", generation_id="g", accepted=i % 5, proposed=8, verify=3,
+        completion=(i % 5) + 3, producer_id="p-flood")) for i in range(40_000)]
+    events = fleet_events(seed=42, batches=1, sessions=12)
+    worker = deployment.start_worker("--max-open-generations", "5000")
+    deployment.wait_ready(worker)
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, flood + events))
+    published = wait_complete(deployment, {e.batch_id for e in events})
+    flooded = deployment.metrics(until=lambda ms: any(m.batch_id == "flood" and m.partitions_reported == 4
+                                                      for m in ms), timeout_s=60)
+    latest = latest_by_batch(flooded)["flood"]
+    assert latest.close_reason == "incomplete" and not latest.complete, latest
+    assert latest.record_count <= 4 * 5000  # each partition cut at its limit
+    assert_matches_offline([m for m in published if m.batch_id != "flood"], events)
+    letters = deployment.dead_letters()
+    overflow = [d for d in letters if d.reason == "overflow"]
+    assert overflow and all(d.batch_id == "flood" and "--max-open-generations" in d.detail for d in overflow)
+    breakdown = assert_conserved(produced_records(events) + len(flood), flooded, letters)
+    assert breakdown["overflow"] == len(flood) - latest.record_count
+    assert worker.poll() is None

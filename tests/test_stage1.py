@@ -36,8 +36,8 @@ def test_flooded_batch_closes_early_as_incomplete_and_its_state_is_dropped():
     flood = p.process(_messages("flood", 5000, 100, start_offset=1), now_ms=2)
     (partial,) = flood.partials
     assert partial.batch_id == "flood" and partial.close_reason == "incomplete"
-    # closed at the message that crossed the limit: 10 + 1000 > 1000 after 10 messages of 100
-    assert partial.record_count == 1000
+    # cut exactly at the limit: 10 generations of "small" + 990 of "flood"
+    assert partial.record_count == 990 and partial.unique_generation_count == 990
     letters = flood.dead_letters
     assert {d.reason for d in letters} == {"overflow"} and all(d.batch_id == "flood" for d in letters)
     assert "--max-open-generations" in letters[0].detail
@@ -164,3 +164,11 @@ def test_an_overflowed_batch_partial_is_sent_again_on_restore():
                                   max_open_generations=50)
     again = restored.restore([(k, v) for k, v in live.items() if v is not None], now_ms=2)
     assert again.partials == [partial] and partial.close_reason == "incomplete"
+
+
+def test_a_too_large_message_is_dead_lettered_with_a_bounded_copy():
+    p = PartitionProcessor(3, source_topic="recs", batch_timeout_ms=60_000, grace_ms=60_000, max_message_bytes=1024)
+    big = encode_records_message(GenerationRecord(batch_id="b", session_id="s" * 1_000_000, generation_id="g"))
+    (letter,) = p.process([(41, big)], now_ms=1).dead_letters
+    assert letter.reason == "too_large" and len(letter.raw) == 256 * 1024 and big.startswith(letter.raw)
+    assert "recs partition 3 offset 41" in letter.detail and str(len(big)) in letter.detail
