@@ -12,6 +12,7 @@ from ._builders import record_from_attempts, record_from_counters, record_from_m
 from ._errors import PublisherClosedError, PublisherError, PublisherNotStartedError, QueueFullError
 from ._meta_info import SpecCounters, counters_from_meta_info, fold_attempts, normalize_counter
 from ._publisher import Publisher, partition_for_key
+from ._security import KafkaSecurity
 from ._settings import PublisherSettings, default_producer_id
 from ._sync import SyncPublisher
 
@@ -26,6 +27,7 @@ __all__ = [
     "Publisher",
     "SyncPublisher",
     "PublisherSettings",
+    "KafkaSecurity",
     "default_producer_id",
     "partition_for_key",
     "PublisherError",

@@ -94,6 +94,7 @@ class Publisher:
             max_request_size=max(s.max_message_bytes * 2, 1048576),
             request_timeout_ms=s.request_timeout_ms,
             retry_backoff_ms=s.retry_backoff_ms,
+            **s.security.aiokafka_kwargs(),
             **s.kafka,
         )
         await self._producer.start()

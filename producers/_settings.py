@@ -7,6 +7,8 @@ import socket
 
 import msgspec
 
+from ._security import KafkaSecurity
+
 __all__ = ["PublisherSettings", "default_producer_id"]
 
 
@@ -33,7 +35,9 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
         compression_type: Kafka compression (lz4, zstd, gzip, snappy or None).
         request_timeout_ms: aiokafka's per-request timeout.
         retry_backoff_ms: pause before re-sending a message that failed.
-        kafka: extra keyword arguments for ``AIOKafkaProducer`` (security, TLS).
+        security: SASL and TLS for the connection (``KafkaSecurity.from_env()``
+            reads ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_*``, ``KAFKA_SSL_CAFILE``).
+        kafka: extra keyword arguments for ``AIOKafkaProducer``.
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -47,4 +51,5 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     compression_type: str | None = "lz4"
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 250
+    security: KafkaSecurity = KafkaSecurity()
     kafka: dict = {}

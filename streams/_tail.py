@@ -62,14 +62,14 @@ def metrics_table(latest: dict[str, BatchMetrics], rows: int = 20) -> Any:
 
 
 def run_tail(broker: str, topic: str, *, as_json: bool, from_beginning: bool, rows: int,
-             max_messages: int | None, timeout_s: float | None) -> int:
+             max_messages: int | None, timeout_s: float | None, kafka: dict | None = None) -> int:
     if as_json:
         def emit(m: BatchMetrics) -> None:
             sys.stdout.buffer.write(encode_metrics(m) + b"\n")
             sys.stdout.flush()
 
         return asyncio.run(follow_metrics(broker, topic, emit, from_beginning=from_beginning,
-                                          max_messages=max_messages, timeout_s=timeout_s))
+                                          max_messages=max_messages, timeout_s=timeout_s, kafka=kafka))
     from rich.console import Console
     from rich.live import Live
 
@@ -84,4 +84,4 @@ def run_tail(broker: str, topic: str, *, as_json: bool, from_beginning: bool, ro
             live.update(metrics_table(latest, rows))
 
         return asyncio.run(follow_metrics(broker, topic, update, from_beginning=from_beginning,
-                                          max_messages=max_messages, timeout_s=timeout_s))
+                                          max_messages=max_messages, timeout_s=timeout_s, kafka=kafka))

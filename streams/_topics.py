@@ -6,13 +6,20 @@ import logging
 
 from .settings import WorkerSettings
 
-__all__ = ["ensure_topics", "TopicMismatch"]
+__all__ = ["ensure_topics", "leader_topic", "TopicMismatch"]
 
 log = logging.getLogger("specmeter.topics")
 
 
 class TopicMismatch(RuntimeError):
     """A topic exists with a partition count the worker cannot use."""
+
+
+def leader_topic(app_id: str) -> str:
+    """Faust's partition-assignor topic (one partition); created here because the
+    worker runs Faust with ``topic_allow_declare=False``: Faust would otherwise ask
+    to create every topic at start, which needs the Create right even when it exists."""
+    return f"{app_id}-__assignor-__leader"
 
 
 async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
@@ -30,7 +37,7 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
     t = settings.topics
     stage1_log, stage2_log = changelog_topics(settings.app_id)
     wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1,
-              stage1_log: settings.partitions, stage2_log: settings.partitions}
+              stage1_log: settings.partitions, stage2_log: settings.partitions, leader_topic(settings.app_id): 1}
     compacted = {stage1_log, stage2_log}
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.security.aiokafka_kwargs())
     await admin.start()

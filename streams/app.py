@@ -407,6 +407,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         web_port=settings.web_port,
         datadir=settings.data_dir,
         autodiscover=False,
+        topic_allow_declare=False,  # ensure_topics creates only what is missing (no Create right needed)
         **settings.security.faust_kwargs(),
     )
     shell = StreamShell(app, settings)

@@ -119,7 +119,8 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
     batch and revision. Start more workers with the same --app-id to scale out
     (up to --partitions). Stop with Ctrl-C or SIGTERM.
     """
-    from ._security import KafkaSecurity
+    from specmeter.producers import KafkaSecurity
+
     from .settings import TopicNames, WorkerSettings
     from .worker import run_worker
 
@@ -157,10 +158,10 @@ def replay(file: str, broker: str, topic: str, rate: float | None, speculative_a
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from specmeter.producers import PublisherSettings
+    from specmeter.producers import KafkaSecurity, PublisherSettings
     from specmeter.producers._replay import replay_lines
 
-    settings = PublisherSettings(bootstrap_servers=broker, topic=topic)
+    settings = PublisherSettings(bootstrap_servers=broker, topic=topic, security=KafkaSecurity.from_env())
     stream = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
     total = None if file == "-" else os.path.getsize(file)
     progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -215,7 +216,7 @@ def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from specmeter.producers import PublisherSettings
+    from specmeter.producers import KafkaSecurity, PublisherSettings
     from specmeter.producers._loadgen import publish_fleet, write_dump, write_expected
     from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
 
@@ -239,7 +240,8 @@ def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_
                 progress.advance(task)
 
         summary = asyncio.run(publish_fleet(synthetic_fleet(spec), PublisherSettings(
-            bootstrap_servers=broker, topic=topic), rate=rate, on_event=on_event))
+            bootstrap_servers=broker, topic=topic, security=KafkaSecurity.from_env()), rate=rate,
+            on_event=on_event))
     click.echo(f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
                f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)", err=True)
 
@@ -255,11 +257,13 @@ def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_
 def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, rows: int, max_messages: int | None,
          timeout: float | None) -> None:
     """Follow the metrics topic: a live table of the latest batches, or JSON lines."""
+    from specmeter.producers import KafkaSecurity
+
     from ._tail import run_tail
 
     try:
         run_tail(broker, topic, as_json=as_json, from_beginning=from_beginning, rows=rows,
-                 max_messages=max_messages, timeout_s=timeout)
+                 max_messages=max_messages, timeout_s=timeout, kafka=KafkaSecurity.from_env().aiokafka_kwargs())
     except KeyboardInterrupt:
         pass
 

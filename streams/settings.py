@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ._security import KafkaSecurity
+from specmeter.producers._security import KafkaSecurity
 
 __all__ = ["WorkerSettings", "TopicNames"]
 

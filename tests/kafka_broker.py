@@ -87,3 +87,45 @@ def broker_log_tail(lines: int = 60) -> str:
     if not log.exists():
         return "(no local broker log)"
     return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+class PrivateBroker:
+    """A second local broker with its own state folder, for tests that must
+    configure it (security listeners) or stop it (broker faults) without
+    disturbing the session's broker."""
+
+    def __init__(self, state_dir: Path, **env: str) -> None:
+        self.state_dir = state_dir
+        self.env = {**os.environ, "SPECMETER_KAFKA_DIR": str(state_dir), "SPECMETER_KAFKA_HEAP": "512m", **env}
+
+    def _run(self, *args: str, timeout: float = 300) -> str:
+        proc = subprocess.run([str(BROKER_SCRIPT), *args], capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+        if proc.returncode != 0:
+            raise NoBroker(f"deploy/kafka/broker {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+        return proc.stdout
+
+    def start(self) -> str:
+        """Start (or restart on the same data and ports); returns the PLAINTEXT address."""
+        return self._run("start").strip().splitlines()[-1]
+
+    def stop(self, purge: bool = False) -> None:
+        self._run("stop", *(["--purge"] if purge else []))
+
+    def tool(self, *args: str) -> str:
+        """Run a Kafka admin tool class from the broker's jars."""
+        return self._run("tool", *args, timeout=120)
+
+    def log_tail(self, lines: int = 60) -> str:
+        log = self.state_dir / "broker.log"
+        return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:]) if log.exists() else ""
+
+
+def local_broker_tools_missing() -> str | None:
+    """Why a private local broker cannot run here (None when it can)."""
+    import shutil
+
+    for tool in ("java", "mvn"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (a private local broker needs Java 17+ and Maven)"
+    return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specmeter.streams._security import KafkaSecurity
+from specmeter.producers import KafkaSecurity
 from specmeter.streams.settings import WorkerSettings
 
 

@@ -1,4 +1,5 @@
-"""Kafka client security from the environment, for Faust and aiokafka alike.
+"""Kafka client security from the environment, for the publisher, the worker
+(Faust and aiokafka) and every CLI command alike.
 
 Credentials come from the environment or files (never flags, so they never
 show in ``ps``, ``--help`` or logs):
