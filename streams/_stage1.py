@@ -242,6 +242,8 @@ class PartitionProcessor:
             if not batch.closed and batch.state.markers_complete:
                 self._close(batch, "markers", now_ms, effects)
             elif batch.closed:
+                if batch.close_reason == "timeout" and batch.state.markers_complete:
+                    batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
                 self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
         self.checkpoint = last
         effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))

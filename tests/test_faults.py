@@ -157,3 +157,96 @@ def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
     breakdown = assert_conserved(produced_records(events) + len(flood), flooded, letters)
     assert breakdown["overflow"] == len(flood) - latest.record_count
     assert worker.poll() is None
+
+
+@pytest.fixture
+def private_broker(tmp_path):
+    from .kafka_broker import PrivateBroker, local_broker_tools_missing
+
+    missing = local_broker_tools_missing()
+    if missing:
+        pytest.skip(missing)
+    broker = PrivateBroker(tmp_path / "broker")
+    yield broker
+    broker.stop(purge=True)
+
+
+@pytest.mark.timeout(600)
+def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
+    """The broker goes away for several seconds while producers publish and the
+    worker consumes; neither is restarted. Producers keep accepting up to their
+    queue bound, then refuse at once (publish_nowait) or wait (publish); nothing
+    accepted is lost and the metrics are exact."""
+    from specmeter.producers import Publisher, PublisherSettings, QueueFullError
+    from specmeter.producers._loadgen import publish_fleet
+    from specmeter.schemas import GenerationRecord, decode_records_message
+
+    from .kafka_helpers import create_topic, read_topic
+    from .worker_harness import Deployment
+
+    bootstrap = private_broker.start()
+    d = Deployment(bootstrap)
+    asyncio.run(create_topic(bootstrap, d.topics.records, d.partitions))
+    probe_topic = f"{d.name}.probe"
+    asyncio.run(create_topic(bootstrap, probe_topic, 1))
+    events = fleet_events(seed=51, batches=6, sessions=12)
+    worker = d.start_worker()
+    outage: dict[str, float] = {}
+    try:
+        d.wait_ready(worker)
+
+        async def outage_then_back() -> None:
+            await asyncio.sleep(1.5)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, private_broker.stop)
+            outage["down"] = time.monotonic()
+            await asyncio.sleep(4.0)
+            await loop.run_in_executor(None, private_broker.start)
+            outage["up"] = time.monotonic()
+
+        async def probe() -> dict[str, int]:
+            """publish_nowait during the outage: accepted up to the bound, then refused at once."""
+            counts = {"accepted": 0, "refused": 0, "slowest_ms": 0}
+            settings = PublisherSettings(bootstrap_servers=bootstrap, topic=probe_topic, producer_id="probe",
+                                         max_queued_records=50, linger_ms=5)
+            async with Publisher(settings) as pub:
+                while "down" not in outage:
+                    await asyncio.sleep(0.05)
+                for i in range(200):
+                    t = time.perf_counter()
+                    try:
+                        pub.publish_nowait(GenerationRecord(batch_id="probe", session_id=f"s{i}", generation_id="g",
+                                                            completion=1, producer_id="probe"))
+                        counts["accepted"] += 1
+                    except QueueFullError:
+                        counts["refused"] += 1
+                    counts["slowest_ms"] = max(counts["slowest_ms"], int((time.perf_counter() - t) * 1000))
+                    await asyncio.sleep(0.005)
+                while "up" not in outage:
+                    await asyncio.sleep(0.1)
+                await pub.flush()
+            return counts
+
+        async def run() -> dict[str, int]:
+            fleet = publish_fleet(events, PublisherSettings(bootstrap_servers=bootstrap, topic=d.topics.records,
+                                                            max_queued_records=300, queue_full_timeout_s=120,
+                                                            linger_ms=5), rate=300)
+            _, counts, _ = await asyncio.gather(outage_then_back(), probe(), fleet)
+            return counts
+
+        counts = asyncio.run(run())
+        assert outage["up"] - outage["down"] >= 4.0
+        assert counts["accepted"] == 50 and counts["refused"] == 150, counts  # the bound, then refusals
+        assert counts["slowest_ms"] < 50, counts  # refusing never blocks the caller
+        probe_messages = asyncio.run(read_topic(bootstrap, probe_topic, idle_s=2.0, timeout_s=60))
+        arrived = sum(len(decode_records_message(m.value).records) for m in probe_messages)
+        assert arrived == counts["accepted"]  # everything accepted arrived once the broker was back
+
+        published = wait_complete(d, {e.batch_id for e in events}, timeout_s=180)
+        assert worker.poll() is None, "the worker was not supposed to need a restart"
+        assert_matches_offline(published, events)
+        assert_conserved(produced_records(events), published, d.dead_letters())
+    finally:
+        d.close()
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(d.log_tail(), private_broker.log_tail())

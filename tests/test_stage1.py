@@ -172,3 +172,18 @@ def test_a_too_large_message_is_dead_lettered_with_a_bounded_copy():
     (letter,) = p.process([(41, big)], now_ms=1).dead_letters
     assert letter.reason == "too_large" and len(letter.raw) == 256 * 1024 and big.startswith(letter.raw)
     assert "recs partition 3 offset 41" in letter.detail and str(len(big)) in letter.detail
+
+
+def test_a_timed_out_batch_whose_markers_arrive_within_grace_becomes_complete():
+    """Producers stalled (a broker outage) past batch_timeout: the batch closes as
+    timeout; when the rest and the markers arrive within grace, a new revision
+    closes it by markers."""
+    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=1000, grace_ms=60_000)
+    p.process(_messages("b", 10, 5), now_ms=0)
+    (first,) = p.tick(now_ms=1500).partials
+    assert first.close_reason == "timeout" and first.revision == 0
+    marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=15, expected_producers=1)
+    later = p.process(_messages("b", 5, 5, start_offset=2, first=10) + [(3, encode_records_message(marker))],
+                      now_ms=2000)
+    (second,) = later.partials
+    assert second.close_reason == "markers" and second.revision == 1 and second.record_count == 15
