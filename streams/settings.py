@@ -56,7 +56,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     batch_timeout_s: float = 60.0
     grace_s: float = 300.0
     chunk_messages: int = 200
-    chunk_wait_s: float = 0.05
+    chunk_wait_s: float = 0.01
     tick_s: float = 0.25
     max_message_bytes: int = 8 * 1024 * 1024
     max_open_generations: int = 1_000_000
