@@ -69,6 +69,8 @@ class StreamShell:
         self.gap_fills = 0
         self.idle_catch_ups = 0
         self._end_offsets: Any = None  # a standalone consumer for log-end queries
+        self._partials_tail: Any = None  # the task of ``tail_partials``
+        self._partials_tail_started = 0.0
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
         self.crash_points = CrashPoints.from_env()
@@ -348,8 +350,74 @@ class StreamShell:
             log.info("topic=%s partition=%d: nothing delivered for %.0fs, read %d message(s) directly",
                      topic, partition, idle_s, read)
 
+    async def tail_partials(self) -> None:
+        """Feed stage 2 from a consumer of its own, beside Faust's.
+
+        Faust's one consumer serves both topics, and aiokafka sends no new fetch to a
+        broker while fetched records younger than ``prefetch_backoff`` (100 ms) wait
+        there: under load every partial queued behind the records topic, for up to
+        100 ms per fetch. This consumer follows only the owned partials partitions,
+        from each merger's checkpoint; whichever path delivers first applies, the
+        other finds the offsets at or below the checkpoint and skips them.
+        """
+        import asyncio
+
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        topic = self.settings.topics.partials
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.broker, group_id=None, enable_auto_commit=False,
+                                    fetch_max_wait_ms=200, **self._client_kwargs())
+        await consumer.start()
+        following: dict[int, Any] = {}  # partition -> the merger its position was set for
+        try:
+            while True:
+                app = self.app
+                owned = {} if app.consumer is None or app.rebalancing else {
+                    p: m for p, m in self.mergers.items() if p in self._assigned(topic)}
+                if owned.keys() != following.keys() or any(following[p] is not m for p, m in owned.items()):
+                    consumer.assign([TopicPartition(topic, p) for p in owned])
+                    for p, merger in owned.items():
+                        consumer.seek(TopicPartition(topic, p), merger.checkpoint + 1)
+                    following = dict(owned)
+                if not following:
+                    await asyncio.sleep(0.1)
+                    continue
+                epoch = self.epoch
+                fetched = await consumer.getmany(timeout_ms=200, max_records=500)
+                for tp, messages in fetched.items():
+                    merger = following.get(tp.partition)
+                    if merger is None or self.mergers.get(tp.partition) is not merger or epoch != self.epoch:
+                        continue
+                    fresh = [(m.offset, m.value) for m in messages if m.offset > merger.checkpoint]
+                    if not fresh:
+                        continue
+                    if fresh[0][0] != merger.checkpoint + 1:  # a gap: read from the checkpoint again
+                        consumer.seek(tp, merger.checkpoint + 1)
+                        continue
+                    self._last_progress[(topic, tp.partition)] = time.monotonic()
+                    await self._run_stage2(merger, tp.partition, fresh)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Faust's own delivery still feeds stage 2
+            log.warning("partials tail stopped (%r); stage 2 is fed by Faust's consumer alone until restart", exc)
+        finally:
+            await consumer.stop()
+
+    def start_partials_tail(self) -> None:
+        """Start the tail, or restart it at most every 5 s after it stopped on an error."""
+        import asyncio
+
+        task = self._partials_tail
+        if task is not None and (not task.done() or time.monotonic() - self._partials_tail_started < 5.0):
+            return
+        self._partials_tail_started = time.monotonic()
+        self._partials_tail = asyncio.get_running_loop().create_task(self.tail_partials(), name="partials-tail")
+
     async def close(self) -> None:
         """Stop what the shell owns besides Faust (restore tasks, the log-end consumer)."""
+        if self._partials_tail is not None:
+            self._partials_tail.cancel()
         for task in self._restoring.values():
             task.cancel()
         if self._end_offsets is not None:
@@ -424,6 +492,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.timer(settings.tick_s)
     async def tick() -> None:
+        shell.start_partials_tail()  # (re)started here: a task of the running app's loop
         shell.on_tick()
 
     @app.timer(1.0)
