@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from fractions import Fraction
 
-__all__ = ["grow", "merge_expansions", "expansion_value"]
+__all__ = ["grow", "merge_expansions", "expansion_value", "exact_sum"]
 
 
 def grow(parts: list[float], x: float) -> None:
@@ -41,3 +42,9 @@ def merge_expansions(expansions: Iterable[Iterable[float]]) -> list[float]:
 def expansion_value(parts: Iterable[float]) -> float:
     """The correctly rounded value of an expansion."""
     return math.fsum(parts)
+
+
+def exact_sum(parts: Iterable[float]) -> Fraction:
+    """The exact rational value of an expansion: equal for every expansion of the
+    same sum, whatever order its terms were grown in (for identity, not output)."""
+    return sum(map(Fraction, parts), Fraction(0))

@@ -41,6 +41,7 @@ from specmeter.schemas import (
 
 from ._counters import WorkerCounters
 from ._delta import BatchStatus, Checkpoint, decode_checkpoint, decode_delta, decode_status, encode_state
+from ._exact import exact_sum
 from ._state import BatchState
 
 __all__ = ["PartitionProcessor", "Effects", "state_key_prefix"]
@@ -101,8 +102,12 @@ class _Batch:
 
 
 def _digest(partial: PartialAggregate) -> bytes:
-    """Identity of a partial's content, revision and close time aside."""
-    body = msgspec.structs.replace(partial, revision=0, closed_at_ms=0)
+    """Identity of a partial's content, revision and close time aside. The ratio
+    sums count by their exact value: their expansion terms depend on the order the
+    samples were folded in, which differs between a live and a restored state."""
+    body = msgspec.structs.replace(partial, revision=0, closed_at_ms=0,
+                                   accept_ratio_parts=[str(exact_sum(partial.accept_ratio_parts))],
+                                   length_ratio_parts=[str(exact_sum(partial.length_ratio_parts))])
     return hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
 
 

@@ -5,6 +5,12 @@ Faust agents and the offline ``aggregate`` command drive exactly this class.
 
 Memory is proportional to distinct generations and occurrences, never to
 records: a redelivery changes a counter and nothing else.
+
+Two forms of a generation's entry: the common one (no state hash, no histogram,
+counters below 2^20 (completion 2^24), one occurrence so far) is one packed int
+holding the four counters and the occurrence's sample; anything else is a wide
+6-tuple with its occurrences in a set. A packed entry widens the moment a second
+occurrence or a different value arrives, so both forms mean exactly the same.
 """
 
 from __future__ import annotations
@@ -34,6 +40,18 @@ class _Conflict:
 
 
 CONFLICT: Final = _Conflict()
+
+# Packed entry layout (an int): four counters stored as value + 1 (0: unknown) in
+# 20/20/20/24 bits, then the slot of the occurrence's sample (0: sample_id None).
+_C20: Final = (1 << 20) - 1
+_C24: Final = (1 << 24) - 1
+_SLOTS: Final = (1 << 20) - 1
+_COUNTERS_MASK: Final = (1 << 84) - 1
+
+
+def _unpack(packed: int) -> tuple[int | None, int | None, int | None, int | None]:
+    a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
+    return (a - 1 if a else None, p - 1 if p else None, v - 1 if v else None, c - 1 if c else None)
 
 
 class Outcome(enum.Enum):
@@ -73,6 +91,9 @@ class BatchState:
         "batch_id",
         "_values",
         "_occurrences",
+        "_packed",
+        "_samples",
+        "_sample_slot",
         "record_count",
         "invalid_record_count",
         "late_record_count",
@@ -90,7 +111,10 @@ class BatchState:
     def __init__(self, batch_id: str) -> None:
         self.batch_id = batch_id
         self._values: dict[tuple[str, str], Value | _Conflict] = {}
-        self._occurrences: set[tuple[str, str | None, str]] = set()
+        self._occurrences: set[tuple[str, str | None, str]] = set()  # of wide entries only
+        self._packed = 0  # entries in packed form (each one occurrence)
+        self._samples: list[str] = []  # slot k+1 -> sample_id
+        self._sample_slot: dict[str, int] = {}
         self.record_count = 0
         self.invalid_record_count = 0
         self.late_record_count = 0
@@ -130,6 +154,7 @@ class BatchState:
         journal_keys = self._journal_keys
         journal_occurrences = self._journal_occurrences
         received = self._received
+        slots = self._sample_slot
         aggregated = redelivered = conflicting = 0
         counters_seen = self._counters_seen
         producer, produced = None, 0
@@ -139,19 +164,49 @@ class BatchState:
                     received[producer] = received.get(producer, 0) + produced
                 producer, produced = r.producer_id, 0
             produced += 1
-            session, generation = r.session_id, r.generation_id
+            session, generation, sample = r.session_id, r.generation_id, r.sample_id
             key = (session, generation)
-            histogram = r.accept_histogram
-            value = (r.state_hash, r.accepted, r.proposed, r.verify, r.completion,
-                     tuple(histogram) if histogram is not None else None)
-            if not counters_seen and (value[1] is not None or value[2] is not None or value[3] is not None):
+            accepted, proposed, verify, completion = r.accepted, r.proposed, r.verify, r.completion
+            if not counters_seen and (accepted is not None or proposed is not None or verify is not None):
                 counters_seen = True
+            histogram = r.accept_histogram
+            # the packed form of this record, when it has one
+            packed = None
+            if r.state_hash is None and histogram is None:
+                slot = 0 if sample is None else slots.get(sample)
+                if slot is None and len(slots) < _SLOTS:
+                    self._samples.append(sample)  # type: ignore[arg-type]
+                    slot = slots[sample] = len(self._samples)  # type: ignore[index]
+                if slot is not None and (accepted is None or accepted < _C20) and (
+                        proposed is None or proposed < _C20) and (verify is None or verify < _C20) and (
+                        completion is None or completion < _C24):
+                    packed = ((0 if accepted is None else accepted + 1)
+                              | (0 if proposed is None else proposed + 1) << 20
+                              | (0 if verify is None else verify + 1) << 40
+                              | (0 if completion is None else completion + 1) << 60
+                              | slot << 84)
             known = values.get(key)
             if known is None:
-                values[key] = value
+                aggregated += 1
+                if packed is not None:
+                    values[key] = packed
+                    self._packed += 1
+                else:
+                    values[key] = (r.state_hash, accepted, proposed, verify, completion,
+                                   tuple(histogram) if histogram is not None else None)
+                    occurrences.add((session, sample, generation))
                 if journal_keys is not None:
                     journal_keys.add(key)
-            elif known is CONFLICT:
+                    journal_occurrences.append((session, sample, generation))  # type: ignore[union-attr]
+                continue
+            if known.__class__ is int:
+                if known == packed:
+                    redelivered += 1  # same value, same (only) occurrence
+                    continue
+                known = self._widen(key, known)
+            value = (r.state_hash, accepted, proposed, verify, completion,
+                     tuple(histogram) if histogram is not None else None)
+            if known is CONFLICT:
                 conflicting += 1
             elif known != value:
                 values[key] = CONFLICT
@@ -159,7 +214,7 @@ class BatchState:
                 conflicting += 1
                 if journal_keys is not None:
                     journal_keys.add(key)
-            occurrence = (session, r.sample_id, generation)
+            occurrence = (session, sample, generation)
             if occurrence in occurrences:
                 redelivered += 1
             else:
@@ -176,6 +231,34 @@ class BatchState:
             self.late_record_count += n
         self.conflicting_record_count += conflicting
         return aggregated, redelivered, conflicting
+
+    def _widen(self, key: tuple[str, str], packed: int) -> Value:
+        """Turn a packed entry into its wide form (value tuple, occurrence in the set)."""
+        accepted, proposed, verify, completion = _unpack(packed)
+        slot = packed >> 84
+        value = (None, accepted, proposed, verify, completion, None)
+        self._values[key] = value
+        self._occurrences.add((key[0], self._samples[slot - 1] if slot else None, key[1]))
+        self._packed -= 1
+        return value
+
+    def _all_occurrences(self) -> Iterable[tuple[str, str | None, str]]:
+        """Every occurrence: the one of each packed entry, then those in the set."""
+        if self._packed:
+            samples = self._samples
+            for (session, generation), value in self._values.items():
+                if value.__class__ is int:
+                    slot = value >> 84  # type: ignore[operator]
+                    yield session, samples[slot - 1] if slot else None, generation
+        yield from self._occurrences
+
+    def _counter_values(self) -> Iterable[Value | _Conflict]:
+        """Every entry's value in wide form (packed ones unpacked on the fly)."""
+        for value in self._values.values():
+            if value.__class__ is int:
+                yield (None, *_unpack(value), None)  # type: ignore[arg-type]
+            else:
+                yield value
 
     def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
         """Count an invalid record attributed to this batch (every delivery counts)."""
@@ -221,6 +304,8 @@ class BatchState:
         entries = []
         for key in self._journal_keys:
             value = values[key]
+            if value.__class__ is int:
+                value = (None, *_unpack(value), None)  # type: ignore[arg-type]
             if value is CONFLICT:
                 entries.append((key[0], key[1], True, None, None, None, None, None, None))
             else:
@@ -254,6 +339,8 @@ class BatchState:
         for session, generation, conflict, *value in delta.entries:
             key = (session, generation)
             before = values.get(key)
+            if before.__class__ is int:
+                before = self._widen(key, before)  # type: ignore[arg-type]
             if conflict:
                 if before is not CONFLICT:
                     self._conflicts += 1
@@ -262,7 +349,11 @@ class BatchState:
                 state_hash, accepted, proposed, verify, completion, histogram = value
                 values[key] = (state_hash, accepted, proposed, verify, completion,
                                tuple(histogram) if histogram is not None else None)
-        self._occurrences.update(tuple(o) for o in delta.occurrences)
+        for session, sample, generation in delta.occurrences:
+            known = values.get((session, generation))
+            if known.__class__ is int:
+                self._widen((session, generation), known)  # type: ignore[arg-type]
+            self._occurrences.add((session, sample, generation))
         self.record_count += delta.record_count
         self.invalid_record_count += delta.invalid_record_count
         self.late_record_count += delta.late_record_count
@@ -301,7 +392,7 @@ class BatchState:
         totals = [0, 0, 0, 0]  # accepted, proposed, verify, completion
         paired = [0, 0, 0, 0, 0, 0]  # acc, prop, covered, completion, verify, covered
         histograms = []
-        for value in self._values.values():
+        for value in self._counter_values():
             if value is CONFLICT:
                 continue
             _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
@@ -331,7 +422,7 @@ class BatchState:
         # this partition's share is only worth folding when it has neither.
         if self._conflicts or self.invalid_record_count:
             sample_count = len({(s, sample) if sample is not None else (s, None, g)
-                                for s, sample, g in self._occurrences})
+                                for s, sample, g in self._all_occurrences()})
         else:
             samples = self._sample_folds()
             sample_count = len(samples)
@@ -358,7 +449,7 @@ class BatchState:
             expected_producers=self.expected_producers,
             speculative_algorithms=sorted(self._algorithms),
             counters_seen=self._counters_seen,
-            occurrence_count=len(self._occurrences),
+            occurrence_count=len(self._occurrences) + self._packed,
             unique_generation_count=len(self._values),
             conflicting_generation_count=self._conflicts,
             sample_count=sample_count,
@@ -384,10 +475,13 @@ class BatchState:
         distinct generations: a counter is known only if known for every one."""
         folds: dict[tuple, list[int | None]] = {}
         values = self._values
-        for session, sample, generation in self._occurrences:
+        for session, sample, generation in self._all_occurrences():
             sample_key = (session, sample) if sample is not None else (session, None, generation)
             value = values[(session, generation)]
-            counters = [None, None, None, None] if value is CONFLICT else list(value[1:5])  # type: ignore[index]
+            if value.__class__ is int:
+                counters: list[int | None] = list(_unpack(value))  # type: ignore[arg-type]
+            else:
+                counters = [None, None, None, None] if value is CONFLICT else list(value[1:5])  # type: ignore[index]
             fold = folds.get(sample_key)
             if fold is None:
                 folds[sample_key] = counters

@@ -18,7 +18,10 @@ from specmeter.streams import BatchState, batch_metrics_dict, build_batch_metric
 from .golden_cases import assert_metrics_equal
 from .reference import reference_metrics
 
-small_counter = st.one_of(st.none(), st.integers(0, 6))
+# small values collide often (redeliveries, conflicts); the edges of the packed
+# entry form (20-bit counters, 24-bit completion) and beyond force the wide form
+small_counter = st.one_of(st.none(), st.integers(0, 6),
+                          st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**40]))
 record_dicts = st.fixed_dictionaries(
     {
         "batch_id": st.just("b"),
@@ -133,8 +136,6 @@ def test_add_many_equals_add_one_by_one(dicts, chunk_sizes, late):
 @given(batches, st.integers(1, 6))
 def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
     """What stage 1 writes to its changelog rebuilds exactly what it had in memory."""
-    import msgspec
-
     from specmeter.streams._delta import decode_delta, encode_state
 
     records = _records(dicts)
@@ -149,4 +150,18 @@ def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
     rebuilt = BatchState("b")
     for delta in deltas:
         rebuilt.apply_delta(delta)
-    assert msgspec.structs.asdict(rebuilt.partial()) == msgspec.structs.asdict(live.partial())
+    assert _canonical(rebuilt.partial()) == _canonical(live.partial())
+
+
+def _canonical(partial) -> dict:
+    """A partial with its ratio sums as exact rationals: the expansion terms depend on
+    the order samples are folded in (live and restored states iterate differently),
+    their exact sum does not."""
+    import msgspec
+
+    from specmeter.streams._exact import exact_sum
+
+    out = msgspec.structs.asdict(partial)
+    out["accept_ratio_parts"] = exact_sum(partial.accept_ratio_parts)
+    out["length_ratio_parts"] = exact_sum(partial.length_ratio_parts)
+    return out
