@@ -97,7 +97,7 @@ def _topic_options(func):
 @click.option("--session-timeout", type=click.FloatRange(1), default=30.0, show_default=True, metavar="SECONDS",
               help="How long a silent worker keeps its partitions before others take them.")
 @click.option("--max-open-generations", type=click.IntRange(1), default=1_000_000, show_default=True,
-              metavar="N", help="Distinct generations one partition may hold (~300 B each); the batch that "
+              metavar="N", help="Distinct generations one partition may hold (130-300 B each); the batch that "
               "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.")
 @click.option("--max-message-bytes", type=click.IntRange(1024), default=8 * 1024 * 1024, show_default=True,
               metavar="BYTES", help="Larger input messages are dead-lettered as 'too_large'.")
