@@ -132,17 +132,21 @@ class PartitionProcessor:
         #: distinct generations held over all batches (open or within grace)
         self.open_generations = 0
         self._dropped: list[_Batch] = []
+        #: overflowed batches whose last partial is kept (re-sent on restore) until grace ends
+        self._overflow_partials: dict[str, int] = {}  # batch_id -> closed_at_ms
 
     # -- restore ------------------------------------------------------------------
     def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
         """Rebuild from the changelog entries of this partition (any order).
 
-        Returns the deletions of stale deltas (past the checkpoint or of expired batches).
+        Returns the deletions of stale deltas (past the checkpoint or of expired
+        batches) and the partials of closed batches, to send again.
         """
         prefix = state_key_prefix(self.partition)
         deltas = []
         statuses = {}
         overflow_partials: list[PartialAggregate] = []
+        effects = Effects()
         for key, value in entries:
             if not key.startswith(prefix) or value is None:
                 continue
@@ -158,8 +162,12 @@ class PartitionProcessor:
                 status = decode_status(value)
                 statuses[status.batch_id] = (key, status)
             elif kind == b"o":
-                overflow_partials.append(decode_partial(value))
-        effects = Effects()
+                partial = decode_partial(value)
+                if now_ms - partial.closed_at_ms >= self.grace_ms:
+                    effects.changelog.append((key, None))  # stage 2 has forgotten the batch too
+                else:
+                    overflow_partials.append(partial)
+                    self._overflow_partials[partial.batch_id] = partial.closed_at_ms
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
             if delta.last_offset > self.checkpoint or delta.batch_id in self.expired or delta.batch_id in self.overflowed:
                 effects.changelog.append((key, None))
@@ -180,7 +188,8 @@ class PartitionProcessor:
         # Send every closed batch's latest partial again: its status may be durable while
         # the partial itself was lost in a crash (stage 2 ignores a revision it has).
         for batch in self.batches.values():
-            if batch.closed and batch.revision >= 0:
+            # (past grace, stage 2 may have forgotten the batch: a repeat would publish it anew)
+            if batch.closed and batch.revision >= 0 and now_ms - batch.closed_at_ms < self.grace_ms:
                 partial = self._partial(batch, batch.revision)
                 if _digest(partial) == batch.partial_digest:
                     effects.partials.append(partial)
@@ -329,12 +338,12 @@ class PartitionProcessor:
         del self.batches[batch_id]
         self.open_generations -= batch.state.generation_count
         self.overflowed[batch_id] = None
-        # its last partial stays in the changelog (sent again on restore, like a status)
+        # its last partial stays in the changelog until grace ends (sent again on restore)
         effects.changelog.append((_overflow_key(self.partition, batch_id),
                                   encode_partial(self._partial(batch, batch.revision))))
+        self._overflow_partials[batch_id] = batch.closed_at_ms
         while len(self.overflowed) > EXPIRED_MEMORY:
-            forgotten, _ = self.overflowed.popitem(last=False)
-            effects.changelog.append((_overflow_key(self.partition, forgotten), None))
+            self.overflowed.popitem(last=False)
         self._dropped.append(batch)
 
     def _forget_state(self, batch: _Batch, effects: Effects) -> None:
@@ -404,6 +413,10 @@ class PartitionProcessor:
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
         effects = Effects()
+        for batch_id, closed_at_ms in list(self._overflow_partials.items()):
+            if now_ms - closed_at_ms >= self.grace_ms:
+                del self._overflow_partials[batch_id]
+                effects.changelog.append((_overflow_key(self.partition, batch_id), None))
         expired = []
         for batch in self.batches.values():
             if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:

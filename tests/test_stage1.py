@@ -164,6 +164,11 @@ def test_an_overflowed_batch_partial_is_sent_again_on_restore():
                                   max_open_generations=50)
     again = restored.restore([(k, v) for k, v in live.items() if v is not None], now_ms=2)
     assert again.partials == [partial] and partial.close_reason == "incomplete"
+    # after grace it is forgotten (stage 2 forgets the batch too): deleted, never sent again
+    forgotten = restored.tick(now_ms=2 + 60_000).changelog
+    (key,) = [k for k, v in forgotten if v is None and b"\x1fo\x1f" in k]
+    late = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=50)
+    assert not late.restore([(k, v) for k, v in live.items() if v is not None], now_ms=1 + 60_000).partials
 
 
 def test_a_too_large_message_is_dead_lettered_with_a_bounded_copy():
