@@ -132,6 +132,8 @@ class PartitionProcessor:
         #: distinct generations held over all batches (open or within grace)
         self.open_generations = 0
         self._dropped: list[_Batch] = []
+        #: status writes of the current call: they go after its checkpoint (see ``_flush_statuses``)
+        self._statuses: list[tuple[bytes, bytes]] = []
         #: overflowed batches whose last partial is kept (re-sent on restore) until grace ends
         self._overflow_partials: dict[str, int] = {}  # batch_id -> closed_at_ms
 
@@ -187,15 +189,21 @@ class PartitionProcessor:
         self.open_generations = sum(b.state.generation_count for b in self.batches.values())
         # Send every closed batch's latest partial again: its status may be durable while
         # the partial itself was lost in a crash (stage 2 ignores a revision it has).
+        # A status may also be older than the state (lost in a crash after the checkpoint):
+        # then close or emit now what the closing chunk would have.
         for batch in self.batches.values():
-            # (past grace, stage 2 may have forgotten the batch: a repeat would publish it anew)
-            if batch.closed and batch.revision >= 0 and now_ms - batch.closed_at_ms < self.grace_ms:
-                partial = self._partial(batch, batch.revision)
-                if _digest(partial) == batch.partial_digest:
-                    effects.partials.append(partial)
-                else:  # cannot happen unless the core changed between versions
-                    log.warning("partition=%d batch=%s: restored state does not reproduce revision %d",
-                                self.partition, batch.state.batch_id, batch.revision)
+            if not batch.closed:
+                if batch.state.markers_complete:
+                    self._close(batch, "markers", now_ms, effects)
+                continue
+            if now_ms - batch.closed_at_ms >= self.grace_ms:
+                continue  # stage 2 may have forgotten the batch: a repeat would publish it anew
+            partial = self._partial(batch, batch.revision)
+            if batch.revision >= 0 and _digest(partial) == batch.partial_digest:
+                effects.partials.append(partial)
+            else:
+                self._emit(batch, now_ms, effects)
+        self._flush_statuses(effects)
         effects.partials.extend(overflow_partials)
         log.info("partition=%d restored batches=%d checkpoint=%d stale_deltas=%d", self.partition,
                  len(self.batches), self.checkpoint, len(effects.changelog))
@@ -261,6 +269,7 @@ class PartitionProcessor:
                 self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
         self.checkpoint = last
         effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+        self._flush_statuses(effects)
         if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
             for batch in self._dropped:
                 self._forget_state(batch, effects)
@@ -402,9 +411,17 @@ class PartitionProcessor:
             return
         batch.revision += 1
         batch.partial_digest = digest
-        effects.changelog.append((_status_key(self.partition, batch.state.batch_id), encode_state(batch.status())))
+        self._statuses.append((_status_key(self.partition, batch.state.batch_id), encode_state(batch.status())))
         effects.partials.append(partial)
         self.counters.partials_emitted += 1
+
+    def _flush_statuses(self, effects: Effects) -> None:
+        """Append the statuses written by this call, after its checkpoint: a status can
+        then only be durable with the state it describes (same changelog partition, in
+        order). Were it durable without that checkpoint, a restore would hold a closed
+        batch whose closing chunk is replayed as late input, its partial never re-sent."""
+        effects.changelog.extend(self._statuses)
+        self._statuses.clear()
 
     def _partial(self, batch: _Batch, revision: int) -> PartialAggregate:
         return batch.state.partial(partition=self.partition, revision=revision,
@@ -435,6 +452,7 @@ class PartitionProcessor:
             effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
             for batch in expired:
                 self._forget_state(batch, effects)
+        self._flush_statuses(effects)
         return effects
 
     def _checkpoint_value(self) -> bytes:
