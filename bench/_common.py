@@ -23,19 +23,10 @@ def broker_address() -> str:
 
 
 def fresh_topic(bootstrap: str, prefix: str, partitions: int) -> str:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from specmeter.streams._topics import create_topic
 
     name = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
-
-    async def create() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create())
+    asyncio.run(create_topic(bootstrap, name, partitions))
     asyncio.run(_wait_for_leaders(bootstrap, name, partitions))
     return name
 

@@ -6,13 +6,26 @@ import logging
 
 from .settings import WorkerSettings
 
-__all__ = ["ensure_topics", "leader_topic", "TopicMismatch"]
+__all__ = ["ensure_topics", "create_topic", "leader_topic", "TopicMismatch"]
 
 log = logging.getLogger("specmeter.topics")
 
 
 class TopicMismatch(RuntimeError):
     """A topic exists with a partition count the worker cannot use."""
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int, *, replication_factor: int = 1,
+                       kafka: dict | None = None) -> None:
+    """Create one topic (for tools, tests and benchmarks; the worker uses ``ensure_topics``)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(kafka or {}))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)])
+    finally:
+        await admin.close()
 
 
 def leader_topic(app_id: str) -> str:

@@ -5,16 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from specmeter.streams._topics import create_topic
 
-async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-    finally:
-        await admin.close()
+__all__ = ["create_topic", "read_topic"]
 
 
 async def read_topic(bootstrap: str, topic: str, *, until: Any = None, timeout_s: float = 30.0,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,23 +15,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
 
 from .kafka_helpers import create_topic
-from .tools import find_tool
+from .tools import find_tool, free_port
 from .worker_harness import Deployment, latest_by_batch, publish_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def fed_worker(kafka_bootstrap):
     d = Deployment(kafka_bootstrap)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
-    port = _free_port()
+    port = free_port()
     worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")
     events = list(synthetic_fleet(FleetSpec(batches=2, sessions_per_batch=20, producers=2, seed=21,
                                             batch_prefix="obs-")))

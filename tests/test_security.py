@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +17,13 @@ from specmeter.schemas import decode_metrics
 
 from .kafka_broker import PrivateBroker, local_broker_tools_missing
 from .kafka_helpers import create_topic
+from .tools import free_port
 from .worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 PASSWORDS = {"admin": "admin-Secret-1", "worker": "worker-Secret-2", "producer": "producer-Secret-3",
              "reader": "reader-Secret-4"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _make_certs(folder: Path) -> None:
@@ -55,7 +49,7 @@ def secure_broker(tmp_path_factory):
         pytest.skip(missing)
     folder = tmp_path_factory.mktemp("secure-broker")
     _make_certs(folder)
-    port = _free_port()
+    port = free_port()
     users = " ".join(f'user_{name}="{password}"' for name, password in PASSWORDS.items())
     config = folder / "secure.properties"
     config.write_text("\n".join([
