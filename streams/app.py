@@ -451,6 +451,24 @@ class StreamShell:
                 self._apply_merge(merger.tick(_now_ms()), partition)
 
 
+def _table_manager() -> type:
+    """Faust's table manager without its start-up pause.
+
+    It sleeps 1 s before subscribing, for tables to register; specmeter keeps its
+    state outside Faust tables and registers its agents before the worker starts,
+    so the pause only delays the first rebalance (a tenth of a 1M-record run).
+    """
+    from faust.tables import TableManager
+
+    class TablelessManager(TableManager):
+        async def on_start(self) -> None:
+            if not self.should_stop:
+                await self._update_channels()
+                await self.recovery.start()
+
+    return TablelessManager
+
+
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     """A configured Faust app and its shell; nothing runs until a Worker starts it."""
     import faust
@@ -476,6 +494,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         datadir=settings.data_dir,
         autodiscover=False,
         topic_allow_declare=False,  # ensure_topics creates only what is missing (no Create right needed)
+        TableManager=_table_manager(),
         **settings.security.faust_kwargs(),
     )
     shell = StreamShell(app, settings)
