@@ -36,6 +36,11 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     markers: list[BatchMarker] = []
     algorithms: list[str] = []
     counters_seen: bool = False
+    #: generations first seen in this delta's chunk with one occurrence, no state
+    #: hash or histogram and small counters, five flat items each: session,
+    #: generation, sample, counters' low 64 bits and high bits (the packed layout
+    #: of ``_state``)
+    packed: list[str | int | None] = []
 
 
 class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):

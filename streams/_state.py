@@ -11,6 +11,7 @@ counters below 2^20 (completion 2^24), one occurrence so far) is one packed int
 holding the four counters and the occurrence's sample; anything else is a wide
 6-tuple with its occurrences in a set. A packed entry widens the moment a second
 occurrence or a different value arrives, so both forms mean exactly the same.
+(Histograms stay wide: packing them cost more CPU in the dedup than it saved.)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _C20: Final = (1 << 20) - 1
 _C24: Final = (1 << 24) - 1
 _SLOTS: Final = (1 << 20) - 1
 _COUNTERS_MASK: Final = (1 << 84) - 1
+_LO64: Final = (1 << 64) - 1
 
 
 def _unpack(packed: int) -> tuple[int | None, int | None, int | None, int | None]:
@@ -105,6 +107,7 @@ class BatchState:
         "_conflicts",
         "_journal_keys",
         "_journal_occurrences",
+        "_journal_new",
         "_journal_base",
     )
 
@@ -124,8 +127,11 @@ class BatchState:
         self._algorithms: set[str] = set()
         self._counters_seen = False
         self._conflicts = 0
+        #: changes since the last delta: keys of wide entries changed, occurrences of
+        #: wide entries added, and entries created packed (session, generation, sample, packed)
         self._journal_keys: set[tuple[str, str]] | None = None
         self._journal_occurrences: list[tuple[str, str | None, str]] | None = None
+        self._journal_new: list[tuple[str, str, str | None, int]] | None = None
         self._journal_base: tuple | None = None
 
     # -- input ----------------------------------------------------------------
@@ -153,9 +159,11 @@ class BatchState:
         occurrences = self._occurrences
         journal_keys = self._journal_keys
         journal_occurrences = self._journal_occurrences
+        journal_new = self._journal_new.append if self._journal_new is not None else None
         received = self._received
         slots = self._sample_slot
-        aggregated = redelivered = conflicting = 0
+        samples = self._samples
+        aggregated = redelivered = conflicting = packed_added = 0
         counters_seen = self._counters_seen
         producer, produced = None, 0
         for r in records:
@@ -173,39 +181,49 @@ class BatchState:
             # the packed form of this record, when it has one
             packed = None
             if r.state_hash is None and histogram is None:
-                slot = 0 if sample is None else slots.get(sample)
-                if slot is None and len(slots) < _SLOTS:
-                    self._samples.append(sample)  # type: ignore[arg-type]
-                    slot = slots[sample] = len(self._samples)  # type: ignore[index]
-                if slot is not None and (accepted is None or accepted < _C20) and (
-                        proposed is None or proposed < _C20) and (verify is None or verify < _C20) and (
-                        completion is None or completion < _C24):
-                    packed = ((0 if accepted is None else accepted + 1)
-                              | (0 if proposed is None else proposed + 1) << 20
-                              | (0 if verify is None else verify + 1) << 40
-                              | (0 if completion is None else completion + 1) << 60
-                              | slot << 84)
+                if sample is None:
+                    slot = 0
+                else:
+                    slot = slots.get(sample)
+                    if slot is None and len(samples) < _SLOTS:
+                        samples.append(sample)
+                        slot = slots[sample] = len(samples)
+                if slot is not None:
+                    a = 0 if accepted is None else accepted + 1
+                    p = 0 if proposed is None else proposed + 1
+                    v = 0 if verify is None else verify + 1
+                    c = 0 if completion is None else completion + 1
+                    if a <= _C20 and p <= _C20 and v <= _C20 and c <= _C24:
+                        packed = a | p << 20 | v << 40 | c << 60 | slot << 84
             known = values.get(key)
             if known is None:
                 aggregated += 1
                 if packed is not None:
                     values[key] = packed
-                    self._packed += 1
+                    packed_added += 1
+                    if journal_new is not None:
+                        journal_new((session, generation, sample, packed))
                 else:
                     values[key] = (r.state_hash, accepted, proposed, verify, completion,
-                                   tuple(histogram) if histogram is not None else None)
-                    occurrences.add((session, sample, generation))
-                if journal_keys is not None:
-                    journal_keys.add(key)
-                    journal_occurrences.append((session, sample, generation))  # type: ignore[union-attr]
+                                   None if histogram is None else tuple(histogram))
+                    occurrence = (session, sample, generation)
+                    occurrences.add(occurrence)
+                    if journal_keys is not None:
+                        journal_keys.add(key)
+                        journal_occurrences.append(occurrence)  # type: ignore[union-attr]
                 continue
             if known.__class__ is int:
                 if known == packed:
                     redelivered += 1  # same value, same (only) occurrence
                     continue
+                if journal_keys is not None:  # the wide form goes in the delta, with its first occurrence
+                    first_slot = known >> 84
+                    journal_keys.add(key)
+                    journal_occurrences.append(  # type: ignore[union-attr]
+                        (session, samples[first_slot - 1] if first_slot else None, generation))
                 known = self._widen(key, known)
             value = (r.state_hash, accepted, proposed, verify, completion,
-                     tuple(histogram) if histogram is not None else None)
+                     None if histogram is None else tuple(histogram))
             if known is CONFLICT:
                 conflicting += 1
             elif known != value:
@@ -222,6 +240,7 @@ class BatchState:
                 aggregated += 1
                 if journal_occurrences is not None:
                     journal_occurrences.append(occurrence)
+        self._packed += packed_added
         if producer is not None:
             received[producer] = received.get(producer, 0) + produced
         self._counters_seen = counters_seen
@@ -251,14 +270,6 @@ class BatchState:
                     slot = value >> 84  # type: ignore[operator]
                     yield session, samples[slot - 1] if slot else None, generation
         yield from self._occurrences
-
-    def _counter_values(self) -> Iterable[Value | _Conflict]:
-        """Every entry's value in wide form (packed ones unpacked on the fly)."""
-        for value in self._values.values():
-            if value.__class__ is int:
-                yield (None, *_unpack(value), None)  # type: ignore[arg-type]
-            else:
-                yield value
 
     def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
         """Count an invalid record attributed to this batch (every delivery counts)."""
@@ -290,22 +301,31 @@ class BatchState:
         """Begin recording changes, to be taken as deltas by ``take_delta``."""
         self._journal_keys = set()
         self._journal_occurrences = []
+        self._journal_new = []
         self._journal_base = self._counters()
 
     def take_delta(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> BatchDelta | None:
         """What changed since the last call (or ``start_journal``); None if nothing did."""
-        if self._journal_keys is None or self._journal_base is None or self._journal_occurrences is None:
+        journal_keys, journal_new = self._journal_keys, self._journal_new
+        if journal_keys is None or self._journal_base is None or self._journal_occurrences is None or journal_new is None:
             raise RuntimeError("take_delta() needs start_journal() first")
         base = self._journal_base
         now = self._counters()
-        if not self._journal_keys and not self._journal_occurrences and now == base:
+        if not journal_keys and not self._journal_occurrences and not journal_new and now == base:
             return None
+        # entries created packed and still packed: five flat items each (the counters
+        # split below 2^64 for msgpack); one widened since is in ``entries`` instead
+        packed: list[str | int | None] = []
+        extend = packed.extend
+        for session, generation, sample, value in journal_new:
+            if journal_keys and (session, generation) in journal_keys:
+                continue
+            counters = value & _COUNTERS_MASK
+            extend((session, generation, sample, counters & _LO64, counters >> 64))
         values = self._values
         entries = []
-        for key in self._journal_keys:
+        for key in journal_keys:
             value = values[key]
-            if value.__class__ is int:
-                value = (None, *_unpack(value), None)  # type: ignore[arg-type]
             if value is CONFLICT:
                 entries.append((key[0], key[1], True, None, None, None, None, None, None))
             else:
@@ -327,15 +347,21 @@ class BatchState:
             markers=markers,
             algorithms=sorted(now[6] - base[6]),
             counters_seen=now[7] and not base[7],
+            packed=packed,
         )
         self._journal_keys = set()
         self._journal_occurrences = []
+        self._journal_new = []
         self._journal_base = now
         return delta
 
     def apply_delta(self, delta: BatchDelta) -> None:
         """Replay one durable delta (restoring after a crash or a rebalance)."""
         values = self._values
+        flat = delta.packed
+        for i in range(0, len(flat), 5):
+            session, generation, sample, low, high = flat[i:i + 5]
+            self._restore_packed((session, generation), sample, low | high << 64)  # type: ignore[operator]
         for session, generation, conflict, *value in delta.entries:
             key = (session, generation)
             before = values.get(key)
@@ -367,6 +393,32 @@ class BatchState:
         if self._journal_keys is not None:
             self._journal_base = self._counters()
 
+    def _restore_packed(self, key: tuple[str, str], sample: str | None, counters: int) -> None:
+        """Install an entry a delta wrote in packed form (new when it was written)."""
+        values = self._values
+        known = values.get(key)
+        if known is None:
+            slot: int | None = 0
+            if sample is not None:
+                slot = self._sample_slot.get(sample)
+                if slot is None and len(self._samples) < _SLOTS:
+                    self._samples.append(sample)
+                    slot = self._sample_slot[sample] = len(self._samples)
+            if slot is not None:
+                values[key] = counters | slot << 84
+                self._packed += 1
+                return
+        # not new after all, or no slot left: the wide form, with add's conflict rule
+        if known.__class__ is int:
+            known = self._widen(key, known)  # type: ignore[arg-type]
+        value = (None, *_unpack(counters), None)
+        if known is None:
+            values[key] = value
+        elif known is not CONFLICT and known != value:
+            values[key] = CONFLICT
+            self._conflicts += 1
+        self._occurrences.add((key[0], sample, key[1]))
+
     # -- closing --------------------------------------------------------------
     @property
     def expected_producers(self) -> int:
@@ -388,51 +440,87 @@ class BatchState:
     def partial(
         self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
     ) -> PartialAggregate:
-        """This partition's sums for the batch; O(generations + occurrences)."""
-        totals = [0, 0, 0, 0]  # accepted, proposed, verify, completion
-        paired = [0, 0, 0, 0, 0, 0]  # acc, prop, covered, completion, verify, covered
+        """This partition's sums for the batch: one pass over the packed entries (read
+        straight from their bits), one over the wide ones, one over their occurrences."""
+        # counters below are kept as value + 1 (0: unknown), as packed
+        accepted_total = proposed_total = verify_total = completion_total = 0
+        paired_accepted = paired_proposed = accept_covered = 0
+        paired_completion = paired_verify = verify_covered = 0
         histograms = []
-        for value in self._counter_values():
-            if value is CONFLICT:
+        # The aliases are suppressed by any conflict or invalid record, anywhere;
+        # this partition's share is only worth folding when it has neither.
+        fold = not (self._conflicts or self.invalid_record_count)
+        #: per sample, its counters over its distinct generations (+1 form): a counter
+        #: is known only if known for every one of them
+        folds: dict[tuple, list[int]] = {}
+        samples = self._samples
+        for (session, generation), packed in self._values.items() if self._packed else ():
+            if packed.__class__ is not int:
+                continue  # wide or CONFLICT: below
+            a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
+            if a:
+                accepted_total += a - 1
+            if p:
+                proposed_total += p - 1
+            if v:
+                verify_total += v - 1
+            if c:
+                completion_total += c - 1
+            if a and p:
+                paired_accepted += a - 1
+                paired_proposed += p - 1
+                accept_covered += 1
+            if c and v:
+                paired_completion += c - 1
+                paired_verify += v - 1
+                verify_covered += 1
+            if fold:
+                slot = packed >> 84
+                _fold(folds, (session, samples[slot - 1]) if slot else (session, None, generation), a, p, v, c)
+        values = self._values
+        for value in values.values():
+            if value.__class__ is not tuple:  # packed (above) or CONFLICT
                 continue
             _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
             if accepted is not None:
-                totals[0] += accepted
+                accepted_total += accepted
             if proposed is not None:
-                totals[1] += proposed
+                proposed_total += proposed
             if verify is not None:
-                totals[2] += verify
+                verify_total += verify
             if completion is not None:
-                totals[3] += completion
+                completion_total += completion
             if accepted is not None and proposed is not None:
-                paired[0] += accepted
-                paired[1] += proposed
-                paired[2] += 1
+                paired_accepted += accepted
+                paired_proposed += proposed
+                accept_covered += 1
             if completion is not None and verify is not None:
-                paired[3] += completion
-                paired[4] += verify
-                paired[5] += 1
+                paired_completion += completion
+                paired_verify += verify
+                verify_covered += 1
             if hist is not None:
                 histograms.append(hist)
-        histogram = add_histograms(histograms)
         accept_parts: list[float] = []
         length_parts: list[float] = []
         accept_samples = length_samples = 0
-        # The aliases are suppressed by any conflict or invalid record, anywhere;
-        # this partition's share is only worth folding when it has neither.
-        if self._conflicts or self.invalid_record_count:
+        if fold:
+            for session, sample, generation in self._occurrences:
+                value = values[(session, generation)]
+                _, accepted, proposed, verify, completion, _ = value  # type: ignore[misc]
+                _fold(folds, (session, sample) if sample is not None else (session, None, generation),
+                      0 if accepted is None else accepted + 1, 0 if proposed is None else proposed + 1,
+                      0 if verify is None else verify + 1, 0 if completion is None else completion + 1)
+            sample_count = len(folds)
+            for a, p, v, c in folds.values():
+                if a and p > 1:
+                    accept_samples += 1
+                    grow(accept_parts, (a - 1) / (p - 1))
+                if c and v > 1:
+                    length_samples += 1
+                    grow(length_parts, (c - 1) / (v - 1))
+        else:
             sample_count = len({(s, sample) if sample is not None else (s, None, g)
                                 for s, sample, g in self._all_occurrences()})
-        else:
-            samples = self._sample_folds()
-            sample_count = len(samples)
-            for accepted, proposed, verify, completion in samples.values():
-                if accepted is not None and proposed:
-                    accept_samples += 1
-                    grow(accept_parts, accepted / proposed)
-                if completion is not None and verify:
-                    length_samples += 1
-                    grow(length_parts, completion / verify)
         markers = self._markers
         return PartialAggregate(
             batch_id=self.batch_id,
@@ -453,40 +541,35 @@ class BatchState:
             unique_generation_count=len(self._values),
             conflicting_generation_count=self._conflicts,
             sample_count=sample_count,
-            accepted_total=totals[0],
-            proposed_total=totals[1],
-            verify_total=totals[2],
-            completion_total=totals[3],
-            paired_accepted_total=paired[0],
-            paired_proposed_total=paired[1],
-            accept_covered_count=paired[2],
-            paired_completion_total=paired[3],
-            paired_verify_total=paired[4],
-            verify_covered_count=paired[5],
-            accept_histogram=histogram,
+            accepted_total=accepted_total,
+            proposed_total=proposed_total,
+            verify_total=verify_total,
+            completion_total=completion_total,
+            paired_accepted_total=paired_accepted,
+            paired_proposed_total=paired_proposed,
+            accept_covered_count=accept_covered,
+            paired_completion_total=paired_completion,
+            paired_verify_total=paired_verify,
+            verify_covered_count=verify_covered,
+            accept_histogram=add_histograms(histograms),
             accept_ratio_samples=accept_samples,
             accept_ratio_parts=[p for p in accept_parts if p],
             length_ratio_samples=length_samples,
             length_ratio_parts=[p for p in length_parts if p],
         )
 
-    def _sample_folds(self) -> dict[tuple, list[int | None]]:
-        """Per sample, ``[accepted, proposed, verify, completion]`` folded over its
-        distinct generations: a counter is known only if known for every one."""
-        folds: dict[tuple, list[int | None]] = {}
-        values = self._values
-        for session, sample, generation in self._all_occurrences():
-            sample_key = (session, sample) if sample is not None else (session, None, generation)
-            value = values[(session, generation)]
-            if value.__class__ is int:
-                counters: list[int | None] = list(_unpack(value))  # type: ignore[arg-type]
-            else:
-                counters = [None, None, None, None] if value is CONFLICT else list(value[1:5])  # type: ignore[index]
-            fold = folds.get(sample_key)
-            if fold is None:
-                folds[sample_key] = counters
-                continue
-            for i in range(4):
-                f, v = fold[i], counters[i]
-                fold[i] = None if f is None or v is None else f + v
-        return folds
+
+def _fold(folds: dict[tuple, list[int]], sample_key: tuple, a: int, p: int, v: int, c: int) -> None:
+    """Add one generation's counters (+1 form, 0: unknown) to its sample's fold."""
+    fold = folds.get(sample_key)
+    if fold is None:
+        folds[sample_key] = [a, p, v, c]
+        return
+    f = fold[0]
+    fold[0] = f + a - 1 if f and a else 0
+    f = fold[1]
+    fold[1] = f + p - 1 if f and p else 0
+    f = fold[2]
+    fold[2] = f + v - 1 if f and v else 0
+    f = fold[3]
+    fold[3] = f + c - 1 if f and c else 0
