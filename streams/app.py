@@ -146,6 +146,8 @@ class StreamShell:
                               chunk: int = 2000) -> int:
         """Read [checkpoint+1, end) of a partition directly and apply it, ``chunk``
         messages at a time (bounded memory); stops when the partition is not ours."""
+        import asyncio
+
         done = 0
         stage1 = topic == self.settings.topics.records
         while True:
@@ -155,12 +157,21 @@ class StreamShell:
             current = self.processors.get(partition) if stage1 else self.mergers.get(partition)
             if not self._owned(epoch, topic, partition) or current is not state:
                 return done
-            if messages:
+            # applied a chunk at a time, yielding between chunks: the producer sends
+            # each chunk's changelog while the next is processed
+            step = self.settings.chunk_messages
+            for i in range(0, len(messages), step):
+                piece = messages[i:i + step]
                 if stage1:
-                    await self._run_stage1(state, partition, messages)
+                    await self._run_stage1(state, partition, piece)
                 else:
-                    await self._run_stage2(state, partition, messages)
-                done += len(messages)
+                    await self._run_stage2(state, partition, piece)
+                done += len(piece)
+                self._last_progress[(topic, partition)] = time.monotonic()
+                await asyncio.sleep(0)
+                current = self.processors.get(partition) if stage1 else self.mergers.get(partition)
+                if not self._owned(epoch, topic, partition) or current is not state:
+                    return done
             self._last_progress[(topic, partition)] = time.monotonic()
             if end is None:
                 end = upto if len(messages) < chunk else None
@@ -487,6 +498,10 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         broker_commit_interval=settings.commit_interval_s,
         producer_acks=-1,
         producer_max_request_size=max(settings.max_message_bytes, 1_048_576) * 2,
+        # one batch per partition per request: at Faust's 16 KiB default every delta
+        # went to the broker alone, one round trip each, with partials and
+        # publications queued behind them
+        producer_max_batch_size=1_048_576,
         consumer_max_fetch_size=max(settings.max_message_bytes, 4_194_304),
         web_enabled=settings.web_enabled,
         web_host=settings.web_host,
