@@ -82,6 +82,11 @@ class StreamShell:
         per partition, flushed by Faust before it commits offsets or gives up partitions)."""
         log_topic.send_soon(key=key, value=value, partition=partition)
 
+    def _state_of(self, topic: str, partition: int) -> Any:
+        """The restored stage state of a records or partials partition (None: not yet)."""
+        states = self.processors if topic == self.settings.topics.records else self.mergers
+        return states.get(partition)
+
     def _owned(self, epoch: int, topic: str, partition: int) -> bool:
         return epoch == self.epoch and partition in self._assigned(topic)
 
@@ -150,12 +155,15 @@ class StreamShell:
 
         done = 0
         stage1 = topic == self.settings.topics.records
+
+        def still_ours() -> bool:
+            return self._owned(epoch, topic, partition) and self._state_of(topic, partition) is state
+
         while True:
             start = state.checkpoint + 1
             messages, upto = await read_range(self.settings.broker, topic, partition, start, end,
                                               kafka=self._client_kwargs(), max_messages=chunk)
-            current = self.processors.get(partition) if stage1 else self.mergers.get(partition)
-            if not self._owned(epoch, topic, partition) or current is not state:
+            if not still_ours():
                 return done
             # applied a chunk at a time, yielding between chunks: the producer sends
             # each chunk's changelog while the next is processed
@@ -169,8 +177,7 @@ class StreamShell:
                 done += len(piece)
                 self._last_progress[(topic, partition)] = time.monotonic()
                 await asyncio.sleep(0)
-                current = self.processors.get(partition) if stage1 else self.mergers.get(partition)
-                if not self._owned(epoch, topic, partition) or current is not state:
+                if not still_ours():
                     return done
             self._last_progress[(topic, partition)] = time.monotonic()
             if end is None:
@@ -286,7 +293,7 @@ class StreamShell:
         if not fresh:
             return []
         self.gap_fills += 1
-        state = self.processors.get(partition) if topic == self.settings.topics.records else self.mergers.get(partition)
+        state = self._state_of(topic, partition)
         read = await self._read_and_apply(topic, partition, state, fresh[-1][0] + 1, epoch)
         log.warning("partition=%d of %s skipped offsets after %d: read %d message(s) directly", partition, topic,
                     checkpoint, read)
