@@ -181,13 +181,7 @@ class BatchState:
             # the packed form of this record, when it has one
             packed = None
             if r.state_hash is None and histogram is None:
-                if sample is None:
-                    slot = 0
-                else:
-                    slot = slots.get(sample)
-                    if slot is None and len(samples) < _SLOTS:
-                        samples.append(sample)
-                        slot = slots[sample] = len(samples)
+                slot = 0 if sample is None else slots.get(sample) or self._new_slot(sample)
                 if slot is not None:
                     a = 0 if accepted is None else accepted + 1
                     p = 0 if proposed is None else proposed + 1
@@ -393,17 +387,20 @@ class BatchState:
         if self._journal_keys is not None:
             self._journal_base = self._counters()
 
+    def _new_slot(self, sample: str) -> int | None:
+        """Give a sample its slot (1-based) in packed entries; None once all are taken."""
+        if len(self._samples) >= _SLOTS:
+            return None
+        self._samples.append(sample)
+        slot = self._sample_slot[sample] = len(self._samples)
+        return slot
+
     def _restore_packed(self, key: tuple[str, str], sample: str | None, counters: int) -> None:
         """Install an entry a delta wrote in packed form (new when it was written)."""
         values = self._values
         known = values.get(key)
         if known is None:
-            slot: int | None = 0
-            if sample is not None:
-                slot = self._sample_slot.get(sample)
-                if slot is None and len(self._samples) < _SLOTS:
-                    self._samples.append(sample)
-                    slot = self._sample_slot[sample] = len(self._samples)
+            slot = 0 if sample is None else self._sample_slot.get(sample) or self._new_slot(sample)
             if slot is not None:
                 values[key] = counters | slot << 84
                 self._packed += 1
@@ -440,9 +437,8 @@ class BatchState:
     def partial(
         self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
     ) -> PartialAggregate:
-        """This partition's sums for the batch: one pass over the packed entries (read
-        straight from their bits), one over the wide ones, one over their occurrences."""
-        # counters below are kept as value + 1 (0: unknown), as packed
+        """This partition's sums for the batch: one pass over the entries (packed ones
+        read straight from their bits), one over the occurrences of wide ones."""
         accepted_total = proposed_total = verify_total = completion_total = 0
         paired_accepted = paired_proposed = accept_covered = 0
         paired_completion = paired_verify = verify_covered = 0
@@ -454,9 +450,33 @@ class BatchState:
         #: is known only if known for every one of them
         folds: dict[tuple, list[int]] = {}
         samples = self._samples
-        for (session, generation), packed in self._values.items() if self._packed else ():
-            if packed.__class__ is not int:
-                continue  # wide or CONFLICT: below
+        values = self._values
+        for (session, generation), value in values.items():
+            if value is CONFLICT:
+                continue
+            if value.__class__ is not int:
+                _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
+                if accepted is not None:
+                    accepted_total += accepted
+                if proposed is not None:
+                    proposed_total += proposed
+                if verify is not None:
+                    verify_total += verify
+                if completion is not None:
+                    completion_total += completion
+                if accepted is not None and proposed is not None:
+                    paired_accepted += accepted
+                    paired_proposed += proposed
+                    accept_covered += 1
+                if completion is not None and verify is not None:
+                    paired_completion += completion
+                    paired_verify += verify
+                    verify_covered += 1
+                if hist is not None:
+                    histograms.append(hist)
+                continue
+            # packed: counters stored as value + 1 (0: unknown)
+            packed = value
             a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
             if a:
                 accepted_total += a - 1
@@ -477,29 +497,6 @@ class BatchState:
             if fold:
                 slot = packed >> 84
                 _fold(folds, (session, samples[slot - 1]) if slot else (session, None, generation), a, p, v, c)
-        values = self._values
-        for value in values.values():
-            if value.__class__ is not tuple:  # packed (above) or CONFLICT
-                continue
-            _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
-            if accepted is not None:
-                accepted_total += accepted
-            if proposed is not None:
-                proposed_total += proposed
-            if verify is not None:
-                verify_total += verify
-            if completion is not None:
-                completion_total += completion
-            if accepted is not None and proposed is not None:
-                paired_accepted += accepted
-                paired_proposed += proposed
-                accept_covered += 1
-            if completion is not None and verify is not None:
-                paired_completion += completion
-                paired_verify += verify
-                verify_covered += 1
-            if hist is not None:
-                histograms.append(hist)
         accept_parts: list[float] = []
         length_parts: list[float] = []
         accept_samples = length_samples = 0
