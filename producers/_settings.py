@@ -24,6 +24,9 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
         bootstrap_servers: Kafka bootstrap address(es), comma-separated.
         topic: the records topic.
         producer_id: this worker's identity in markers; defaults to host-pid.
+        run_id: the training run (attempt) every record and marker belongs to;
+            None is the default run. A job restarted from a checkpoint gets a new
+            one, so its ``step-N`` never merges into the old attempt's.
         pack: pack records bound for one partition into one ``RecordBatch``
             message (default). ``False`` sends one keyed message per record.
         max_message_bytes: upper bound of one packed message.
@@ -43,6 +46,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     bootstrap_servers: str = "127.0.0.1:9092"
     topic: str = "specmeter.records"
     producer_id: str = msgspec.field(default_factory=default_producer_id)
+    run_id: str | None = None
     pack: bool = True
     max_message_bytes: int = 512 * 1024
     linger_ms: int = 20

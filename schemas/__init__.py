@@ -4,7 +4,7 @@ This package is the only thing both sides import. A change here is a wire
 format change: fields are only ever appended, with defaults.
 """
 
-from ._aggregates import PartialAggregate
+from ._aggregates import MAX_WEIGHT_VERSIONS, PartialAggregate, WeightVersionSums
 from ._codec import (
     DecodedMessage,
     InvalidRecord,
@@ -19,9 +19,9 @@ from ._codec import (
     encode_records_message,
     record_to_builtins,
 )
-from ._output import BatchMetrics, DeadLetter
+from ._output import BatchMetrics, DeadLetter, WeightVersionMetrics
 from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
-from ._types import MAX_COUNTER
+from ._types import MAX_BINS, MAX_COUNTER, MAX_ID
 
 #: Bumped on any incompatible change of the wire format (there has been none).
 WIRE_VERSION = 1
@@ -29,6 +29,11 @@ WIRE_VERSION = 1
 __all__ = [
     "WIRE_VERSION",
     "MAX_COUNTER",
+    "MAX_BINS",
+    "MAX_ID",
+    "MAX_WEIGHT_VERSIONS",
+    "WeightVersionSums",
+    "WeightVersionMetrics",
     "GenerationRecord",
     "RecordBatch",
     "BatchMarker",

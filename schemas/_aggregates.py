@@ -4,7 +4,29 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["PartialAggregate"]
+__all__ = ["PartialAggregate", "WeightVersionSums", "MAX_WEIGHT_VERSIONS"]
+
+#: More distinct known versions than this in one batch is no drift picture:
+#: ``by_weight_version`` is then null.
+MAX_WEIGHT_VERSIONS = 64
+
+
+class WeightVersionSums(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Sums over one partition's non-conflicting generations of one weight_version."""
+
+    weight_version: str | None
+    unique_generation_count: int = 0
+    accepted_total: int = 0
+    proposed_total: int = 0
+    verify_total: int = 0
+    completion_total: int = 0
+    paired_accepted_total: int = 0
+    paired_proposed_total: int = 0
+    accept_covered_count: int = 0
+    paired_completion_total: int = 0
+    paired_verify_total: int = 0
+    verify_covered_count: int = 0
+    accept_histogram: list[int] | None = None
 
 
 class PartialAggregate(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,3 +83,9 @@ class PartialAggregate(msgspec.Struct, frozen=True, kw_only=True):
     #: samples whose (completion, verify) fold is known with verify > 0.
     length_ratio_samples: int = 0
     length_ratio_parts: list[float] = []
+
+    run_id: str | None = None
+    #: per weight_version sums (null version included), sorted with null last; at
+    #: most ``MAX_WEIGHT_VERSIONS`` known versions, else empty and ``too_many_versions``
+    weight_versions: list[WeightVersionSums] = []
+    too_many_versions: bool = False

@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["BatchMetrics", "DeadLetter", "CloseReason"]
+__all__ = ["BatchMetrics", "DeadLetter", "CloseReason", "WeightVersionMetrics"]
 
 #: Why a batch (or a partition of it) was closed.
 CloseReason = str  # "markers" | "timeout" | "end_of_input" | "incomplete"
+
+
+class WeightVersionMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """One policy version's share of a batch (``BatchMetrics.by_weight_version``).
+
+    ``weight_version`` None is the generations whose version is unknown. The
+    entries' totals and paired totals add up exactly to the batch's.
+    """
+
+    weight_version: str | None
+    metrics: dict[str, int | float]
+    accept_histogram: list[int] | None
 
 
 class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """One batch's weighted speculative-decoding metrics, per revision.
 
     Published as JSON on the metrics topic keyed by ``batch_id``; a later
-    revision (late records) supersedes an earlier one.
+    revision (late records) supersedes an earlier one. A batch is
+    ``(run_id, batch_id)``: two runs never share one.
     """
 
     batch_id: str
@@ -32,6 +45,8 @@ class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
     accept_histogram: list[int] | None
     metrics: dict[str, int | float]
     speculative_algorithm: str | None = None
+    run_id: str | None = None
+    by_weight_version: list[WeightVersionMetrics] | None = None
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,3 +60,4 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     source_offset: int | None = None
     batch_id: str | None = None
     rejected_at: float = 0.0
+    run_id: str | None = None

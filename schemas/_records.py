@@ -31,6 +31,11 @@ class GenerationRecord(
     completion: Counter | None = None
     accept_histogram: Histogram | None = None
     producer_id: NonEmptyStr | None = None
+    #: the policy weights that generated it (SGLang's ``meta_info["weight_version"]``)
+    weight_version: NonEmptyStr | None = None
+    #: the training run (attempt) the batch belongs to; None is the default run.
+    #: Inside a ``RecordBatch`` that names a run, None means the envelope's run.
+    run_id: NonEmptyStr | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -47,12 +52,14 @@ class RecordBatch(msgspec.Struct, tag="batch", tag_field="type", frozen=True, kw
 
     records: list[GenerationRecord]
     producer_id: NonEmptyStr | None = None
+    #: the run of every record inside (a record naming another run is invalid)
+    run_id: NonEmptyStr | None = None
 
 
 class BatchMarker(
     msgspec.Struct, tag="marker", tag_field="type", frozen=True, kw_only=True, omit_defaults=True
 ):
-    """A producer's word that it has sent everything for ``batch_id``.
+    """A producer's word that it has sent everything for ``(run_id, batch_id)``.
 
     Sent to every partition of the records topic after the producer's records
     for the batch are acknowledged; ``records_sent`` counts what this producer
@@ -64,6 +71,8 @@ class BatchMarker(
     records_sent: Counter = 0
     speculative_algorithm: NonEmptyStr | None = None
     expected_producers: PositiveInt = 1
+    #: closes only this run's batch (None: the default run)
+    run_id: NonEmptyStr | None = None
 
 
 RecordsMessage = GenerationRecord | RecordBatch | BatchMarker
