@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 
 from ._topics import ensure_topics
 from .app import build_app
@@ -19,10 +20,15 @@ def run_worker(settings: WorkerSettings) -> None:
 
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     asyncio.run(ensure_topics(settings))
-    app, _ = build_app(settings)
+    app, shell = build_app(settings)
     _tune_gc()
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
+            print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
+            raise SystemExit(1)
 
 
 def _tune_gc() -> None:
