@@ -7,6 +7,7 @@ import gc
 import logging
 import sys
 
+from ._logging import bound_log_lines
 from ._topics import ensure_topics
 from .app import build_app
 from .settings import WorkerSettings
@@ -18,6 +19,7 @@ def run_worker(settings: WorkerSettings) -> None:
     """Create missing topics, then run the worker until SIGINT/SIGTERM."""
     import faust
 
+    bound_log_lines()
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)

@@ -235,3 +235,18 @@ def test_records_without_a_producer_count_under_their_envelope():
     metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0,
                                   partitions_expected=1)
     assert metrics.complete and metrics.missing_record_count == 0 and metrics.record_count == 5
+
+
+def test_log_lines_are_bounded(caplog):
+    import logging
+
+    from specmeter.streams._logging import MAX_LOG_CHARS, bound_log_lines
+
+    factory = logging.getLogRecordFactory()
+    bound_log_lines()
+    try:
+        logging.getLogger("faust.topics").warning("_on_published error message %s", "x" * 1_000_000)
+    finally:
+        logging.setLogRecordFactory(factory)
+    (record,) = caplog.records
+    assert len(record.getMessage()) < MAX_LOG_CHARS + 100
