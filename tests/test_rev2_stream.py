@@ -119,3 +119,32 @@ def test_limits_hold_at_ingress_and_every_output_is_bounded(deployment):
     log = deployment.log_tail(chars=10_000_000)
     assert "MessageSizeTooLarge" not in log and "Traceback" not in log
     assert len(log) < 200_000, f"the worker logged {len(log)} characters"
+
+
+def test_an_output_the_broker_refuses_stops_the_worker_with_a_clear_error(deployment):
+    """Never logged and skipped: the worker exits non-zero and says what to do."""
+    import subprocess
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def tiny_metrics_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(deployment.topics.metrics, num_partitions=1, replication_factor=1,
+                                                topic_configs={"max.message.bytes": "200"})])
+        finally:
+            await admin.close()
+
+    asyncio.run(tiny_metrics_topic())
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    asyncio.run(_send(deployment.bootstrap, deployment.topics.records,
+                      _records_of(None, "step-1", 4, accepted=1, partitions=deployment.partitions)))
+    try:
+        code = worker.wait(90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker kept running after a refused output:\n{deployment.log_tail()}")
+    log = deployment.log_tail()
+    assert code != 0, log
+    assert "specmeter worker: producing to" in log and "MessageSizeTooLarge" in log and "Operator action" in log
