@@ -11,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._layout import changelog_topics
+
 __all__ = ["changelog_topics", "read_changelog_partition"]
-
-
-def changelog_topics(app_id: str) -> tuple[str, str]:
-    """Names of the stage-1 and stage-2 state changelogs of an app."""
-    return f"{app_id}-stage1-state-changelog", f"{app_id}-stage2-state-changelog"
 
 
 async def _read(broker: str, topic: str, partition: int, start: int | None, end: int | None,

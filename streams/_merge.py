@@ -157,7 +157,7 @@ def _records_matched(partials: Iterable[PartialAggregate]) -> bool:
 
 
 def is_speculative(merged: PartialAggregate) -> bool:
-    """Gating (SPEC §3): a marker named an algorithm, or a valid record knew a speculative counter."""
+    """Gating (docs/contract.md §3): a marker named an algorithm, or a valid record knew a speculative counter."""
     return bool(merged.speculative_algorithms) or merged.counters_seen
 
 

@@ -22,7 +22,6 @@ whatever a producer floods in.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -43,23 +42,34 @@ from specmeter.schemas import (
 )
 
 from ._counters import WorkerCounters
-from ._delta import BatchStatus, Checkpoint, decode_checkpoint, decode_delta, decode_status, encode_state
+from ._layout import (
+    BatchKey,
+    BatchStatus,
+    Checkpoint,
+    batch_from_durable,
+    checkpoint_key,
+    content_digest,
+    decode_checkpoint,
+    decode_delta,
+    decode_status,
+    delta_key,
+    durable_batch,
+    encode_state,
+    overflow_key,
+    state_key_prefix,
+    status_key,
+)
 from ._exact import exact_sum
 from ._state import BatchState
 
-__all__ = ["PartitionProcessor", "Effects", "state_key_prefix", "BatchKey", "shorten"]
+__all__ = ["PartitionProcessor", "Effects", "shorten"]
 
 log = logging.getLogger("specmeter.stage1")
-_SEP = "\x1f"
 #: how many expired batch ids each partition remembers (to dead-letter late records)
 EXPIRED_MEMORY = 10_000
 #: a dead letter carries at most this much of the rejected message (brokers refuse
 #: messages over 1 MiB by default; base64 in JSON adds a third)
 DEAD_LETTER_RAW_LIMIT = 256 * 1024
-
-
-#: a batch's identity: (run_id, batch_id), run_id None for the default run
-BatchKey = tuple[str | None, str]
 
 
 def shorten(value: object, limit: int = 80) -> str:
@@ -71,45 +81,6 @@ def shorten(value: object, limit: int = 80) -> str:
 def _describe(key: BatchKey) -> str:
     run_id, batch_id = key
     return f"batch {shorten(batch_id)}" + ("" if run_id is None else f" of run {shorten(run_id)}")
-
-
-def state_key_prefix(partition: int) -> bytes:
-    return f"{partition}{_SEP}".encode()
-
-
-def _batch_part(kind: str, key: BatchKey) -> str:
-    """``kind`` and the batch in a changelog key: the default run as before runs existed;
-    a named run under the upper-case kind, its run_id length-prefixed (keys stay unique
-    whatever characters the ids hold)."""
-    run_id, batch_id = key
-    if run_id is None:
-        return f"{kind}{_SEP}{batch_id}"
-    return f"{kind.upper()}{_SEP}{len(run_id)}:{run_id}{batch_id}"
-
-
-def _delta_key(partition: int, key: BatchKey, last_offset: int) -> bytes:
-    return f"{partition}{_SEP}{_batch_part('d', key)}{_SEP}{last_offset:020d}".encode()
-
-
-def _status_key(partition: int, key: BatchKey) -> bytes:
-    return f"{partition}{_SEP}{_batch_part('s', key)}".encode()
-
-
-def _overflow_key(partition: int, key: BatchKey) -> bytes:
-    return f"{partition}{_SEP}{_batch_part('o', key)}".encode()
-
-
-def _durable(key: BatchKey) -> str | tuple[str, str]:
-    """A batch in the checkpoint's lists: its batch_id for the default run."""
-    return key[1] if key[0] is None else key  # type: ignore[return-value]
-
-
-def _from_durable(item: str | tuple[str, str] | list[str]) -> BatchKey:
-    return (None, item) if isinstance(item, str) else (item[0], item[1])
-
-
-def _checkpoint_key(partition: int) -> bytes:
-    return f"{partition}{_SEP}c".encode()
 
 
 @dataclass
@@ -149,7 +120,7 @@ def _digest(partial: PartialAggregate) -> bytes:
     body = msgspec.structs.replace(partial, revision=0, closed_at_ms=0,
                                    accept_ratio_parts=[str(exact_sum(partial.accept_ratio_parts))],
                                    length_ratio_parts=[str(exact_sum(partial.length_ratio_parts))])
-    return hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
+    return content_digest(body)
 
 
 class PartitionProcessor:
@@ -197,8 +168,8 @@ class PartitionProcessor:
             if kind == b"c":
                 checkpoint = decode_checkpoint(value)
                 self.checkpoint = checkpoint.offset
-                self.expired = OrderedDict.fromkeys(map(_from_durable, checkpoint.expired))
-                self.overflowed = OrderedDict.fromkeys(map(_from_durable, checkpoint.overflowed))
+                self.expired = OrderedDict.fromkeys(map(batch_from_durable, checkpoint.expired))
+                self.overflowed = OrderedDict.fromkeys(map(batch_from_durable, checkpoint.overflowed))
             elif kind == b"d":
                 deltas.append((key, decode_delta(value)))
             elif kind == b"s":
@@ -289,7 +260,7 @@ class PartitionProcessor:
         for batch_key, batch in touched.items():
             delta = batch.state.take_delta(first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms)
             if delta is not None:
-                key = _delta_key(self.partition, batch_key, last)
+                key = delta_key(self.partition, batch_key, last)
                 effects.changelog.append((key, encode_state(delta)))
                 batch.delta_keys.append(key)
             if not batch.closed and batch.state.markers_complete:
@@ -299,7 +270,7 @@ class PartitionProcessor:
                     batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
                 self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
         self.checkpoint = last
-        effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+        effects.changelog.append((checkpoint_key(self.partition), self._checkpoint_value()))
         self._flush_statuses(effects)
         if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
             for batch in self._dropped:
@@ -412,7 +383,7 @@ class PartitionProcessor:
         self.open_generations -= batch.state.generation_count
         self.overflowed[key] = None
         # its last partial stays in the changelog until grace ends (sent again on restore)
-        effects.changelog.append((_overflow_key(self.partition, key),
+        effects.changelog.append((overflow_key(self.partition, key),
                                   encode_partial(self._partial(batch, batch.revision))))
         self._overflow_partials[key] = batch.closed_at_ms
         while len(self.overflowed) > EXPIRED_MEMORY:
@@ -422,7 +393,7 @@ class PartitionProcessor:
     def _forget_state(self, batch: _Batch, effects: Effects) -> None:
         """Delete a dropped batch's deltas and status from the changelog."""
         effects.changelog.extend((key, None) for key in batch.delta_keys)
-        effects.changelog.append((_status_key(self.partition, batch.key), None))
+        effects.changelog.append((status_key(self.partition, batch.key), None))
 
     def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
                       effects: Effects) -> None:
@@ -485,7 +456,7 @@ class PartitionProcessor:
             return
         batch.revision += 1
         batch.partial_digest = digest
-        self._statuses.append((_status_key(self.partition, batch.key), encode_state(batch.status())))
+        self._statuses.append((status_key(self.partition, batch.key), encode_state(batch.status())))
         effects.partials.append(partial)
         self.counters.partials_emitted += 1
 
@@ -507,7 +478,7 @@ class PartitionProcessor:
         for key, closed_at_ms in list(self._overflow_partials.items()):
             if now_ms - closed_at_ms >= self.grace_ms:
                 del self._overflow_partials[key]
-                effects.changelog.append((_overflow_key(self.partition, key), None))
+                effects.changelog.append((overflow_key(self.partition, key), None))
         expired = []
         for batch in self.batches.values():
             if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:
@@ -523,12 +494,12 @@ class PartitionProcessor:
             while len(self.expired) > EXPIRED_MEMORY:
                 self.expired.popitem(last=False)
             # checkpoint (with the expired ids) first: deltas left behind by a crash are then known stale
-            effects.changelog.append((_checkpoint_key(self.partition), self._checkpoint_value()))
+            effects.changelog.append((checkpoint_key(self.partition), self._checkpoint_value()))
             for batch in expired:
                 self._forget_state(batch, effects)
         self._flush_statuses(effects)
         return effects
 
     def _checkpoint_value(self) -> bytes:
-        return encode_state(Checkpoint(offset=self.checkpoint, expired=[_durable(k) for k in self.expired],
-                                       overflowed=[_durable(k) for k in self.overflowed]))
+        return encode_state(Checkpoint(offset=self.checkpoint, expired=[durable_batch(k) for k in self.expired],
+                                       overflowed=[durable_batch(k) for k in self.overflowed]))

@@ -8,7 +8,6 @@ only if the content changed, so replays after a crash publish nothing new.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,52 +17,30 @@ import msgspec
 from specmeter.schemas import BatchMetrics, PartialAggregate
 
 from ._counters import WorkerCounters
+from ._layout import (
+    BatchKey,
+    MergeEntry,
+    Stage2Checkpoint,
+    content_digest,
+    decode_merge_entry,
+    decode_stage2_checkpoint,
+    encode_state,
+    merge_key,
+    merge_key_prefixes,
+    stage2_checkpoint_key,
+)
 from ._merge import build_batch_metrics
-from ._stage1 import BatchKey, shorten
+from ._stage1 import shorten
 
-__all__ = ["BatchMerger", "MergeEffects", "MergeEntry"]
+__all__ = ["BatchMerger", "MergeEffects"]
 
 log = logging.getLogger("specmeter.stage2")
-_SEP = "\x1f"
-
-
-class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
-    """Durable stage-2 state of one batch."""
-
-    batch_id: str
-    partials: dict[int, PartialAggregate] = {}
-    first_seen_ms: int = 0
-    last_change_ms: int = 0
-    published_revision: int = -1
-    published_digest: bytes = b""
-    run_id: str | None = None
-
-    @property
-    def key(self) -> BatchKey:
-        return (self.run_id, self.batch_id)
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(MergeEntry)
 
 
 @dataclass
 class MergeEffects:
     changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     published: list[BatchMetrics] = field(default_factory=list)
-
-
-def _key(partition: int, key: BatchKey) -> bytes:
-    """The default run's layout as before runs existed; a named run under ``M``, its
-    run_id length-prefixed."""
-    run_id, batch_id = key
-    if run_id is None:
-        return f"{partition}{_SEP}m{_SEP}{batch_id}".encode()
-    return f"{partition}{_SEP}M{_SEP}{len(run_id)}:{run_id}{batch_id}".encode()
-
-
-def _checkpoint_key(partition: int) -> bytes:
-    return f"{partition}{_SEP}k".encode()
 
 
 class BatchMerger:
@@ -84,15 +61,15 @@ class BatchMerger:
         """Rebuild from the changelog; returns each batch's latest publication, to send
         again: the state that says it was published may be durable while the
         publication itself was lost in a crash (the repeat is identical)."""
-        prefixes = (f"{self.partition}{_SEP}m{_SEP}".encode(), f"{self.partition}{_SEP}M{_SEP}".encode())
-        checkpoint_key = _checkpoint_key(self.partition)
+        prefixes = merge_key_prefixes(self.partition)
+        checkpoint_key = stage2_checkpoint_key(self.partition)
         for key, value in entries:
             if value is None:
                 continue
             if key == checkpoint_key:
-                self.checkpoint = int(value)
+                self.checkpoint = decode_stage2_checkpoint(value).offset
             elif key.startswith(prefixes):
-                entry = _decoder.decode(value)
+                entry = decode_merge_entry(value)
                 self.entries[entry.key] = entry
         log.info("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         republish = []
@@ -119,7 +96,8 @@ class BatchMerger:
             last = offset
         if last is not None:
             self.checkpoint = last
-            effects.changelog.append((_checkpoint_key(self.partition), str(last).encode()))
+            effects.changelog.append((stage2_checkpoint_key(self.partition),
+                                      encode_state(Stage2Checkpoint(offset=last))))
         return effects
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
@@ -136,7 +114,7 @@ class BatchMerger:
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
             self._publish(entry, effects)
-        effects.changelog.append((_key(self.partition, key), _encoder.encode(entry)))
+        effects.changelog.append((merge_key(self.partition, key), encode_state(entry)))
         return effects
 
     def tick(self, now_ms: int) -> MergeEffects:
@@ -144,10 +122,10 @@ class BatchMerger:
         for entry in list(self.entries.values()):
             if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
                 self._publish(entry, effects)
-                effects.changelog.append((_key(self.partition, entry.key), _encoder.encode(entry)))
+                effects.changelog.append((merge_key(self.partition, entry.key), encode_state(entry)))
             elif entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms:
                 del self.entries[entry.key]
-                effects.changelog.append((_key(self.partition, entry.key), None))
+                effects.changelog.append((merge_key(self.partition, entry.key), None))
         return effects
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:
@@ -176,4 +154,4 @@ class BatchMerger:
             partitions_expected=self.partitions_expected,
         )
         body = msgspec.structs.replace(metrics, revision=0)
-        return metrics, hashlib.blake2b(msgspec.msgpack.encode(body), digest_size=16).digest()
+        return metrics, content_digest(body)

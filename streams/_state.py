@@ -22,7 +22,7 @@ from typing import Final
 
 from specmeter.schemas import MAX_WEIGHT_VERSIONS, BatchMarker, GenerationRecord, PartialAggregate, WeightVersionSums
 
-from ._delta import BatchDelta
+from ._layout import BatchDelta
 from ._exact import grow
 
 __all__ = ["BatchState", "Outcome", "add_histograms"]

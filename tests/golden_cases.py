@@ -1,4 +1,4 @@
-"""Loading and comparing the golden cases (tests/golden/cases.json, SPEC §5)."""
+"""Loading and comparing the golden cases (tests/golden/cases.json, docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def assert_by_weight_version_equal(actual: list[dict[str, Any]] | None, expected
 
 
 def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:
-    """Same key set; ints exactly and as ints; floats within rel 1e-12 (SPEC §5)."""
+    """Same key set; ints exactly and as ints; floats within rel 1e-12 (docs/contract.md §5)."""
     assert set(actual) == set(expected), (
         f"{where}: keys differ: missing {sorted(set(expected) - set(actual))}, "
         f"extra {sorted(set(actual) - set(expected))}"

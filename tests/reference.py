@@ -1,6 +1,5 @@
-"""A deliberately naive, slow implementation of the metrics (docs/metrics.md; the
-team's SPEC.md §3 and §3.1), written from the text alone, to check the core
-against on random inputs."""
+"""A deliberately naive, slow implementation of the metrics (docs/contract.md §3
+and §3.1), written from the text alone, to check the core against on random inputs."""
 
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ def test_add_many_equals_add_one_by_one(dicts, chunk_sizes, late):
 @given(batches, st.integers(1, 6))
 def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
     """What stage 1 writes to its changelog rebuilds exactly what it had in memory."""
-    from specmeter.streams._delta import decode_delta, encode_state
+    from specmeter.streams._layout import decode_delta, encode_state
 
     records = _records(dicts)
     live = BatchState("b")
@@ -205,7 +205,7 @@ def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
 def test_deltas_written_before_weight_versions_still_restore(dicts, chunk):
     """A changelog from before weight versions (six-item entries, no packed_versioned)
     restores: a worker upgraded mid-run keeps its state."""
-    from specmeter.streams._delta import decode_delta, encode_state
+    from specmeter.streams._layout import decode_delta, encode_state
 
     records = [msgspec.structs.replace(r, weight_version=None) for r in _records(dicts)]
     live = BatchState("b")

@@ -148,6 +148,7 @@ def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEven
         assert got.invalid_record_count == want.invalid_record_count, batch_id
         assert got.complete and got.close_reason == "markers" and got.missing_record_count == 0, got
         assert got.partitions_reported == got.partitions_expected == partitions
+        assert got.run_id == want.run_id and got.by_weight_version == want.by_weight_version, batch_id
     assert_duplicates_identical(published)
 
 
@@ -171,21 +172,22 @@ def assert_duplicates_identical(published: list[BatchMetrics]) -> None:
 def assert_conserved(produced: int, published: list[BatchMetrics], letters: list) -> dict[str, int]:
     """Every produced record is counted once: in its batch's final ``record_count``
     (aggregated, redelivered, late within grace, invalid with a batch id) or in a
-    dead letter outside any batch count (undecodable, invalid without a batch id,
-    late after grace, overflow). Dead letters repeated after a crash count once.
+    dead letter outside any batch count (undecodable, invalid without a batch id, an
+    invalid marker, late after grace, overflow). Dead letters repeated after a crash
+    count once.
 
     Returns the breakdown, for messages."""
     unique = {}
     for letter in letters:
         unique.setdefault((letter.source_partition, letter.source_offset, letter.reason, letter.raw), letter)
     in_batches = sum(m.record_count for m in latest_by_batch(published).values())
-    outside = {"unbatched": 0, "late": 0, "overflow": 0}
+    outside = {"unbatched": 0, "invalid_markers": 0, "late": 0, "overflow": 0}
     for letter in unique.values():
         if letter.reason in ("late", "overflow"):
             decoded = decode_records_message(letter.raw)
             outside[letter.reason] += len(decoded.records)  # 0 for a marker
-        elif letter.batch_id is None and not _is_marker(letter.raw):  # an invalid marker is no record
-            outside["unbatched"] += 1
+        elif letter.batch_id is None:  # an invalid marker is counted in no batch, only here
+            outside["invalid_markers" if _is_marker(letter.raw) else "unbatched"] += 1
     breakdown = {"produced": produced, "in_batches": in_batches, **outside}
     assert in_batches + sum(outside.values()) == produced, f"records not conserved: {breakdown}"
     return breakdown

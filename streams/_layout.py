@@ -1,0 +1,236 @@
+"""Where the workers' state lives: changelog topics, their keys, their durable structs.
+
+Both stages keep their state in a compacted changelog topic of their own, one
+changelog partition per input partition. This module is the one place that
+says how: the topic names, every key format, and every struct written there.
+Fields of a durable struct are only appended (a worker upgraded mid-run restores
+what the old one wrote), and the default run keeps the key layout it had before
+runs existed.
+
+Stage 1 keys (per records partition P), ``\\x1f`` between parts:
+
+* ``P d <batch_id> <last offset, 20 digits>``: a ``BatchDelta``
+* ``P s <batch_id>``: the batch's ``BatchStatus``
+* ``P o <batch_id>``: an overflowed batch's last ``PartialAggregate`` (until grace ends)
+* ``P c``: the partition's ``Checkpoint``
+
+A batch of a named run uses the upper-case kind (``D``, ``S``, ``O``) and
+``<len(run_id)>:<run_id><batch_id>`` in place of the batch_id, so keys stay unique
+whatever characters ids hold. Stage 2 (per partials partition P): ``P m <batch_id>``
+(``P M ...`` for a named run) holds a ``MergeEntry``, ``P k`` the ``Stage2Checkpoint``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from specmeter.schemas import BatchMarker, PartialAggregate
+
+__all__ = [
+    "BatchKey",
+    "BatchDelta",
+    "BatchStatus",
+    "Checkpoint",
+    "MergeEntry",
+    "Stage2Checkpoint",
+    "changelog_topics",
+    "state_key_prefix",
+    "delta_key",
+    "status_key",
+    "overflow_key",
+    "checkpoint_key",
+    "merge_key",
+    "merge_key_prefixes",
+    "stage2_checkpoint_key",
+    "durable_batch",
+    "batch_from_durable",
+    "encode_state",
+    "decode_delta",
+    "decode_status",
+    "decode_checkpoint",
+    "decode_merge_entry",
+    "decode_stage2_checkpoint",
+    "content_digest",
+]
+
+#: a batch's identity: (run_id, batch_id), run_id None for the default run
+BatchKey = tuple[str | None, str]
+
+_SEP = "\x1f"
+
+
+def changelog_topics(app_id: str) -> tuple[str, str]:
+    """Names of the stage-1 and stage-2 state changelogs of an app."""
+    return f"{app_id}-stage1-state-changelog", f"{app_id}-stage2-state-changelog"
+
+
+# -- keys -------------------------------------------------------------------------------
+def _batch_part(kind: str, key: BatchKey) -> str:
+    run_id, batch_id = key
+    if run_id is None:
+        return f"{kind}{_SEP}{batch_id}"
+    return f"{kind.upper()}{_SEP}{len(run_id)}:{run_id}{batch_id}"
+
+
+def state_key_prefix(partition: int) -> bytes:
+    """Every stage-1 key of a records partition starts with this."""
+    return f"{partition}{_SEP}".encode()
+
+
+def delta_key(partition: int, key: BatchKey, last_offset: int) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('d', key)}{_SEP}{last_offset:020d}".encode()
+
+
+def status_key(partition: int, key: BatchKey) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('s', key)}".encode()
+
+
+def overflow_key(partition: int, key: BatchKey) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('o', key)}".encode()
+
+
+def checkpoint_key(partition: int) -> bytes:
+    return f"{partition}{_SEP}c".encode()
+
+
+def merge_key(partition: int, key: BatchKey) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('m', key)}".encode()
+
+
+def merge_key_prefixes(partition: int) -> tuple[bytes, bytes]:
+    """The prefixes of a partials partition's merge entries (default run, named runs)."""
+    return f"{partition}{_SEP}m{_SEP}".encode(), f"{partition}{_SEP}M{_SEP}".encode()
+
+
+def stage2_checkpoint_key(partition: int) -> bytes:
+    return f"{partition}{_SEP}k".encode()
+
+
+def durable_batch(key: BatchKey) -> str | tuple[str, str]:
+    """A batch in a checkpoint's lists: its batch_id for the default run."""
+    return key[1] if key[0] is None else (key[0], key[1])
+
+
+def batch_from_durable(item: str | tuple[str, str] | list[str]) -> BatchKey:
+    return (None, item) if isinstance(item, str) else (item[0], item[1])
+
+
+# -- stage 1 -------------------------------------------------------------------------------
+class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Changes of one batch on one partition from source offsets first..last (inclusive)."""
+
+    batch_id: str
+    first_offset: int
+    last_offset: int
+    last_input_ms: int
+    #: wide entries: [session_id, generation_id, conflict, state_hash, accepted, proposed,
+    #: verify, completion, histogram, weight_version] (deltas written before weight
+    #: versions existed lack the last item)
+    entries: list[tuple] = []
+    occurrences: list[tuple[str, str | None, str]] = []
+    record_count: int = 0
+    invalid_record_count: int = 0
+    late_record_count: int = 0
+    conflicting_record_count: int = 0
+    received: dict[str, int] = {}
+    markers: list[BatchMarker] = []
+    algorithms: list[str] = []
+    counters_seen: bool = False
+    #: generations first seen in this delta's chunk with one occurrence, no state
+    #: hash or histogram and small counters, five flat items each: session,
+    #: generation, sample, counters' low 64 bits and high bits (the packed layout
+    #: of ``_state``)
+    packed: list[str | int | None] = []
+    run_id: str | None = None
+    #: like ``packed`` for entries that name a weight_version: six items each, the
+    #: sixth the version
+    packed_versioned: list[str | int | None] = []
+
+
+class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Closing state of one batch on one partition (latest wins)."""
+
+    batch_id: str
+    closed: bool
+    close_reason: str | None = None
+    closed_at_ms: int = 0
+    revision: int = -1
+    partial_digest: bytes = b""
+    run_id: str | None = None
+
+
+class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """The last source offset whose effects are durable, and recently expired batches
+    (``overflowed``: those closed early at the open-generation limit). A batch of the
+    default run is its batch_id, one of a named run ``[run_id, batch_id]``."""
+
+    offset: int
+    expired: list[str | tuple[str, str]] = []
+    overflowed: list[str | tuple[str, str]] = []
+
+
+
+# -- stage 2 -------------------------------------------------------------------------------
+class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
+    """Durable stage-2 state of one batch."""
+
+    batch_id: str
+    partials: dict[int, PartialAggregate] = {}
+    first_seen_ms: int = 0
+    last_change_ms: int = 0
+    published_revision: int = -1
+    published_digest: bytes = b""
+    run_id: str | None = None
+
+    @property
+    def key(self) -> BatchKey:
+        return (self.run_id, self.batch_id)
+
+
+class Stage2Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """The last partials-topic offset whose effects are durable."""
+
+    offset: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_delta_decoder = msgspec.msgpack.Decoder(BatchDelta)
+_status_decoder = msgspec.msgpack.Decoder(BatchStatus)
+_checkpoint_decoder = msgspec.msgpack.Decoder(Checkpoint)
+_merge_entry_decoder = msgspec.msgpack.Decoder(MergeEntry)
+_stage2_checkpoint_decoder = msgspec.msgpack.Decoder(Stage2Checkpoint)
+
+
+def encode_state(obj: BatchDelta | BatchStatus | Checkpoint | MergeEntry | Stage2Checkpoint) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_delta(data: bytes) -> BatchDelta:
+    return _delta_decoder.decode(data)
+
+
+def decode_status(data: bytes) -> BatchStatus:
+    return _status_decoder.decode(data)
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    return _checkpoint_decoder.decode(data)
+
+
+def decode_merge_entry(data: bytes) -> MergeEntry:
+    return _merge_entry_decoder.decode(data)
+
+
+def decode_stage2_checkpoint(data: bytes) -> Stage2Checkpoint:
+    """Also reads the plain decimal offset written before the struct existed."""
+    if data.isdigit():
+        return Stage2Checkpoint(offset=int(data))
+    return _stage2_checkpoint_decoder.decode(data)
+
+
+def content_digest(obj: msgspec.Struct) -> bytes:
+    """Identity of an output's content (``BatchStatus.partial_digest``,
+    ``MergeEntry.published_digest``): equal content, equal digest."""
+    return hashlib.blake2b(msgspec.msgpack.encode(obj), digest_size=16).digest()
