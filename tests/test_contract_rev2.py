@@ -250,3 +250,24 @@ def test_log_lines_are_bounded(caplog):
         logging.setLogRecordFactory(factory)
     (record,) = caplog.records
     assert len(record.getMessage()) < MAX_LOG_CHARS + 100
+
+
+def test_the_largest_batch_metrics_the_limits_allow_fits_the_worker_topics():
+    """64 weight versions of 1024-character names, each with a 1024-bin histogram whose
+    sums are as large as a million generations at MAX_COUNTER make them: the message the
+    worker must publish passes Kafka's 1 MiB default but stays under what the topics it
+    creates accept (2 x --max-message-bytes, 16 MiB by default)."""
+    from specmeter.schemas import PartialAggregate, WeightVersionSums, encode_metrics
+
+    big = 1_000_000 * MAX_COUNTER
+    versions = [WeightVersionSums(weight_version=f"{i:02d}" + "v" * (MAX_ID - 2), unique_generation_count=15625,
+                                  accepted_total=big, proposed_total=big, paired_accepted_total=big,
+                                  paired_proposed_total=big, accept_covered_count=15625,
+                                  accept_histogram=[big] * MAX_BINS) for i in range(64)]
+    partial = PartialAggregate(batch_id="b" * MAX_ID, run_id="r" * MAX_ID, counters_seen=True,
+                               unique_generation_count=1_000_000, accepted_total=64 * big,
+                               accept_histogram=[64 * big] * MAX_BINS, weight_versions=versions)
+    metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0,
+                                  partitions_expected=1)
+    assert len(metrics.by_weight_version) == 64
+    assert 1_048_576 < len(encode_metrics(metrics)) < 2 * 8 * 1024 * 1024

@@ -148,3 +148,31 @@ def test_an_output_the_broker_refuses_stops_the_worker_with_a_clear_error(deploy
     log = deployment.log_tail()
     assert code != 0, log
     assert "specmeter worker: producing to" in log and "MessageSizeTooLarge" in log and "Operator action" in log
+
+
+def test_the_topics_the_worker_writes_accept_its_largest_outputs(deployment):
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from specmeter.streams._layout import changelog_topics
+
+    worker = deployment.start_worker()
+    deployment.wait_ready(worker)
+    t = deployment.topics
+    written = [t.partials, t.metrics, t.deadletter, *changelog_topics(deployment.name)]
+
+    async def limits() -> dict[str, str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
+        await admin.start()
+        try:
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in written])
+        finally:
+            await admin.close()
+        out = {}
+        for response in responses:
+            for _, _, _, name, configs in response.resources:
+                out.update({name: value for key, value, *_ in configs if key == "max.message.bytes"})
+        return out
+
+    assert asyncio.run(limits()) == {name: str(16 * 1024 * 1024) for name in written}
