@@ -96,7 +96,7 @@ def _table(results: list, offline: dict):
     for column in ("batch", "accept rate", "tokens/verify", "accept cov.", "verify cov.", "generations",
                    "samples", "conflicts", "invalid", "complete", "= offline", "drift"):
         table.add_column(column, justify="left" if column in ("batch", "drift") else "right",
-                         no_wrap=column == "drift", overflow="ellipsis")
+                         no_wrap=column in ("batch", "drift"), overflow="ellipsis")
     for m in results:
         x = m.metrics
         fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
@@ -105,7 +105,7 @@ def _table(results: list, offline: dict):
                       fmt(x.get("spec/unique_generation_count")), fmt(x.get("spec/sample_count")),
                       fmt(x.get("spec/conflicting_generation_count")), str(m.invalid_record_count),
                       "yes" if m.complete else "no", "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-                      drift_text(m.by_weight_version, 40))
+                      drift_text(m.by_weight_version, 32))
     return table
 
 
@@ -191,7 +191,7 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         else:
             out = Console()
             if not out.is_terminal:
-                out = Console(width=150)
+                out = Console(width=170)
             out.print(_table(results, expected))
         missing = set(expected) - set(latest)
         if missing:
