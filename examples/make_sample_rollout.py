@@ -4,7 +4,10 @@
 
 Three training steps of a 3-worker EAGLE3 fleet: branching trajectories with
 shared ancestors, 20 % redeliveries, a few conflicts, missing counters and
-invalid records, and each worker's end-of-batch marker.
+invalid records, and each worker's end-of-batch marker. Each step mixes the
+current policy version with up to three older ones (weight_version v<N>),
+and acceptance falls 10 % per version the policy is ahead of the draft model,
+so the per-version breakdown shows drift.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import record_to_builtins
 
 encoder = msgspec.json.Encoder()
-for event in synthetic_fleet(FleetSpec(batches=3, sessions_per_batch=16, producers=3, seed=7,
-                                       conflict_rate=0.02, invalid_rate=0.01)):
+for event in synthetic_fleet(FleetSpec(batches=3, sessions_per_batch=16, producers=3, seed=3,
+                                       conflict_rate=0.02, invalid_rate=0.01, drift_per_version=0.1)):
     payload = event.payload if event.kind == "invalid" else record_to_builtins(event.payload)
     sys.stdout.buffer.write(encoder.encode(payload) + b"\n")

@@ -1,9 +1,11 @@
 """``specmeter replay``: publish a saved dump to Kafka as the fleet would have.
 
-Each ``producer_id`` found in the file gets its own publisher, so a marker
-line closes that producer's batch exactly as the protocol does (flush, wait
-for acknowledgements, marker with per-partition ``records_sent`` to every
-partition). Batches still open at the end of the file are closed then.
+Each ``producer_id`` (per run) found in the file gets its own publisher, so a
+marker line closes that producer's batch exactly as the protocol does (flush,
+wait for acknowledgements, marker with per-partition ``records_sent`` to every
+partition). Batches still open at the end of the file are closed then. A line
+that names no ``run_id`` belongs to ``settings.run_id``'s run; a batch is
+``(run_id, batch_id)``, so two runs' ``step-3`` are two batches.
 """
 
 from __future__ import annotations
@@ -48,18 +50,20 @@ async def replay_lines(
     on_line: Callable[[int], None] | None = None,
 ) -> ReplaySummary:
     """Publish every line; ``rate`` paces records per second. Returns what was sent."""
-    publishers: dict[str, Publisher] = {}
-    batch_producers: dict[str, set[str]] = defaultdict(set)
-    algorithms: dict[str, str] = {}
+    publishers: dict[tuple[str, str | None], Publisher] = {}
+    batch_producers: dict[tuple[str | None, str], set[str]] = defaultdict(set)
+    algorithms: dict[tuple[str | None, str], str] = {}
     summary = ReplaySummary()
     started = time.monotonic()
+    default_run = settings.run_id
 
-    async def publisher_for(producer_id: str) -> Publisher:
-        publisher = publishers.get(producer_id)
+    async def publisher_for(producer_id: str, run_id: str | None) -> Publisher:
+        publisher = publishers.get((producer_id, run_id))
         if publisher is None:
             if len(publishers) >= MAX_PRODUCERS:
-                raise RuntimeError(f"more than {MAX_PRODUCERS} producer_ids in the dump")
-            publisher = publishers[producer_id] = Publisher(msgspec.structs.replace(settings, producer_id=producer_id))
+                raise RuntimeError(f"more than {MAX_PRODUCERS} (producer_id, run_id) pairs in the dump")
+            publisher = publishers[(producer_id, run_id)] = Publisher(
+                msgspec.structs.replace(settings, producer_id=producer_id, run_id=run_id))
             await publisher.start()
         return publisher
 
@@ -72,32 +76,41 @@ async def replay_lines(
             item = parse_dump_line(line)
             if isinstance(item, GenerationRecord):
                 producer = item.producer_id or DEFAULT_PRODUCER
-                if item.producer_id is None:  # the replayer is its producer: markers must count it
-                    item = msgspec.structs.replace(item, producer_id=producer)
-                batch_producers[item.batch_id].add(producer)
-                await (await publisher_for(producer)).publish(item)
+                run = item.run_id or default_run
+                if item.producer_id is None or item.run_id != run:  # the replayer is its producer: markers
+                    item = msgspec.structs.replace(item, producer_id=producer, run_id=run)  # must count it
+                batch_producers[(run, item.batch_id)].add(producer)
+                await (await publisher_for(producer, run)).publish(item)
                 summary.records += 1
             elif isinstance(item, BatchMarker):
+                run = item.run_id or default_run
                 if item.speculative_algorithm:
-                    algorithms[item.batch_id] = item.speculative_algorithm
-                publisher = await publisher_for(item.producer_id)
+                    algorithms[(run, item.batch_id)] = item.speculative_algorithm
+                publisher = await publisher_for(item.producer_id, run)
                 await publisher.close_batch(item.batch_id, item.speculative_algorithm or speculative_algorithm,
                                             item.expected_producers)
                 summary.markers += 1
             else:
                 producer = item.producer_id or DEFAULT_PRODUCER
-                if item.batch_id:
-                    batch_producers[item.batch_id].add(producer)
                 obj = None
                 try:
                     obj = msgspec.json.decode(item.raw)
                 except msgspec.DecodeError:
                     pass
-                if isinstance(obj, dict) and not obj.get("producer_id"):
-                    obj["producer_id"] = producer
+                run = default_run
+                if isinstance(obj, dict):
+                    named = obj.get("run_id")
+                    if isinstance(named, str) and named:
+                        run = named
+                    elif named is None and default_run is not None:
+                        obj["run_id"] = default_run  # counted in the run it is replayed in
+                    if not obj.get("producer_id"):
+                        obj["producer_id"] = producer
+                if item.batch_id:
+                    batch_producers[(run, item.batch_id)].add(producer)
                 value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
                 session = obj.get("session_id") if isinstance(obj, dict) else None
-                (await publisher_for(producer)).publish_raw(
+                (await publisher_for(producer, run)).publish_raw(
                     value, session_id=session if isinstance(session, str) and session else None,
                     batch_id=item.batch_id)
                 summary.invalid += 1
@@ -105,14 +118,15 @@ async def replay_lines(
                 ahead = (summary.records + summary.invalid) / rate - (time.monotonic() - started)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
-        for producer_id, publisher in publishers.items():
+        for (_, run), publisher in publishers.items():
             for batch_id in publisher.open_batches():
-                expected = len(batch_producers.get(batch_id, ())) or 1
-                await publisher.close_batch(batch_id, algorithms.get(batch_id, speculative_algorithm), expected)
+                expected = len(batch_producers.get((run, batch_id), ())) or 1
+                await publisher.close_batch(batch_id, algorithms.get((run, batch_id), speculative_algorithm),
+                                            expected)
                 summary.batches_closed_at_end += 1
     finally:
         for publisher in publishers.values():
             await publisher.stop()
-    summary.producers = len(publishers)
+    summary.producers = len({producer for producer, _ in publishers})
     summary.seconds = time.monotonic() - started
     return summary

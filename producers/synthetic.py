@@ -4,6 +4,15 @@ Seeded and pure (no I/O): the same ``FleetSpec`` always gives the same events.
 Sessions branch into trajectories that share ancestor generations; counters
 follow a per-step acceptance model of each speculative algorithm; a share of
 records is redelivered, conflicting, missing counters or invalid.
+
+Policy drift, as asynchronous RL shows it: batch ``b`` is generated mostly by
+the current policy version (``v{first_version + b}``) and partly by up to
+``stale_versions`` older ones (each session by one version, the older the
+rarer). The draft model was trained against one policy version and is
+refreshed every ``draft_refresh_batches`` batches; a generation's per-draft
+acceptance falls by ``drift_per_version`` (relative) for every version its
+policy is ahead of the draft's. So within a batch the newer versions accept
+less, and over the batches acceptance saws down and back up at each refresh.
 """
 
 from __future__ import annotations
@@ -43,12 +52,42 @@ class FleetSpec:
     seed: int = 0
     batch_prefix: str = "step-"
     template_pool: int = 2048
+    #: older policy versions mixed into each batch besides the current one
+    stale_versions: int = 3
+    #: the draft model is retrained on the then-current policy every this many batches (0: never)
+    draft_refresh_batches: int = 8
+    #: relative drop of per-draft acceptance per version the policy is ahead of the draft
+    drift_per_version: float = 0.06
+    #: the policy version of batch 0 (versions are named ``v<N>``)
+    first_version: int = 10
+    #: the training run every record and marker names (None: the default run)
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm is not None and self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}: choose from {sorted(ALGORITHMS)} or None")
         if self.producers < 1 or self.batches < 0 or self.sessions_per_batch < 1:
             raise ValueError("producers and sessions_per_batch must be >= 1, batches >= 0")
+        if self.stale_versions < 0 or self.draft_refresh_batches < 0 or self.first_version < 0:
+            raise ValueError("stale_versions, draft_refresh_batches and first_version must be >= 0")
+        if not 0 <= self.drift_per_version < 1:
+            raise ValueError("drift_per_version must be in [0, 1)")
+        if self.run_id is not None and not self.run_id:
+            raise ValueError("run_id must be None or a non-empty string")
+
+    def policy_version(self, batch: int) -> int:
+        """The current policy version while batch ``batch`` is generated."""
+        return self.first_version + batch
+
+    def draft_version(self, batch: int) -> int:
+        """The policy version the draft model was last trained against, at batch ``batch``:
+        the version before the one current at its last refresh."""
+        refreshed = batch - batch % self.draft_refresh_batches if self.draft_refresh_batches else 0
+        return self.policy_version(refreshed) - 1
+
+    def staleness(self, version: int, batch: int) -> int:
+        """How many versions the policy ``version`` is ahead of the draft at batch ``batch``."""
+        return max(0, version - self.draft_version(batch))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +100,9 @@ class FleetEvent:
     payload: GenerationRecord | dict[str, Any] | BatchMarker
 
 
-def _templates(rng: random.Random, algorithm: str | None, n: int) -> list[tuple]:
-    """A pool of (accepted, proposed, verify, completion, histogram) from a per-step model."""
+def _templates(rng: random.Random, algorithm: str | None, n: int, factor: float = 1.0) -> list[tuple]:
+    """A pool of (accepted, proposed, verify, completion, histogram) from a per-step model;
+    ``factor`` scales the per-draft acceptance probability (policy drift)."""
     pool = []
     for _ in range(n):
         target = max(8, min(4096, int(rng.lognormvariate(5.3, 0.8))))
@@ -70,7 +110,7 @@ def _templates(rng: random.Random, algorithm: str | None, n: int) -> list[tuple]
             pool.append((None, None, None, target, None))
             continue
         drafts, (lo, hi) = ALGORITHMS[algorithm]
-        p = rng.uniform(lo, hi)
+        p = rng.uniform(lo, hi) * factor
         # P(k accepted) ~ p^k (1-p) for k < drafts, p^drafts for k = drafts
         weights = [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
         steps = max(1, round(target / sum((k + 1) * w for k, w in enumerate(weights))))
@@ -94,10 +134,37 @@ def _with_missing(rng: random.Random, value: tuple) -> tuple:
     return (accepted, proposed, None, None, histogram)  # verify/completion not reported
 
 
+class _Pools:
+    """Counter templates per staleness, each from its own seeded generator (so a pool
+    is the same whenever it is first needed)."""
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.pools: dict[int, list[tuple]] = {}
+
+    def __call__(self, staleness: int) -> list[tuple]:
+        pool = self.pools.get(staleness)
+        if pool is None:
+            s = self.spec
+            rng = random.Random(f"{s.seed}/{staleness}")
+            pool = self.pools[staleness] = _templates(rng, s.algorithm, s.template_pool,
+                                                      (1 - s.drift_per_version) ** staleness)
+        return pool
+
+
+def _session_version(rng: random.Random, spec: FleetSpec, batch: int) -> int:
+    """The policy version a session of ``batch`` ran on: the current one most often,
+    each older one half as often as the next newer."""
+    current = spec.policy_version(batch)
+    lags = range(min(spec.stale_versions, current) + 1)
+    return current - rng.choices(lags, weights=[2.0 ** -lag for lag in lags])[0]
+
+
 def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
     """Every event of the fleet, batch by batch, producers interleaved; markers close each batch."""
     rng = random.Random(spec.seed)
-    pool = _templates(rng, spec.algorithm, spec.template_pool)
+    pools = _Pools(spec)
+    run_id = spec.run_id
     producers = [f"worker-{i}" for i in range(spec.producers)]
     for b in range(spec.batches):
         batch_id = f"{spec.batch_prefix}{b:05d}"
@@ -106,6 +173,9 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
             producer = producers[s % spec.producers]
             session = f"{batch_id}/sess-{s:05d}"
             out = per_producer[producer]
+            version = _session_version(rng, spec, b)
+            weight_version = f"v{version}"
+            pool = pools(spec.staleness(version, b))
             samples = rng.randint(1, spec.max_samples_per_session)
             shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
             ancestors = [(f"{session}/gen-{j}", rng.choice(pool)) for j in range(shared)]
@@ -118,7 +188,7 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                         out.append(FleetEvent("invalid", producer, batch_id, {
                             "type": "record", "batch_id": batch_id, "session_id": session,
                             "generation_id": generation_id, "sample_id": sample_id, "accepted": -1,
-                            "producer_id": producer}))
+                            "producer_id": producer, "weight_version": weight_version, "run_id": run_id}))
                         continue
                     if rng.random() < spec.missing_rate:
                         value = _with_missing(rng, value)
@@ -126,7 +196,8 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                     record = GenerationRecord(
                         batch_id=batch_id, session_id=session, generation_id=generation_id, sample_id=sample_id,
                         accepted=accepted, proposed=proposed, verify=verify, completion=completion,
-                        accept_histogram=histogram, producer_id=producer)
+                        accept_histogram=histogram, producer_id=producer, weight_version=weight_version,
+                        run_id=run_id)
                     out.append(FleetEvent("record", producer, batch_id, record))
                     if rng.random() < spec.redelivery_rate:
                         again = record
@@ -135,7 +206,7 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                                 batch_id=batch_id, session_id=session, generation_id=generation_id,
                                 sample_id=sample_id, accepted=(accepted or 0) + 1, proposed=proposed,
                                 verify=verify, completion=completion, accept_histogram=histogram,
-                                producer_id=producer)
+                                producer_id=producer, weight_version=weight_version, run_id=run_id)
                         # a redelivery lands later in the same producer's stream
                         out.insert(rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again))
         # interleave producers as a fleet would
@@ -149,4 +220,4 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
             sent = sum(1 for _ in per_producer[producer])
             yield FleetEvent("marker", producer, batch_id, BatchMarker(
                 batch_id=batch_id, producer_id=producer, records_sent=sent,
-                speculative_algorithm=spec.algorithm, expected_producers=spec.producers))
+                speculative_algorithm=spec.algorithm, expected_producers=spec.producers, run_id=run_id))

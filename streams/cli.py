@@ -2,22 +2,200 @@
 
 Heavy imports (Faust, aiokafka, the producer) happen inside the commands that
 need them, so ``specmeter --help`` and ``specmeter aggregate`` stay fast.
+
+A command that cannot work (no broker, a port in use, a topic of another shape,
+bad security settings) ends with one or two lines on stderr that say what is
+wrong and which flag or environment variable to set: ``_explain`` is the one
+place that maps a failure to those lines; anything it does not know is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
 import click
 
-from specmeter.schemas import encode_metrics
+from specmeter.schemas import MAX_ID, encode_metrics
 
 from ._offline import LineError, OfflineAggregator
 
+#: the environment every command that talks to Kafka reads (producers/_security.py)
+KAFKA_ENV_HELP = """\b
+Environment (besides each flag's own variable, shown with the flag):
+  KAFKA_BOOTSTRAP_SERVERS    broker address(es), as --broker
+  KAFKA_SECURITY_PROTOCOL    PLAINTEXT (default), SSL, SASL_PLAINTEXT, SASL_SSL
+  KAFKA_SASL_MECHANISM       PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+  KAFKA_SASL_USERNAME        or KAFKA_SASL_USERNAME_FILE
+  KAFKA_SASL_PASSWORD        or KAFKA_SASL_PASSWORD_FILE
+  KAFKA_SSL_CAFILE           CA bundle that verifies the brokers (SSL, SASL_SSL)
+"""
+
+
+class CommandFailed(click.ClickException):
+    """What went wrong and, on a second line, what to set; no traceback."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str | None = None, command: str | None = None) -> None:
+        super().__init__(problem)
+        self.fix = fix
+        if command is None:
+            ctx = click.get_current_context(silent=True)
+            command = ctx.command_path if ctx is not None else "specmeter"
+        self.command = command
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"{self.command}: {self.message}", err=True)
+        if self.fix:
+            click.echo(f"  {self.fix}", err=True)
+
+
+def _reason(messages: list[str]) -> str:
+    """aiokafka's connection errors, as a person says them."""
+    text = " ".join(messages)
+    for needle, said in (("Connect call failed", "connection refused"), ("Connection refused", "connection refused"),
+                         ("Name or service not known", "unknown host"), ("nodename nor servname", "unknown host"),
+                         ("Temporary failure in name resolution", "unknown host"), ("timed out", "timed out"),
+                         ("TimeoutError", "timed out")):
+        if needle in text:
+            return said
+    last = messages[-1] if messages else "no answer"
+    return last if len(last) <= 160 else last[:157] + "..."
+
+
+def _env_naming(path: str | None) -> list[str]:
+    return [name for name, value in os.environ.items() if path and value == path and name.startswith("KAFKA_")]
+
+
+def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
+    from ._preflight import BadSecurity, BrokerUnreachable, PartitionMismatch, PortInUse, WebHostInvalid
+    from ._topics import TopicMismatch
+
+    broker = params.get("broker", "the broker")
+    set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
+    credentials = ("check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and "
+                   "KAFKA_SASL_MECHANISM")
+    if isinstance(exc, BadSecurity):
+        return str(exc), None
+    if isinstance(exc, BrokerUnreachable):
+        if exc.authentication_failed:
+            return f"the broker at {broker} refused authentication ({_reason(exc.reasons)})", credentials
+        if exc.tls_failed:
+            return (f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
+                    "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE")
+        return f"no Kafka broker answers at {broker} ({_reason(exc.reasons)})", set_broker
+    if isinstance(exc, PortInUse):
+        return (f"web port {exc.port} on {exc.host} is in use by another process",
+                "pass --web-port N (env SPECMETER_WORKER_WEB_PORT) or --no-web (env SPECMETER_WORKER_NO_WEB=1)")
+    if isinstance(exc, WebHostInvalid):
+        return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
+    if isinstance(exc, PartitionMismatch):
+        return str(exc), (f"start it with --partitions {exc.have} (env SPECMETER_WORKER_PARTITIONS={exc.have}): "
+                          "a topic's partition count is fixed, and the state topics must match it")
+    if isinstance(exc, TopicMismatch):
+        text = str(exc)
+        return text, None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions"
+    from aiokafka import errors as kafka
+
+    name = type(exc).__name__
+    if isinstance(exc, kafka.KafkaError) and "Authorization" in name:
+        return (f"the broker at {broker} denied this principal ({name}: {exc})",
+                "grant it the ACLs the README lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME")
+    if isinstance(exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError,
+                        kafka.UnsupportedSaslMechanismError)):
+        return f"the broker at {broker} refused authentication ({name}: {exc})", credentials
+    if isinstance(exc, kafka.KafkaConnectionError):
+        return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {set_broker}"
+    if isinstance(exc, kafka.KafkaTimeoutError):
+        return f"the broker at {broker} did not answer in time ({name})", f"check the broker; {set_broker}"
+    from specmeter.producers import PublisherError
+
+    if isinstance(exc, PublisherError):
+        return str(exc).splitlines()[0], None
+    if isinstance(exc, RuntimeError) and "has no partitions" in str(exc):
+        return (str(exc), f"or pass --topic NAME (env SPECMETER_{command.upper()}_TOPIC)")
+    if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
+        return (f"cannot read {exc.filename}: {exc.strerror}",
+                f"check {' and '.join(_env_naming(exc.filename))}")
+    import ssl
+
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS setup failed ({exc})", "check KAFKA_SSL_CAFILE (a PEM CA bundle) and KAFKA_SECURITY_PROTOCOL"
+    return None
+
+
+def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command; turn a failure ``_explain`` knows into ``CommandFailed``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        try:
+            return func(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            explained = None
+        except Exception as exc:  # noqa: BLE001 - mapped below, or raised again
+            explained = _explain(exc, ctx.info_name or "", ctx.params)
+            if explained is None:
+                raise
+        # raised outside the except block: no chained traceback keeps the failed clients alive
+        if explained is None:  # Ctrl-C: no traceback, the shell's exit status for SIGINT
+            ctx.exit(130)
+        raise CommandFailed(*explained, command=ctx.command_path)
+
+    return wrapper
+
+
+def _security() -> Any:
+    """KAFKA_* security from the environment, checked before anything connects."""
+    from specmeter.producers import KafkaSecurity
+
+    from ._preflight import check_security
+
+    security = KafkaSecurity.from_env()
+    check_security(security)
+    security.aiokafka_kwargs()  # reads KAFKA_SSL_CAFILE now, not in the middle of a run
+    return security
+
+
+def _preflight(broker: str, security: Any, topic_partitions: dict[str, int] | None = None) -> None:
+    import asyncio
+
+    from ._preflight import check_broker
+
+    asyncio.run(check_broker(broker, security, topic_partitions=topic_partitions))
+
+
+def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    click.echo(f"specmeter {of('specmeter')}")
+    click.echo(f"faust-streaming {of('faust-streaming')}, aiokafka {of('aiokafka')}, msgspec {of('msgspec')}, "
+               f"python {platform.python_version()}")
+    click.echo("native core: not built (pure-Python core)")
+    ctx.exit()
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
-@click.version_option(package_name="specmeter")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Show the versions of specmeter, Faust, aiokafka and msgspec, and exit.")
 def main() -> None:
     """specmeter: correct speculative-decoding metrics for RL rollout fleets.
 
@@ -69,10 +247,33 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, quiet: bool) -
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
 
 
+def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from .settings import bootstrap_servers
+
+    try:
+        return bootstrap_servers(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _broker_option(func):
     return click.option(
-        "--broker", "-b", envvar="KAFKA_BOOTSTRAP_SERVERS", default="127.0.0.1:9092", show_default=True,
-        show_envvar=True, help="Kafka bootstrap address(es), comma-separated.")(func)
+        "--broker", "--bootstrap", "-b", envvar="KAFKA_BOOTSTRAP_SERVERS", default="127.0.0.1:9092",
+        show_default=True, metavar="HOST:PORT", callback=_bootstrap,
+        help="Kafka bootstrap address(es), comma-separated; kafka://HOST:PORT (Faust's form) is accepted.")(func)
+
+
+def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not 0 < len(value) <= MAX_ID:
+        raise click.BadParameter(f"a run id is 1 to {MAX_ID} characters")
+    return value
+
+
+def _run_id_option(func):
+    return click.option(
+        "--run-id", envvar="SPECMETER_RUN_ID", default=None, metavar="ID", callback=_run_id,
+        help="The training run (attempt) the records belong to; a job restarted from a checkpoint gets a new one, "
+             "so its batches never merge into the old attempt's (default: none).")(func)
 
 
 def _topic_options(func):
@@ -83,7 +284,7 @@ def _topic_options(func):
     return func
 
 
-@main.command()
+@main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
 @_topic_options
 @click.option("--app-id", default="specmeter", show_default=True,
@@ -106,8 +307,9 @@ def _topic_options(func):
 @click.option("--web-host", default="0.0.0.0", show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
 @click.option("--data-dir", default="/tmp/specmeter-worker", show_default=True, help="Faust's local data folder.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default="info", show_default=True, help="Worker log level.")
+@_one_line_errors
 def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: str, deadletter_topic: str,
            app_id: str, partitions: int, batch_timeout: float, grace: float, session_timeout: float,
            max_open_generations: int, max_message_bytes: int, web_port: int, web_host: str, no_web: bool, data_dir: str, log_level: str) -> None:
@@ -118,50 +320,61 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
     after --batch-timeout, and publishes one BatchMetrics JSON message per
     batch and revision. Start more workers with the same --app-id to scale out
     (up to --partitions). Stop with Ctrl-C or SIGTERM.
+
+    Before starting it checks that the broker answers, that the records topic
+    (if it exists) has --partitions partitions and that the web port is free.
     """
-    from specmeter.producers import KafkaSecurity
-
+    from ._preflight import check_web_port
     from .settings import TopicNames, WorkerSettings
-    from .worker import run_worker
 
+    security = _security()
     settings = WorkerSettings(
         broker=broker, app_id=app_id, partitions=partitions, batch_timeout_s=batch_timeout, grace_s=grace,
         session_timeout_s=session_timeout, max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes, web_enabled=not no_web, web_port=web_port, web_host=web_host,
-        data_dir=data_dir, log_level=log_level, security=KafkaSecurity.from_env(),
+        data_dir=data_dir, log_level=log_level.lower(), security=security,
         topics=TopicNames(records=records_topic, partials=partials_topic, metrics=metrics_topic,
                           deadletter=deadletter_topic),
     )
+    _preflight(broker, security, {records_topic: partitions})
+    if not no_web:
+        check_web_port(web_host, web_port)
+    from .worker import run_worker
+
     run_worker(settings)
 
 
-@main.command()
+@main.command(epilog=KAFKA_ENV_HELP)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True), metavar="FILE.jsonl")
 @_broker_option
 @click.option("--topic", default="specmeter.records", show_default=True, help="The records topic.")
+@_run_id_option
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
               help="Pace the replay (default: as fast as the broker takes it).")
 @click.option("--speculative-algorithm", metavar="NAME", default=None,
               help="Name the algorithm in markers that the dump does not name one in.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def replay(file: str, broker: str, topic: str, rate: float | None, speculative_algorithm: str | None,
-           no_progress: bool) -> None:
+@_one_line_errors
+def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float | None,
+           speculative_algorithm: str | None, no_progress: bool) -> None:
     """Publish a saved rollout dump to Kafka, then close every batch it left open.
 
     Reads what `specmeter aggregate` reads: records, marker lines (sent as the
     protocol sends markers: after that producer's records are acknowledged, to
     every partition) and SGLang outputs. Invalid lines are published as they
-    are, so the worker counts them exactly as `aggregate` does.
+    are, so the worker counts them exactly as `aggregate` does. Lines that name
+    no run_id are published in --run-id's run.
     """
     import asyncio
-    import os
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from specmeter.producers import KafkaSecurity, PublisherSettings
+    from specmeter.producers import PublisherSettings
     from specmeter.producers._replay import replay_lines
 
-    settings = PublisherSettings(bootstrap_servers=broker, topic=topic, security=KafkaSecurity.from_env())
+    security = _security()
+    _preflight(broker, security)
+    settings = PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security)
     stream = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
     total = None if file == "-" else os.path.getsize(file)
     progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -176,54 +389,78 @@ def replay(file: str, broker: str, topic: str, rate: float | None, speculative_a
                f"open batch(es) at the end", err=True)
 
 
-@main.command()
+@main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
 @click.option("--topic", default="specmeter.records", show_default=True, help="The records topic.")
+@_run_id_option
 @click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
 @click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
-@click.option("--sessions-per-batch", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--sessions-per-batch", type=click.IntRange(1), default=200, show_default=True,
+              help="Agentic sessions per training step, spread over the producers.")
 @click.option("--max-samples-per-session", type=click.IntRange(1), default=3, show_default=True,
               help="Trajectories a session branches into (sharing ancestor generations).")
-@click.option("--max-turns", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--algorithm", type=click.Choice(["NGRAM", "EAGLE", "EAGLE3", "STANDALONE", "none"]),
-              default="EAGLE3", show_default=True, help="Counter model; 'none' sends completion-only records.")
-@click.option("--redelivery-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True)
-@click.option("--conflict-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True)
+@click.option("--max-turns", type=click.IntRange(1), default=4, show_default=True,
+              help="Generations per trajectory, shared ancestors included.")
+@click.option("--algorithm", type=click.Choice(["NGRAM", "EAGLE", "EAGLE3", "STANDALONE", "none"], case_sensitive=False),
+              default="EAGLE3", show_default=True, metavar="[NGRAM|EAGLE|EAGLE3|STANDALONE|none]",
+              help="Counter model (any case); 'none' sends completion-only records.")
+@click.option("--stale-versions", type=click.IntRange(0), default=3, show_default=True,
+              help="Older policy versions mixed into each batch besides the current one (0: on-policy).")
+@click.option("--draft-refresh", type=click.IntRange(0), default=8, show_default=True, metavar="BATCHES",
+              help="Retrain the draft model on the current policy every this many batches (0: never).")
+@click.option("--drift", type=click.FloatRange(0, 1, max_open=True), default=0.06, show_default=True,
+              help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.")
+@click.option("--redelivery-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+              help="Share of records delivered twice (deduplicated by the worker).")
+@click.option("--conflict-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="Share of records redelivered with different counters (conflicting generations).")
 @click.option("--missing-rate", type=click.FloatRange(0, 1), default=0.05, show_default=True,
               help="Share of generations with some counters unknown.")
-@click.option("--invalid-rate", type=click.FloatRange(0, 1), default=0.005, show_default=True)
+@click.option("--invalid-rate", type=click.FloatRange(0, 1), default=0.005, show_default=True,
+              help="Share of records that are invalid (a negative counter): dead-lettered and counted.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
               help="Target rate (default: as fast as the broker takes it).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same events.")
 @click.option("--expect", type=click.File("wb"), default=None, metavar="FILE",
               help="Write the BatchMetrics the offline core computes for the same events (JSON lines).")
 @click.option("--dump", type=click.File("wb"), default=None, metavar="FILE",
               help="Write the events as a JSON-lines dump instead of publishing them.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_batch: int,
-            max_samples_per_session: int, max_turns: int, algorithm: str, redelivery_rate: float,
-            conflict_rate: float, missing_rate: float, invalid_rate: float, rate: float | None, seed: int,
-            expect: IO[bytes] | None, dump: IO[bytes] | None, no_progress: bool) -> None:
+@_one_line_errors
+def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches: int, sessions_per_batch: int,
+            max_samples_per_session: int, max_turns: int, algorithm: str, stale_versions: int, draft_refresh: int,
+            drift: float, redelivery_rate: float, conflict_rate: float, missing_rate: float, invalid_rate: float,
+            rate: float | None, seed: int, expect: IO[bytes] | None, dump: IO[bytes] | None,
+            no_progress: bool) -> None:
     """Simulate a rollout fleet: publish synthetic records and batch markers.
 
     Sessions branch into trajectories that share ancestor generations; counters
     follow a per-step acceptance model of the algorithm; a share of records is
-    redelivered, conflicting, missing counters or invalid. Each simulated worker
-    closes its batches with markers. With --expect, the metrics the worker must
-    publish are written first, so a run can be checked end to end.
+    redelivered, conflicting, missing counters or invalid. Each batch mixes
+    the current policy version with older ones (weight_version v<N>), and
+    acceptance falls as the policy drifts away from the draft model's version,
+    back up at each draft refresh. Each simulated worker closes its batches
+    with markers. With --expect, the metrics the worker must publish are
+    written first, so a run can be checked end to end.
     """
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from specmeter.producers import KafkaSecurity, PublisherSettings
+    from specmeter.producers import PublisherSettings
     from specmeter.producers._loadgen import publish_fleet, write_dump, write_expected
     from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
 
     spec = FleetSpec(batches=batches, sessions_per_batch=sessions_per_batch, producers=producers,
                      max_samples_per_session=max_samples_per_session, max_turns=max_turns,
                      redelivery_rate=redelivery_rate, conflict_rate=conflict_rate, missing_rate=missing_rate,
-                     invalid_rate=invalid_rate, algorithm=None if algorithm == "none" else algorithm, seed=seed)
+                     invalid_rate=invalid_rate, algorithm=None if algorithm == "none" else algorithm, seed=seed,
+                     stale_versions=stale_versions, draft_refresh_batches=draft_refresh, drift_per_version=drift,
+                     run_id=run_id)
+    security = None
+    if dump is None:  # fail before writing --expect when the broker is not there
+        security = _security()
+        _preflight(broker, security)
     if expect is not None:
         n = write_expected(synthetic_fleet(spec), expect)
         click.echo(f"loadgen: expected metrics of {n} batch(es) written to {expect.name}", err=True)
@@ -240,32 +477,53 @@ def loadgen(broker: str, topic: str, producers: int, batches: int, sessions_per_
                 progress.advance(task)
 
         summary = asyncio.run(publish_fleet(synthetic_fleet(spec), PublisherSettings(
-            bootstrap_servers=broker, topic=topic, security=KafkaSecurity.from_env()), rate=rate,
+            bootstrap_servers=broker, topic=topic, run_id=run_id, security=security), rate=rate,
             on_event=on_event))
     click.echo(f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
                f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)", err=True)
 
 
-@main.command()
+@main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
 @click.option("--topic", default="specmeter.metrics", show_default=True, help="The metrics topic.")
 @click.option("--json", "as_json", is_flag=True, help="Print each BatchMetrics as a JSON line (for scripts).")
-@click.option("--from-beginning", is_flag=True, help="Start at the topic's first message, not its end.")
+@click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
+@click.option("--last", type=click.IntRange(0), default=10, show_default=True, metavar="N",
+              help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only "
+                   "new ones).")
 @click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
-@click.option("--max-messages", type=click.IntRange(1), default=None, help="Stop after this many messages.")
+@click.option("--max-messages", type=click.IntRange(1), default=None, metavar="N",
+              help="Stop after this many messages (those read back at start count).")
 @click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
-def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, rows: int, max_messages: int | None,
-         timeout: float | None) -> None:
-    """Follow the metrics topic: a live table of the latest batches, or JSON lines."""
-    from specmeter.producers import KafkaSecurity
+@_one_line_errors
+def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, last: int, rows: int,
+         max_messages: int | None, timeout: float | None) -> None:
+    """Follow the metrics topic: a live table of the latest batches, or JSON lines.
 
+    The table fits the terminal: per batch (run/batch when it names a run) the
+    accept rate, tokens per verify step, accept coverage, unique generations,
+    conflicting/invalid/late counts, how it closed, and the drift view: the
+    accept rate of each weight version (v7 .75 v8 .71), newest kept when they
+    do not all fit. Piped, it prints the final table once.
+    """
     from ._tail import run_tail
 
-    try:
-        run_tail(broker, topic, as_json=as_json, from_beginning=from_beginning, rows=rows,
-                 max_messages=max_messages, timeout_s=timeout, kafka=KafkaSecurity.from_env().aiokafka_kwargs())
-    except KeyboardInterrupt:
-        pass
+    security = _security()
+    _preflight(broker, security)
+    run_tail(broker, topic, as_json=as_json, from_beginning=from_beginning, last=last, rows=rows,
+             max_messages=max_messages, timeout_s=timeout, kafka=security.aiokafka_kwargs())
+
+
+def _show_envvars(group: click.Group) -> None:
+    """Every option's --help names the environment variable it reads (SPECMETER_<COMMAND>_<FLAG>
+    or the explicit one, e.g. KAFKA_BOOTSTRAP_SERVERS)."""
+    for command in group.commands.values():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                param.show_envvar = True
+
+
+_show_envvars(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,10 +4,11 @@ bundled sample rollout, printing the metrics it publishes.
     deploy/dev demo            (or: python -m specmeter.streams.demo --help)
 
 Steps: start the local KRaft broker (deploy/kafka/broker) unless
-KAFKA_BOOTSTRAP_SERVERS is set; start `specmeter worker` with a fresh app id;
-replay the sample dump as its three producers would; read the metrics topic
-until every batch is published; check the result against `specmeter
-aggregate` on the same file; stop the worker (and the broker it started).
+KAFKA_BOOTSTRAP_SERVERS is set; start `specmeter worker` with a fresh app id
+(its log path is printed on a line of its own); replay the sample dump as its
+three producers would; read the metrics topic until every batch is published;
+check the result against `specmeter aggregate` on the same file; stop the
+worker (and the broker it started); say what to try next.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
 def _start_broker(console) -> tuple[str, bool]:
+    from .settings import bootstrap_servers
+
     configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if configured:
-        return configured, False
+        try:
+            return bootstrap_servers(configured), False
+        except ValueError as exc:
+            raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
     if not BROKER.exists():
         raise click.ClickException(f"no {BROKER}: set KAFKA_BOOTSTRAP_SERVERS to a broker address")
     was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
@@ -41,6 +47,19 @@ def _start_broker(console) -> tuple[str, bool]:
     if proc.returncode != 0:
         raise click.ClickException(f"the local broker did not start:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1], not was_running
+
+
+def _check_broker(broker: str) -> None:
+    from specmeter.producers import KafkaSecurity
+
+    from ._preflight import BrokerUnreachable, check_broker
+
+    try:  # the demo's own clients use no security (it runs on a local broker)
+        asyncio.run(check_broker(broker, KafkaSecurity()))
+    except BrokerUnreachable as exc:
+        raise click.ClickException(f"no Kafka broker answers at {broker}: set KAFKA_BOOTSTRAP_SERVERS to a running "
+                                   "broker's HOST:PORT, or unset it to start the local one "
+                                   f"({'; '.join(exc.reasons)[:200]})") from None
 
 
 def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) -> dict:
@@ -70,10 +89,14 @@ def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) 
 def _table(results: list, offline: dict):
     from rich.table import Table
 
-    table = Table(title="specmeter: per-batch speculative decoding metrics (from the stream)")
+    from ._tail import drift_text
+
+    table = Table(title="specmeter: per-batch speculative decoding metrics (from the stream)",
+                  caption="drift: accept rate per weight version (policy drift away from the draft model)")
     for column in ("batch", "accept rate", "tokens/verify", "accept cov.", "verify cov.", "generations",
-                   "samples", "conflicts", "invalid", "complete", "= offline"):
-        table.add_column(column, justify="right" if column != "batch" else "left")
+                   "samples", "conflicts", "invalid", "complete", "= offline", "drift"):
+        table.add_column(column, justify="left" if column in ("batch", "drift") else "right",
+                         no_wrap=column in ("batch", "drift"), overflow="ellipsis")
     for m in results:
         x = m.metrics
         fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
@@ -81,8 +104,28 @@ def _table(results: list, offline: dict):
                       fmt(x.get("spec/accept_count_coverage")), fmt(x.get("spec/verify_count_coverage")),
                       fmt(x.get("spec/unique_generation_count")), fmt(x.get("spec/sample_count")),
                       fmt(x.get("spec/conflicting_generation_count")), str(m.invalid_record_count),
-                      "yes" if m.complete else "no", "yes" if offline.get(m.batch_id) == m.metrics else "NO")
+                      "yes" if m.complete else "no", "yes" if offline.get(m.batch_id) == m.metrics else "NO",
+                      drift_text(m.by_weight_version, 32))
     return table
+
+
+def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
+    """What to try after the demo, as lines to paste: the tools on the same broker,
+    a worker's HTTP side."""
+    lines = ["next (the commands are in .venv/bin; `source .venv/bin/activate` puts them on your PATH):"]
+    if not broker_running:
+        lines += ["  # the demo stopped the broker it started; bring it back (or run the demo with --keep-broker)",
+                  "  deploy/kafka/broker start"]
+    lines += [
+        "  # this demo's batches again, with the drift view (accept rate per weight version)",
+        f"  specmeter tail --broker {broker} --topic {metrics_topic} --from-beginning",
+        "  # a worker with its HTTP server, its Prometheus metrics, a synthetic fleet with policy drift, the live table",
+        f"  specmeter worker --broker {broker} --web-port 6066 &",
+        "  curl -s localhost:6066/metrics | grep '^specmeter_'",
+        f"  specmeter loadgen --broker {broker} --batches 20 --rate 5000",
+        f"  specmeter tail --broker {broker}",
+    ]
+    return "\n".join(lines)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,6 +149,7 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     console = Console(stderr=True)
     broker, started_broker = _start_broker(console)
     console.print(f"broker: [bold]{broker}[/]")
+    _check_broker(broker)
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     topics = TopicNames(records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics",
                         deadletter=f"{run}.deadletter")
@@ -117,15 +161,17 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
             topics.metrics, "--deadletter-topic", topics.deadletter, "--partitions", "4", "--batch-timeout", "20",
             "--session-timeout", "10", "--no-web", "--data-dir", tempfile.mkdtemp(prefix="specmeter-demo-")]
     worker = None
+    succeeded = False
+    click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
     try:
-        with log_path.open("wb") as log, console.status(f"starting the worker (log: {log_path})..."):
+        with log_path.open("wb") as log, console.status("starting the worker..."):
             worker = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 90
             while "Worker ready" not in log_path.read_text(errors="replace"):
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise click.ClickException(f"the worker did not start; its log:\n{log_path.read_text()[-3000:]}")
                 time.sleep(0.2)
-        console.print(f"worker: ready (app id [bold]{run}[/], log {log_path})")
+        console.print(f"worker: ready (app id [bold]{run}[/])")
         with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
             summary = asyncio.run(replay_lines(lines, PublisherSettings(bootstrap_servers=broker,
                                                                         topic=topics.records)))
@@ -145,7 +191,7 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         else:
             out = Console()
             if not out.is_terminal:
-                out = Console(width=150)
+                out = Console(width=170)
             out.print(_table(results, expected))
         missing = set(expected) - set(latest)
         if missing:
@@ -153,6 +199,7 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         if any(expected[m.batch_id] != m.metrics for m in results):
             raise click.ClickException("the stream disagrees with `specmeter aggregate` on the same dump")
         console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+        succeeded = True
     finally:
         if worker is not None and worker.poll() is None:
             os.killpg(worker.pid, signal.SIGTERM)
@@ -162,6 +209,8 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
                 os.killpg(worker.pid, signal.SIGKILL)
         if started_broker and not keep_broker:
             subprocess.run([str(BROKER), "stop"], capture_output=True)
+    if succeeded:
+        click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
 
 
 if __name__ == "__main__":

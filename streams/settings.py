@@ -6,7 +6,29 @@ import msgspec
 
 from specmeter.producers._security import KafkaSecurity
 
-__all__ = ["WorkerSettings", "TopicNames"]
+__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers"]
+
+
+def bootstrap_servers(value: str) -> str:
+    """``HOST:PORT[,HOST:PORT...]`` from what a person types: Faust's ``kafka://HOST:PORT``
+    form is accepted (every tool takes the address the worker's config uses).
+
+    Raises:
+        ValueError: an empty address, or a scheme other than ``kafka://``.
+    """
+    servers = []
+    for part in value.split(","):
+        part = part.strip()
+        scheme, sep, rest = part.partition("://")
+        if sep:
+            if scheme.lower() != "kafka":
+                raise ValueError(f"{part!r}: give HOST:PORT or kafka://HOST:PORT, not {scheme}://")
+            part = rest.strip().rstrip("/")
+        if part:
+            servers.append(part)
+    if not servers:
+        raise ValueError(f"{value!r} names no broker: give HOST:PORT (or kafka://HOST:PORT), comma-separated")
+    return ",".join(servers)
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):

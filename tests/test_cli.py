@@ -10,6 +10,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -76,3 +77,175 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
             "print(specmeter.streams.__file__)")
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith(str(site)), out.stdout
+
+
+# -- day-one polish ----------------------------------------------------------------
+
+KAFKA_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME",
+             "KAFKA_SASL_PASSWORD_FILE", "KAFKA_SSL_CAFILE")
+
+
+@pytest.mark.parametrize(("command", "own"), [
+    ("worker", ("SPECMETER_WORKER_PARTITIONS", "SPECMETER_WORKER_WEB_PORT", "SPECMETER_WORKER_APP_ID")),
+    ("replay", ("SPECMETER_RUN_ID", "SPECMETER_REPLAY_TOPIC")),
+    ("loadgen", ("SPECMETER_RUN_ID", "SPECMETER_LOADGEN_BATCHES", "SPECMETER_LOADGEN_SEED")),
+    ("tail", ("SPECMETER_TAIL_TOPIC", "SPECMETER_TAIL_LAST")),
+])
+def test_help_lists_the_environment_each_command_reads(command, own):
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=120)
+    assert result.exit_code == 0
+    for name in (*KAFKA_ENV, *own):
+        assert name in result.output, (command, name)
+
+
+def test_every_loadgen_option_explains_itself():
+    from specmeter.streams.cli import loadgen
+
+    undocumented = [p.name for p in loadgen.params if isinstance(p, click.Option) and not p.help]
+    assert not undocumented
+
+
+def test_loadgen_algorithm_is_case_insensitive(tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    result = CliRunner().invoke(main, ["loadgen", "--algorithm", "eagle3", "--batches", "1", "--sessions-per-batch",
+                                       "2", "--producers", "1", "--dump", str(dump)])
+    assert result.exit_code == 0, result.output
+    markers = [json.loads(line) for line in dump.read_text().splitlines() if '"marker"' in line]
+    assert markers and all(m["speculative_algorithm"] == "EAGLE3" for m in markers)
+    result = CliRunner().invoke(main, ["loadgen", "--algorithm", "Ngram", "--batches", "1", "--dump", str(dump)])
+    assert result.exit_code == 0 and '"speculative_algorithm":"NGRAM"' in dump.read_text()
+
+
+def test_version_names_the_stack():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].startswith("specmeter ")
+    for name in ("faust-streaming", "aiokafka", "msgspec"):
+        assert name in lines[1]
+    assert "native core: not built" in result.output
+
+
+class _Captured:
+    """Stands in for the Kafka side of a command: what settings it was given."""
+
+    def __init__(self):
+        self.settings = None
+
+    async def publish_fleet(self, events, settings, **kwargs):
+        from specmeter.producers._loadgen import LoadSummary
+
+        self.settings, self.events = settings, list(events)
+        return LoadSummary()
+
+    async def replay_lines(self, lines, settings, **kwargs):
+        from specmeter.producers._replay import ReplaySummary
+
+        self.settings = settings
+        return ReplaySummary()
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
+    import specmeter.producers._loadgen as loadgen_module
+    import specmeter.producers._replay as replay_module
+    import specmeter.streams.cli as cli
+
+    captured = _Captured()
+    monkeypatch.setattr(cli, "_preflight", lambda *a, **k: None)
+    monkeypatch.setattr(loadgen_module, "publish_fleet", captured.publish_fleet)
+    monkeypatch.setattr(replay_module, "replay_lines", captured.replay_lines)
+    args, env = (([], {"SPECMETER_RUN_ID": "run-42"}) if from_env else (["--run-id", "run-42"], {}))
+    result = CliRunner().invoke(main, ["loadgen", *args, "--batches", "1", "--sessions-per-batch", "2",
+                                       "--no-progress"], env=env)
+    assert result.exit_code == 0, result.output
+    assert captured.settings.run_id == "run-42"
+    assert {e.payload.run_id for e in captured.events if not isinstance(e.payload, dict)} == {"run-42"}
+    dump = tmp_path / "d.jsonl"
+    dump.write_text("")
+    result = CliRunner().invoke(main, ["replay", str(dump), *args, "--no-progress"], env=env)
+    assert result.exit_code == 0, result.output
+    assert captured.settings.run_id == "run-42"
+
+
+def test_run_id_must_be_a_real_id():
+    result = CliRunner().invoke(main, ["loadgen", "--run-id", "", "--dump", "-"])
+    assert result.exit_code == 2 and "run id" in result.output
+    result = CliRunner().invoke(main, ["loadgen", "--run-id", "r" * 1025, "--dump", "-"])
+    assert result.exit_code == 2
+
+
+def test_loadgen_dump_carries_the_run_and_weight_versions(tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    result = CliRunner().invoke(main, ["loadgen", "--run-id", "attempt-2", "--batches", "2", "--sessions-per-batch",
+                                       "10", "--dump", str(dump)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert all(line["run_id"] == "attempt-2" for line in lines)
+    records = [line for line in lines if line.get("type") == "record" and "weight_version" in line]
+    assert len({r["weight_version"] for r in records}) >= 2
+
+
+def test_dev_script_help_is_a_clean_usage_text():
+    proc = subprocess.run([str(REPO / "deploy" / "dev"), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: deploy/dev")
+    assert "deploy/dev demo" in proc.stdout and "deploy/dev test" in proc.stdout
+    for line in proc.stdout.splitlines():
+        assert not line.lstrip().startswith(("set -", "#")) and "REPO=" not in line, line
+    proc = subprocess.run([str(REPO / "deploy" / "dev"), "bogus"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "unknown command 'bogus'" in proc.stderr and "usage:" in proc.stderr
+
+
+def test_demo_says_what_to_try_next():
+    from specmeter.streams.demo import next_steps
+
+    text = next_steps("127.0.0.1:9092", "demo-1.metrics", broker_running=True)
+    assert "specmeter tail --broker 127.0.0.1:9092 --topic demo-1.metrics --from-beginning" in text
+    assert "--web-port 6066" in text and "curl -s localhost:6066/metrics" in text
+    assert "deploy/kafka/broker start" not in text
+    assert "deploy/kafka/broker start" in next_steps("127.0.0.1:9092", "m", broker_running=False)
+
+
+# -- against the real broker ------------------------------------------------------
+
+
+def _specmeter(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.mark.kafka
+def test_replay_publishes_lines_without_a_run_in_the_run_given(kafka_bootstrap, new_topic, tmp_path):
+    import asyncio
+
+    from specmeter.schemas import decode_records_message
+
+    from .kafka_helpers import read_topic
+
+    records = new_topic(partitions=2, prefix="replay-run")
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("\n".join(json.dumps(line) for line in [
+        {"batch_id": "b", "session_id": "s1", "generation_id": "g1", "accepted": 1, "proposed": 2},
+        {"batch_id": "b", "session_id": "s2", "generation_id": "g2", "accepted": 1, "proposed": 2,
+         "run_id": "named-in-the-dump"},
+    ]) + "\n")
+    proc = _specmeter("replay", str(dump), "--broker", kafka_bootstrap, "--topic", records, "--no-progress",
+                      env={"SPECMETER_RUN_ID": "attempt-2"})
+    assert proc.returncode == 0, proc.stderr
+    messages = asyncio.run(read_topic(kafka_bootstrap, records, idle_s=2.0, timeout_s=30))
+    runs = {(r.session_id, r.run_id) for m in messages for r in decode_records_message(m.value).records}
+    assert runs == {("s1", "attempt-2"), ("s2", "named-in-the-dump")}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
+    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"], capture_output=True,
+                          text=True, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (log_line,) = [line for line in proc.stderr.splitlines() if line.startswith("worker log: ")]
+    assert Path(log_line.removeprefix("worker log: ")).is_file()
+    assert "next (" in proc.stderr and f"specmeter tail --broker {kafka_bootstrap} --topic demo-" in proc.stderr
+    assert "curl -s localhost:6066/metrics" in proc.stderr
+    assert "every batch matches" in proc.stderr and "drift" in proc.stdout

@@ -1,0 +1,180 @@
+"""Checks the command-line tools run before they start anything.
+
+A broker that is not there, a web port in use or a records topic of another
+shape would otherwise surface as a traceback from deep inside aiokafka or Faust,
+after a progress bar or a worker banner was already on the screen. These checks
+raise small typed errors instead; ``cli.py`` turns each into one line that says
+what is wrong and what to set.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from specmeter.producers._security import KafkaSecurity
+
+from ._topics import TopicMismatch
+
+__all__ = ["BadSecurity", "BrokerUnreachable", "PartitionMismatch", "PortInUse", "WebHostInvalid", "check_broker", "check_security",
+           "check_web_port", "quiet_kafka_logs"]
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: what KafkaSecurity can drive: username and password (aiokafka's GSSAPI and
+#: OAUTHBEARER need a Kerberos setup or a token provider it does not pass)
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class BadSecurity(ValueError):
+    """The KAFKA_* security environment cannot work; the message names the variable."""
+
+
+class BrokerUnreachable(ConnectionError):
+    """No broker at ``broker`` completed a connection; ``reasons`` are aiokafka's, per address."""
+
+    def __init__(self, broker: str, reasons: list[str]) -> None:
+        super().__init__(f"no Kafka broker answers at {broker}")
+        self.broker = broker
+        self.reasons = reasons
+
+    @property
+    def authentication_failed(self) -> bool:
+        return any("Authentication" in r or "authentication" in r or "SASL" in r for r in self.reasons)
+
+    @property
+    def tls_failed(self) -> bool:
+        return any("SSL" in r or "certificate" in r or "TLS" in r for r in self.reasons)
+
+
+class PartitionMismatch(TopicMismatch):
+    """The records topic exists with ``have`` partitions; the worker was told ``want``."""
+
+    def __init__(self, topic: str, have: int, want: int) -> None:
+        super().__init__(f"topic {topic!r} has {have} partitions but the worker runs with --partitions {want}")
+        self.topic, self.have, self.want = topic, have, want
+
+
+class PortInUse(OSError):
+    """The worker's web port is taken by another process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(f"web port {port} on {host} is in use")
+        self.host, self.port = host, port
+
+
+class WebHostInvalid(OSError):
+    """The worker's web host is no address of this machine."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        super().__init__(f"cannot bind the web server to {host!r}: {reason}")
+        self.host = host
+
+
+def check_security(security: KafkaSecurity) -> None:
+    """Raise ``BadSecurity`` for settings aiokafka would reject (or silently misuse)."""
+    if security.protocol not in PROTOCOLS:
+        raise BadSecurity(f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
+                          f"{', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}")
+    mechanism = security.sasl_mechanism
+    if mechanism is not None and mechanism.upper() not in MECHANISMS:
+        raise BadSecurity(f"KAFKA_SASL_MECHANISM={mechanism!r} is not supported: set it to "
+                          f"{', '.join(MECHANISMS[:-1])} or {MECHANISMS[-1]}")
+    if mechanism is not None and "SASL" not in security.protocol:
+        raise BadSecurity(f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={security.protocol} "
+                          "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
+                          "KAFKA_SASL_MECHANISM")
+    if security.ssl_cafile is not None and not os.access(security.ssl_cafile, os.R_OK):
+        raise BadSecurity(f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
+                          "bundle that verifies the brokers")
+    if "SASL" in security.protocol and (not security.username or not security.password):
+        raise BadSecurity(f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
+                          "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)")
+
+
+class _Tap(logging.Handler):
+    """Keeps aiokafka's connection errors instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a bad log call must not hide the real error
+            pass
+
+
+@contextmanager
+def quiet_kafka_logs() -> Iterator[list[str]]:
+    """aiokafka's log lines while the block runs, collected instead of printed."""
+    logger = logging.getLogger("aiokafka")
+    tap = _Tap()
+    propagate = logger.propagate
+    logger.addHandler(tap)
+    logger.propagate = False
+    try:
+        yield tap.messages
+    finally:
+        logger.removeHandler(tap)
+        logger.propagate = propagate
+
+
+async def check_broker(broker: str, security: KafkaSecurity, *, topic_partitions: dict[str, int] | None = None,
+                       timeout_ms: int = 15_000) -> dict[str, int]:
+    """Connect once and close; return the partitions of those ``topic_partitions`` that exist.
+
+    Raises:
+        BrokerUnreachable: no address of ``broker`` completed a connection
+            (refused, unresolvable, TLS or SASL failure: see ``reasons``).
+        PartitionMismatch: a topic of ``topic_partitions`` exists with another
+            partition count.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaConnectionError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms,
+                                **security.aiokafka_kwargs())
+    found: dict[str, int] = {}
+    with quiet_kafka_logs() as messages:
+        try:
+            try:
+                await admin.start()
+            except KafkaConnectionError:
+                raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
+            wanted = topic_partitions or {}
+            present = set(await admin.list_topics()) & set(wanted) if wanted else set()
+            for described in await admin.describe_topics(sorted(present)) if present else []:
+                if described.get("error_code", 0) == 0 and described["partitions"]:
+                    found[described["topic"]] = len(described["partitions"])
+        finally:
+            await admin.close()
+    for name, partitions in found.items():
+        if partitions != topic_partitions[name]:
+            raise PartitionMismatch(name, partitions, topic_partitions[name])
+    return found
+
+
+def check_web_port(host: str, port: int) -> None:
+    """Raise ``PortInUse`` when (host, port) cannot be bound as aiohttp will bind it."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise WebHostInvalid(host, exc.strerror or str(exc)) from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does on POSIX
+            try:
+                s.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUse(host, port) from None
+                if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    raise WebHostInvalid(host, exc.strerror or str(exc)) from None
+                raise

@@ -1,0 +1,123 @@
+"""The synthetic fleet's policy drift: several weight versions per batch, acceptance
+falling as the policy moves away from the draft model's version, back up at
+each draft refresh; seeded and deterministic; the bundled sample is its output."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.schemas import BatchMarker, GenerationRecord
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _records(spec: FleetSpec) -> list[GenerationRecord]:
+    return [e.payload for e in synthetic_fleet(spec) if isinstance(e.payload, GenerationRecord)]
+
+
+def _accept_rates(records: list[GenerationRecord]) -> dict[tuple[str, str], float]:
+    """accepted/proposed per (batch, weight_version) over distinct generations."""
+    seen: dict[tuple[str, str], GenerationRecord] = {}
+    for r in records:
+        seen.setdefault((r.session_id, r.generation_id), r)
+    sums: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in seen.values():
+        if r.accepted is not None and r.proposed:
+            s = sums[(r.batch_id, r.weight_version)]
+            s[0] += r.accepted
+            s[1] += r.proposed
+    return {k: a / p for k, (a, p) in sums.items()}
+
+
+def _batch_rate(records: list[GenerationRecord], batch_id: str) -> float:
+    seen = {(r.session_id, r.generation_id): r for r in records if r.batch_id == batch_id}
+    known = [r for r in seen.values() if r.accepted is not None and r.proposed]
+    return sum(r.accepted for r in known) / sum(r.proposed for r in known)
+
+
+def _number(version: str) -> int:
+    return int(version[1:])
+
+
+SPEC = FleetSpec(batches=16, sessions_per_batch=300, producers=2, seed=3, invalid_rate=0.0, conflict_rate=0.0,
+                 draft_refresh_batches=8, stale_versions=3, drift_per_version=0.08)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[GenerationRecord]:
+    return _records(SPEC)
+
+
+def test_every_record_names_its_weight_version_and_batches_mix_a_few(records):
+    by_batch: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        assert r.weight_version is not None and re.fullmatch(r"v\d+", r.weight_version), r.weight_version
+        by_batch[r.batch_id][r.weight_version] += 1
+    for b, (batch_id, versions) in enumerate(sorted(by_batch.items())):
+        current = SPEC.policy_version(b)
+        numbers = {_number(v) for v in versions}
+        assert max(numbers) == current and min(numbers) >= current - SPEC.stale_versions, (batch_id, versions)
+        assert len(numbers) >= 2, "a stale version or more in every batch"
+        assert versions.most_common(1)[0][0] == f"v{current}", "the current policy generates the most"
+
+
+def test_within_a_batch_newer_versions_accept_less(records):
+    rates = _accept_rates(records)
+    compared = 0
+    for b in range(SPEC.batches):
+        batch_id = f"step-{b:05d}"
+        versions = sorted((v for (batch, v) in rates if batch == batch_id), key=_number)
+        staleness = [SPEC.staleness(_number(v), b) for v in versions]
+        if staleness[0] == staleness[-1]:
+            continue  # right after a refresh every version is as close to the draft
+        compared += 1
+        assert rates[(batch_id, versions[-1])] < rates[(batch_id, versions[0])], (batch_id, versions)
+    assert compared >= SPEC.batches // 2
+
+
+def test_acceptance_trends_down_between_draft_refreshes_and_recovers_at_each(records):
+    rates = [_batch_rate(records, f"step-{b:05d}") for b in range(SPEC.batches)]
+    refresh = SPEC.draft_refresh_batches
+    for start in range(0, SPEC.batches, refresh):
+        cycle = rates[start:start + refresh]
+        assert cycle[-1] < cycle[0] - 0.05, f"no downward trend in batches {start}..: {cycle}"
+    assert rates[refresh] > rates[refresh - 1] + 0.05, f"no recovery at the refresh: {rates}"
+
+
+def test_no_drift_without_stale_versions_or_decay():
+    flat = _records(FleetSpec(batches=3, sessions_per_batch=20, stale_versions=0, drift_per_version=0.0, seed=1))
+    assert {r.weight_version for r in flat if r.batch_id == "step-00001"} == {"v11"}
+
+
+def test_same_seed_same_events_and_the_run_is_named_everywhere():
+    spec = FleetSpec(batches=2, sessions_per_batch=12, seed=9, run_id="run-7")
+    first, second = list(synthetic_fleet(spec)), list(synthetic_fleet(spec))
+    assert first == second
+    assert first != list(synthetic_fleet(FleetSpec(batches=2, sessions_per_batch=12, seed=10, run_id="run-7")))
+    for event in first:
+        payload = event.payload
+        run = payload.get("run_id") if isinstance(payload, dict) else payload.run_id
+        assert run == "run-7", event
+    assert any(isinstance(e.payload, BatchMarker) for e in first)
+
+
+@pytest.mark.parametrize("bad", [dict(stale_versions=-1), dict(draft_refresh_batches=-1),
+                                 dict(drift_per_version=1.0), dict(run_id="")])
+def test_bad_drift_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        FleetSpec(**bad)
+
+
+def test_the_bundled_sample_is_what_its_generator_writes_and_shows_drift():
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "make_sample_rollout.py")], capture_output=True,
+                         check=True, timeout=120).stdout
+    assert out == (REPO / "examples" / "sample_rollout.jsonl").read_bytes(), \
+        "regenerate: python examples/make_sample_rollout.py > examples/sample_rollout.jsonl"
+    assert b'"weight_version":"v' in out
