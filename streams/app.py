@@ -23,7 +23,7 @@ from typing import Any
 from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics, encode_partial
 
 from ._changelog import changelog_topics, read_changelog_partition, read_range
-from ._counters import WorkerCounters
+from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
 from ._stage1 import Effects, PartitionProcessor
 from ._stage2 import BatchMerger, MergeEffects
@@ -47,6 +47,7 @@ class StreamShell:
         self.app = app
         self.settings = settings
         self.counters = WorkerCounters()
+        self.published = PublishedTotals(forget_after_s=settings.grace_s + settings.batch_timeout_s)  # for /metrics
         t = settings.topics
         self.records_topic = app.topic(t.records, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                                        key_serializer="raw", value_serializer="raw")
@@ -136,6 +137,7 @@ class StreamShell:
         else:
             self.mergers[partition] = state
             for metrics in republish:  # identical repeats: a crash may have lost the original
+                self.published.seed(metrics, time.time())  # counted by whoever published it first
                 self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
         # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
         # have resumed anywhere (it commits past offsets it considers gaps).
@@ -248,6 +250,7 @@ class StreamShell:
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
+            self.published.observe(metrics, time.time())
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
             m = metrics.metrics
