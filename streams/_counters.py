@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,11 +145,12 @@ class PublishedTotals:
         """Count a published revision (a repeated or older revision counts nothing)."""
         self._remember(metrics, now_s, count=True)
 
-    def seed(self, metrics: Any, now_s: float) -> None:
-        """Remember a revision without counting it: one republished after a partition
-        moved here, which its previous owner already counted (later revisions then
+    def seed(self, republished: Iterable[Any], now_s: float) -> None:
+        """Remember revisions without counting them: those republished after a partition
+        moved here, which their previous owner already counted (later revisions then
         add only their difference, so a rebalance does not count a batch twice)."""
-        self._remember(metrics, now_s, count=False)
+        for metrics in republished:
+            self._remember(metrics, now_s, count=False)
 
     def _label_totals(self, labels: Labels) -> LabelTotals:
         totals = self.totals.get(labels)

@@ -18,8 +18,8 @@ generation labels. Three kinds of series:
   (16) (algorithm, run_id) pairs are exported; no counter has a batch or weight
   version label (unbounded over a run).
 * **The latest batches** this worker published (``specmeter_batch_*`` and, per
-  policy version, ``specmeter_weight_version_*``), labelled ``run_id``, ``batch_id``
-  (and ``weight_version``): only the last ``PublishedTotals.latest_batches`` (8)
+  policy version, ``specmeter_weight_version_*``), labelled ``run_id``, ``batch_id``,
+  ``algorithm`` (and ``weight_version``): only the last ``PublishedTotals.latest_batches`` (8)
   batches, so the label set never grows over a run.
 * **The worker itself**: its stage counters, dead letters by reason, the close
   latency histogram, the last event per partition (a timestamp), and the standard
@@ -34,7 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from ._counters import CLOSE_LATENCY_BUCKETS, PUBLISHED_QUANTITIES, PublishedTotals
+from ._counters import CLOSE_LATENCY_BUCKETS, PUBLISHED_QUANTITIES, PublishedTotals, published_labels
 
 __all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS", "UNKNOWN_VERSION"]
 
@@ -181,7 +181,7 @@ class WorkerCollector:
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:
-        batch = ["run_id", "batch_id"]
+        batch = ["run_id", "batch_id", "algorithm"]
         families = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
         fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
         versions = {name: GaugeMetricFamily(name, doc, labels=[*batch, "weight_version"])
@@ -190,7 +190,8 @@ class WorkerCollector:
                                   "Verify steps of a latest batch that accepted N drafts.", labels=[*batch, "accepted"])
         info = InfoMetricFamily("specmeter_batch", "Identity of a latest published batch.", labels=batch)
         for m in latest:
-            ids = [m.run_id or "", m.batch_id]
+            algorithm, run_id = published_labels(m)
+            ids = [run_id, m.batch_id, algorithm]
             for name, (key, _) in _BATCH_GAUGES.items():
                 value = m.metrics.get(key)
                 if value is not None:
@@ -199,7 +200,7 @@ class WorkerCollector:
                 fields[name].add_metric(ids, float(getattr(m, attribute)))
             for accepted, n in enumerate(m.accept_histogram or ()):
                 steps.add_metric([*ids, str(accepted)], n)
-            info.add_metric(ids, {"algorithm": m.speculative_algorithm or "", "close_reason": m.close_reason})
+            info.add_metric(ids, {"close_reason": m.close_reason})
             entries = m.by_weight_version or ()
             named = {e.weight_version for e in entries}
             for entry in entries:

@@ -136,8 +136,8 @@ class StreamShell:
             self._apply(restored, partition)
         else:
             self.mergers[partition] = state
+            self.published.seed(republish, time.time())  # for /metrics: counted by whoever published them first
             for metrics in republish:  # identical repeats: a crash may have lost the original
-                self.published.seed(metrics, time.time())  # counted by whoever published it first
                 self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
         # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
         # have resumed anywhere (it commits past offsets it considers gaps).
@@ -250,9 +250,9 @@ class StreamShell:
         for metrics in effects.published:
             self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
             self.last_published = metrics
-            self.published.observe(metrics, time.time())
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
+            self.published.observe(metrics, time.time())  # for /metrics
             m = metrics.metrics
             log.info("published batch=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
                      "tokens_per_verify=%s", metrics.batch_id, metrics.revision, metrics.close_reason,

@@ -86,7 +86,7 @@ def test_a_republication_after_a_rebalance_is_not_counted_again():
     # restore (seed) and later publishes revision 1: the fleet counts the batch once
     a, b = PublishedTotals(), PublishedTotals()
     a.observe(batch("b1", 0, accepted=3), 1.0)
-    b.seed(batch("b1", 0, accepted=3), 2.0)
+    b.seed([batch("b1", 0, accepted=3)], 2.0)
     b.observe(batch("b1", 1, accepted=7), 3.0)
     assert net(a, "paired_accepted_tokens") + net(b, "paired_accepted_tokens") == 7
     assert net(a, "batches") + net(b, "batches") == 1
