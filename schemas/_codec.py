@@ -2,7 +2,8 @@
 
 The records topic is decoded leniently where it pays: a packed ``RecordBatch``
 with one bad record costs only that record, and an invalid record still gives
-up its ``batch_id`` (when readable) so that it is counted in its batch.
+up its batch identity ``(run_id, batch_id)`` (when readable) so that it is
+counted in its batch. An invalid marker is never counted as a record.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import msgspec
 from ._aggregates import PartialAggregate
 from ._output import BatchMetrics, DeadLetter
 from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
+from ._types import MAX_ID
 
 __all__ = [
     "InvalidRecord",
     "DecodedMessage",
-    "MessageTooLarge",
     "decode_records_message",
     "encode_records_message",
     "decode_json_line",
@@ -48,46 +49,77 @@ class _LenientBatch(msgspec.Struct):
 
     records: list[msgspec.Raw]
     producer_id: Any = None
+    run_id: Any = None
 
 
 _lenient_batch_decoder = msgspec.msgpack.Decoder(_LenientBatch)
 
 
 class InvalidRecord(msgspec.Struct, frozen=True):
-    """A record (or whole message) that failed validation, and why."""
+    """A record (or whole message) that failed validation, and why.
+
+    ``batch_id`` is set only when the input is a record whose batch identity is
+    readable: it is then counted in batch ``(run_id, batch_id)``. An invalid marker,
+    or a record with an unreadable batch_id or run_id, is counted in no batch.
+    """
 
     reason: str  # "undecodable" | "invalid" | "too_large"
     detail: str
     raw: bytes
     batch_id: str | None = None
     producer_id: str | None = None
+    run_id: str | None = None
 
 
 class DecodedMessage(msgspec.Struct):
-    """What one records-topic message holds after validation."""
+    """What one records-topic message holds after validation.
+
+    ``run_id`` is the envelope's run (a ``RecordBatch``'s): a record without its
+    own run_id belongs to it.
+    """
 
     records: list[GenerationRecord]
     marker: BatchMarker | None = None
     invalid: list[InvalidRecord] = []
     producer_id: str | None = None
+    run_id: str | None = None
 
 
-class MessageTooLarge(ValueError):
-    """A message exceeded the configured per-message size limit."""
+class _Unreadable:
+    """A field present with a value that is no valid id."""
 
 
-def _readable_str(obj: Any, field: str) -> str | None:
-    value = obj.get(field) if isinstance(obj, dict) else None
-    return value if isinstance(value, str) and value else None
+_UNREADABLE = _Unreadable()
 
 
-def _invalid(raw: bytes, reason: str, detail: str, obj: Any = None) -> InvalidRecord:
+def _id_field(obj: Any, field: str) -> str | None | _Unreadable:
+    """A field of a decoded object as an id: the str, None when absent or null,
+    ``_UNREADABLE`` when present with anything else (empty, too long, not a str)."""
+    if not isinstance(obj, dict) or obj.get(field) is None:
+        return None
+    value = obj[field]
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID:
+        return value
+    return _UNREADABLE
+
+
+def _invalid(raw: bytes, reason: str, detail: str, obj: Any = None, *, envelope_run: Any = None) -> InvalidRecord:
+    """An invalid input with the batch identity it can be counted under, if any."""
+    batch_id = _id_field(obj, "batch_id")
+    run_id = _id_field(obj, "run_id")
+    if run_id is None:
+        run_id = envelope_run
+    producer_id = _id_field(obj, "producer_id")
+    # anything but a marker (or a whole packed batch) counts as a record of its batch
+    counted = (isinstance(obj, dict) and obj.get("type") not in ("marker", "batch")
+               and isinstance(batch_id, str) and not isinstance(run_id, _Unreadable))
     return InvalidRecord(
         reason=reason,
         detail=detail,
         raw=bytes(raw),
-        batch_id=_readable_str(obj, "batch_id"),
-        producer_id=_readable_str(obj, "producer_id"),
+        batch_id=batch_id if counted else None,  # type: ignore[arg-type]
+        producer_id=producer_id if isinstance(producer_id, str) else None,
+        run_id=run_id if counted else None,  # type: ignore[arg-type]
     )
 
 
@@ -121,10 +153,45 @@ def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> Deco
     except (RecursionError, MemoryError) as exc:  # pathological nesting
         return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", repr(exc))])
     if type(message) is RecordBatch:
-        return DecodedMessage(records=message.records, producer_id=message.producer_id)
+        run_id = message.run_id
+        if run_id is not None and any(r.run_id is not None and r.run_id != run_id for r in message.records):
+            return _split_runs(message)
+        return DecodedMessage(records=message.records, producer_id=message.producer_id, run_id=run_id)
     if type(message) is GenerationRecord:
         return DecodedMessage(records=[message], producer_id=message.producer_id)
     return DecodedMessage(records=[], marker=message, producer_id=message.producer_id)
+
+
+def _split_runs(batch: RecordBatch) -> DecodedMessage:
+    """A batch whose envelope names a run and some records another: those records are
+    invalid, counted in the envelope's run."""
+    records: list[GenerationRecord] = []
+    invalid: list[InvalidRecord] = []
+    for index, record in enumerate(batch.records):
+        if record.run_id is None or record.run_id == batch.run_id:
+            records.append(record)
+            continue
+        invalid.append(_wrong_run(index, record, _records_encoder.encode(record), batch.run_id, batch.producer_id))
+    return DecodedMessage(records=records, invalid=invalid, producer_id=batch.producer_id, run_id=batch.run_id)
+
+
+def _wrong_run(index: int, record: GenerationRecord, raw: bytes, envelope_run: str | None,
+               envelope_producer: str | None) -> InvalidRecord:
+    return InvalidRecord(
+        reason="invalid",
+        detail=(f"run_id {_shorten(record.run_id)} differs from the envelope's run_id "
+                f"{_shorten(envelope_run)} - at `$.records[{index}].run_id`"),
+        raw=raw,
+        batch_id=record.batch_id,
+        producer_id=record.producer_id or envelope_producer,
+        run_id=envelope_run,
+    )
+
+
+def _shorten(value: Any, limit: int = 80) -> str:
+    """repr() of a value for a message, cut to ``limit`` characters (ids may be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
 
 
 def _decode_leniently(data: bytes, whole_error: str) -> DecodedMessage:
@@ -139,19 +206,28 @@ def _decode_leniently(data: bytes, whole_error: str) -> DecodedMessage:
         batch = _lenient_batch_decoder.decode(data)
     except msgspec.MsgspecError as exc:
         return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", str(exc), obj)])
-    batch_producer = batch.producer_id if isinstance(batch.producer_id, str) and batch.producer_id else None
+    envelope_producer = _id_field(obj, "producer_id")
+    envelope_run = _id_field(obj, "run_id")
+    if isinstance(envelope_producer, _Unreadable) or isinstance(envelope_run, _Unreadable):
+        # the envelope's own fields are invalid: no record in it has a readable identity
+        return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", whole_error)])
     records: list[GenerationRecord] = []
     invalid: list[InvalidRecord] = []
     for index, (raw, element) in enumerate(zip(batch.records, obj["records"])):
         try:
-            records.append(_record_decoder.decode(raw))
+            record = _record_decoder.decode(raw)
         except msgspec.MsgspecError as exc:
             detail = str(exc).replace("at `$", f"at `$.records[{index}]", 1)
-            bad = _invalid(bytes(raw), "invalid", detail, element)
-            if bad.producer_id is None and batch_producer is not None:
-                bad = msgspec.structs.replace(bad, producer_id=batch_producer)
+            bad = _invalid(bytes(raw), "invalid", detail, element, envelope_run=envelope_run)
+            if bad.producer_id is None and envelope_producer is not None:
+                bad = msgspec.structs.replace(bad, producer_id=envelope_producer)
             invalid.append(bad)
-    return DecodedMessage(records=records, invalid=invalid, producer_id=batch_producer)
+            continue
+        if envelope_run is not None and record.run_id is not None and record.run_id != envelope_run:
+            invalid.append(_wrong_run(index, record, bytes(raw), envelope_run, envelope_producer))
+            continue
+        records.append(record)
+    return DecodedMessage(records=records, invalid=invalid, producer_id=envelope_producer, run_id=envelope_run)
 
 
 def decode_json_line(line: bytes | str) -> GenerationRecord | BatchMarker | InvalidRecord:

@@ -15,10 +15,6 @@ from specmeter.schemas import BatchMarker
 __all__ = ["BatchDelta", "BatchStatus", "Checkpoint", "encode_state", "decode_delta", "decode_status",
            "decode_checkpoint"]
 
-#: [session_id, generation_id, conflict, state_hash, accepted, proposed, verify, completion, histogram]
-GenerationEntry = tuple
-
-
 class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     """Changes of one batch on one partition from source offsets first..last (inclusive)."""
 
@@ -26,6 +22,9 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     first_offset: int
     last_offset: int
     last_input_ms: int
+    #: wide entries: [session_id, generation_id, conflict, state_hash, accepted, proposed,
+    #: verify, completion, histogram, weight_version] (deltas written before weight
+    #: versions existed lack the last item)
     entries: list[tuple] = []
     occurrences: list[tuple[str, str | None, str]] = []
     record_count: int = 0
@@ -41,6 +40,10 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: generation, sample, counters' low 64 bits and high bits (the packed layout
     #: of ``_state``)
     packed: list[str | int | None] = []
+    run_id: str | None = None
+    #: like ``packed`` for entries that name a weight_version: six items each, the
+    #: sixth the version
+    packed_versioned: list[str | int | None] = []
 
 
 class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -52,15 +55,17 @@ class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     closed_at_ms: int = 0
     revision: int = -1
     partial_digest: bytes = b""
+    run_id: str | None = None
 
 
 class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     """The last source offset whose effects are durable, and recently expired batches
-    (``overflowed``: those closed early at the open-generation limit)."""
+    (``overflowed``: those closed early at the open-generation limit). A batch of the
+    default run is its batch_id, one of a named run ``[run_id, batch_id]``."""
 
     offset: int
-    expired: list[str] = []
-    overflowed: list[str] = []
+    expired: list[str | tuple[str, str]] = []
+    overflowed: list[str | tuple[str, str]] = []
 
 
 _encoder = msgspec.msgpack.Encoder()

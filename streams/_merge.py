@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from specmeter.schemas import BatchMetrics, PartialAggregate
+from specmeter.schemas import (
+    MAX_WEIGHT_VERSIONS,
+    BatchMetrics,
+    PartialAggregate,
+    WeightVersionMetrics,
+    WeightVersionSums,
+)
 
 from ._exact import expansion_value, merge_expansions
 from ._state import add_histograms
 
-__all__ = ["merge_partials", "batch_metrics_dict", "build_batch_metrics", "missing_records", "is_speculative"]
+__all__ = ["merge_partials", "batch_metrics_dict", "build_batch_metrics", "missing_records", "is_speculative",
+           "merge_weight_versions", "by_weight_version"]
 
 _SUMMED = (
     "record_count",
@@ -38,6 +45,54 @@ _SUMMED = (
 )
 
 
+#: the sums of a weight_version entry (``WeightVersionSums`` less its name and histogram)
+_VERSION_SUMMED = (
+    "unique_generation_count",
+    "accepted_total",
+    "proposed_total",
+    "verify_total",
+    "completion_total",
+    "paired_accepted_total",
+    "paired_proposed_total",
+    "accept_covered_count",
+    "paired_completion_total",
+    "paired_verify_total",
+    "verify_covered_count",
+)
+
+
+def _unversioned(p: PartialAggregate) -> list[WeightVersionSums]:
+    """A partial that knows no weight_version: its whole G \\ C is the unknown version."""
+    unique = p.unique_generation_count - p.conflicting_generation_count
+    if unique <= 0:
+        return []
+    fields = {name: getattr(p, name) for name in _VERSION_SUMMED[1:]}
+    return [WeightVersionSums(weight_version=None, unique_generation_count=unique,
+                              accept_histogram=p.accept_histogram, **fields)]
+
+
+def merge_weight_versions(partials: Sequence[PartialAggregate]) -> list[WeightVersionSums] | None:
+    """The per-version sums of partials from disjoint partitions, sorted by version
+    with the unknown version last; None when no generation knows its version or
+    more than ``MAX_WEIGHT_VERSIONS`` known versions appear."""
+    if any(p.too_many_versions for p in partials) or not any(p.weight_versions for p in partials):
+        return None
+    merged: dict[str | None, list[WeightVersionSums]] = {}
+    for p in partials:
+        for entry in p.weight_versions or _unversioned(p):
+            merged.setdefault(entry.weight_version, []).append(entry)
+    if sum(version is not None for version in merged) > MAX_WEIGHT_VERSIONS:
+        return None
+    return [
+        WeightVersionSums(
+            weight_version=version,
+            accept_histogram=add_histograms(e.accept_histogram for e in merged[version]),
+            **{name: sum(getattr(e, name) for e in merged[version]) for name in _VERSION_SUMMED},
+        )
+        for version in sorted(merged, key=lambda v: (v is None, v or ""))
+    ]
+
+
 def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
     """The exact sum of partials of one batch from disjoint partitions.
 
@@ -46,9 +101,9 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
     """
     if not partials:
         raise ValueError("merge_partials() needs at least one partial")
-    batch_ids = {p.batch_id for p in partials}
-    if len(batch_ids) != 1:
-        raise ValueError(f"partials of different batches cannot merge: {sorted(batch_ids)}")
+    batches = {(p.run_id, p.batch_id) for p in partials}
+    if len(batches) != 1:
+        raise ValueError(f"partials of different batches cannot merge: {sorted(batches, key=str)}")
     sums = {name: sum(getattr(p, name) for p in partials) for name in _SUMMED}
     received: dict[str, int] = {}
     sent: dict[str, int] = {}
@@ -57,8 +112,10 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
             received[producer] = received.get(producer, 0) + n
         for producer, n in p.records_sent.items():
             sent[producer] = sent.get(producer, 0) + n
+    versions = merge_weight_versions(partials)
     return PartialAggregate(
         batch_id=partials[0].batch_id,
+        run_id=partials[0].run_id,
         partition=-1,
         revision=max(p.revision for p in partials),
         close_reason=partials[0].close_reason,
@@ -72,6 +129,8 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         accept_histogram=add_histograms(p.accept_histogram for p in partials),
         accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
         length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
+        weight_versions=versions or [],
+        too_many_versions=versions is None and any(p.weight_versions or p.too_many_versions for p in partials),
         **sums,
     )
 
@@ -102,18 +161,11 @@ def is_speculative(merged: PartialAggregate) -> bool:
     return bool(merged.speculative_algorithms) or merged.counters_seen
 
 
-def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
-    """The ``metrics`` map of one batch from its merged sums (empty if not speculative)."""
-    if not is_speculative(merged):
-        return {}
-    m = merged
-    g = m.unique_generation_count
+def _sums_metrics(sums: PartialAggregate | WeightVersionSums, coverage_of: int) -> dict[str, int | float]:
+    """The totals, paired totals, covered counts and the ratios derived from them (the
+    one place a ratio is computed); coverages divide by ``coverage_of`` when it is > 0."""
+    m = sums
     out: dict[str, int | float] = {
-        "spec/record_occurrence_count": m.occurrence_count,
-        "spec/unique_generation_count": g,
-        "spec/conflicting_generation_count": m.conflicting_generation_count,
-        "spec/invalid_record_count": m.invalid_record_count,
-        "spec/sample_count": m.sample_count,
         "spec/accepted_total": m.accepted_total,
         "spec/proposed_total": m.proposed_total,
         "spec/verify_total": m.verify_total,
@@ -125,13 +177,29 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
         "spec/paired_verify_total": m.paired_verify_total,
         "spec/verify_covered_count": m.verify_covered_count,
     }
-    if g > 0:
-        out["spec/accept_count_coverage"] = m.accept_covered_count / g
-        out["spec/verify_count_coverage"] = m.verify_covered_count / g
+    if coverage_of > 0:
+        out["spec/accept_count_coverage"] = m.accept_covered_count / coverage_of
+        out["spec/verify_count_coverage"] = m.verify_covered_count / coverage_of
     if m.paired_proposed_total > 0:
         out["spec/accept_rate"] = m.paired_accepted_total / m.paired_proposed_total
     if m.paired_verify_total > 0:
         out["spec/tokens_per_verify"] = m.paired_completion_total / m.paired_verify_total
+    return out
+
+
+def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
+    """The ``metrics`` map of one batch from its merged sums (empty if not speculative)."""
+    if not is_speculative(merged):
+        return {}
+    m = merged
+    out: dict[str, int | float] = {
+        "spec/record_occurrence_count": m.occurrence_count,
+        "spec/unique_generation_count": m.unique_generation_count,
+        "spec/conflicting_generation_count": m.conflicting_generation_count,
+        "spec/invalid_record_count": m.invalid_record_count,
+        "spec/sample_count": m.sample_count,
+        **_sums_metrics(m, m.unique_generation_count),
+    }
     samples = m.sample_count
     if samples > 0 and m.conflicting_generation_count == 0 and m.invalid_record_count == 0:
         if m.accept_ratio_samples == samples:
@@ -139,6 +207,22 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
         if m.length_ratio_samples == samples:
             out["spec_accept_length"] = expansion_value(m.length_ratio_parts) / samples
     return out
+
+
+def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | None:
+    """``BatchMetrics.by_weight_version`` of one batch from its merged sums: null unless
+    speculative and some non-conflicting generation knows its version."""
+    if not is_speculative(merged) or not merged.weight_versions:
+        return None
+    return [
+        WeightVersionMetrics(
+            weight_version=entry.weight_version,
+            metrics={"spec/unique_generation_count": entry.unique_generation_count,
+                     **_sums_metrics(entry, entry.unique_generation_count)},
+            accept_histogram=entry.accept_histogram,
+        )
+        for entry in merged.weight_versions
+    ]
 
 
 def build_batch_metrics(
@@ -160,6 +244,7 @@ def build_batch_metrics(
     )
     return BatchMetrics(
         batch_id=merged.batch_id,
+        run_id=merged.run_id,
         revision=revision,
         close_reason=close_reason,
         closed_at=closed_at,
@@ -174,4 +259,5 @@ def build_batch_metrics(
         accept_histogram=merged.accept_histogram if speculative else None,
         metrics=batch_metrics_dict(merged),
         speculative_algorithm=",".join(merged.speculative_algorithms) or None,
+        by_weight_version=by_weight_version(merged),
     )

@@ -1,7 +1,7 @@
 """Offline aggregation of a JSON-lines rollout dump: the same core as the stream.
 
-Lines are records (SPEC §2 fields) or markers (``"type": "marker"``). Batches are
-reported in order of first appearance, each as one partition that saw it all.
+Lines are records or markers (``"type": "marker"``). Batches ``(run_id, batch_id)``
+are reported in order of first appearance, each as one partition that saw it all.
 """
 
 from __future__ import annotations
@@ -26,10 +26,21 @@ class LineError:
     reason: str
     detail: str
     batch_id: str | None
+    run_id: str | None = None
 
     def __str__(self) -> str:
-        where = f"batch {self.batch_id!r}" if self.batch_id else "no readable batch_id: counted nowhere"
+        if self.batch_id is None:
+            where = "no readable batch identity: counted nowhere"
+        elif self.run_id is None:
+            where = f"batch {_short(self.batch_id)}"
+        else:
+            where = f"batch {_short(self.batch_id)} of run {_short(self.run_id)}"
         return f"line {self.line_number}: {self.reason}: {self.detail} ({where})"
+
+
+def _short(value: str, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(value)} chars)"
 
 
 @dataclass
@@ -45,13 +56,14 @@ class OfflineAggregator:
     on_error: Callable[[LineError], None] | None = None
     #: line parser; the CLI passes the producers' dump parser (it also reads SGLang outputs)
     parse: Callable[[bytes | str], GenerationRecord | BatchMarker | InvalidRecord] = decode_json_line
-    batches: dict[str, BatchState] = field(default_factory=dict)
+    #: by batch identity (run_id, batch_id)
+    batches: dict[tuple[str | None, str], BatchState] = field(default_factory=dict)
     errors: int = 0
 
-    def _state(self, batch_id: str) -> BatchState:
-        state = self.batches.get(batch_id)
+    def _state(self, run_id: str | None, batch_id: str) -> BatchState:
+        state = self.batches.get((run_id, batch_id))
         if state is None:
-            state = self.batches[batch_id] = BatchState(batch_id)
+            state = self.batches[(run_id, batch_id)] = BatchState(batch_id, run_id)
             if self.speculative_algorithm:
                 state.add_algorithm(self.speculative_algorithm)
         return state
@@ -64,15 +76,15 @@ class OfflineAggregator:
 
     def feed(self, item: GenerationRecord | BatchMarker | InvalidRecord, line_number: int = 0) -> None:
         if isinstance(item, GenerationRecord):
-            self._state(item.batch_id).add(item)
+            self._state(item.run_id, item.batch_id).add(item)
         elif isinstance(item, BatchMarker):
-            self._state(item.batch_id).add_marker(item)
+            self._state(item.run_id, item.batch_id).add_marker(item)
         else:
             self.errors += 1
             if item.batch_id is not None:
-                self._state(item.batch_id).add_invalid(item.producer_id)
+                self._state(item.run_id, item.batch_id).add_invalid(item.producer_id)
             if self.on_error is not None:
-                self.on_error(LineError(line_number, item.reason, item.detail, item.batch_id))
+                self.on_error(LineError(line_number, item.reason, item.detail, item.batch_id, item.run_id))
 
     def feed_lines(self, lines: Iterable[bytes | str]) -> None:
         for number, line in enumerate(lines, start=1):

@@ -10,6 +10,9 @@ durable checkpoint implies durable deltas. On restore, deltas past the
 checkpoint are stale (their chunk will be processed again) and are deleted, and
 messages at or below the checkpoint are skipped.
 
+Batch identity is ``(run_id, batch_id)``: two runs never share state. The
+default run (None) keeps the changelog key layout it had before runs existed.
+
 Bounded state: a partition holds at most ``max_open_generations`` distinct
 generations. A batch whose input finds the limit reached is closed early (reason
 ``incomplete``) with what fitted, its partial emitted and its state dropped; the
@@ -44,7 +47,7 @@ from ._delta import BatchStatus, Checkpoint, decode_checkpoint, decode_delta, de
 from ._exact import exact_sum
 from ._state import BatchState
 
-__all__ = ["PartitionProcessor", "Effects", "state_key_prefix"]
+__all__ = ["PartitionProcessor", "Effects", "state_key_prefix", "BatchKey", "shorten"]
 
 log = logging.getLogger("specmeter.stage1")
 _SEP = "\x1f"
@@ -55,20 +58,54 @@ EXPIRED_MEMORY = 10_000
 DEAD_LETTER_RAW_LIMIT = 256 * 1024
 
 
+#: a batch's identity: (run_id, batch_id), run_id None for the default run
+BatchKey = tuple[str | None, str]
+
+
+def shorten(value: object, limit: int = 80) -> str:
+    """repr() of an id for logs and dead-letter details, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
+def _describe(key: BatchKey) -> str:
+    run_id, batch_id = key
+    return f"batch {shorten(batch_id)}" + ("" if run_id is None else f" of run {shorten(run_id)}")
+
+
 def state_key_prefix(partition: int) -> bytes:
     return f"{partition}{_SEP}".encode()
 
 
-def _delta_key(partition: int, batch_id: str, last_offset: int) -> bytes:
-    return f"{partition}{_SEP}d{_SEP}{batch_id}{_SEP}{last_offset:020d}".encode()
+def _batch_part(kind: str, key: BatchKey) -> str:
+    """``kind`` and the batch in a changelog key: the default run as before runs existed;
+    a named run under the upper-case kind, its run_id length-prefixed (keys stay unique
+    whatever characters the ids hold)."""
+    run_id, batch_id = key
+    if run_id is None:
+        return f"{kind}{_SEP}{batch_id}"
+    return f"{kind.upper()}{_SEP}{len(run_id)}:{run_id}{batch_id}"
 
 
-def _status_key(partition: int, batch_id: str) -> bytes:
-    return f"{partition}{_SEP}s{_SEP}{batch_id}".encode()
+def _delta_key(partition: int, key: BatchKey, last_offset: int) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('d', key)}{_SEP}{last_offset:020d}".encode()
 
 
-def _overflow_key(partition: int, batch_id: str) -> bytes:
-    return f"{partition}{_SEP}o{_SEP}{batch_id}".encode()
+def _status_key(partition: int, key: BatchKey) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('s', key)}".encode()
+
+
+def _overflow_key(partition: int, key: BatchKey) -> bytes:
+    return f"{partition}{_SEP}{_batch_part('o', key)}".encode()
+
+
+def _durable(key: BatchKey) -> str | tuple[str, str]:
+    """A batch in the checkpoint's lists: its batch_id for the default run."""
+    return key[1] if key[0] is None else key  # type: ignore[return-value]
+
+
+def _from_durable(item: str | tuple[str, str] | list[str]) -> BatchKey:
+    return (None, item) if isinstance(item, str) else (item[0], item[1])
 
 
 def _checkpoint_key(partition: int) -> bytes:
@@ -95,9 +132,13 @@ class _Batch:
     partial_digest: bytes = b""
     delta_keys: list[bytes] = field(default_factory=list)
 
+    @property
+    def key(self) -> BatchKey:
+        return (self.state.run_id, self.state.batch_id)
+
     def status(self) -> BatchStatus:
-        return BatchStatus(batch_id=self.state.batch_id, closed=self.closed, close_reason=self.close_reason,
-                           closed_at_ms=self.closed_at_ms, revision=self.revision,
+        return BatchStatus(batch_id=self.state.batch_id, run_id=self.state.run_id, closed=self.closed,
+                           close_reason=self.close_reason, closed_at_ms=self.closed_at_ms, revision=self.revision,
                            partial_digest=self.partial_digest)
 
 
@@ -124,18 +165,18 @@ class PartitionProcessor:
         self.max_message_bytes = max_message_bytes
         self.counters = counters if counters is not None else WorkerCounters()
         self.checkpoint = -1
-        self.batches: dict[str, _Batch] = {}
-        self.expired: OrderedDict[str, None] = OrderedDict()
+        self.batches: dict[BatchKey, _Batch] = {}
+        self.expired: OrderedDict[BatchKey, None] = OrderedDict()
         self.max_open_generations = max_open_generations
         #: batches closed early at the open-generation limit (their input is dead-lettered)
-        self.overflowed: OrderedDict[str, None] = OrderedDict()
+        self.overflowed: OrderedDict[BatchKey, None] = OrderedDict()
         #: distinct generations held over all batches (open or within grace)
         self.open_generations = 0
         self._dropped: list[_Batch] = []
         #: status writes of the current call: they go after its checkpoint (see ``_flush_statuses``)
         self._statuses: list[tuple[bytes, bytes]] = []
         #: overflowed batches whose last partial is kept (re-sent on restore) until grace ends
-        self._overflow_partials: dict[str, int] = {}  # batch_id -> closed_at_ms
+        self._overflow_partials: dict[BatchKey, int] = {}  # batch -> closed_at_ms
 
     # -- restore ------------------------------------------------------------------
     def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
@@ -152,34 +193,35 @@ class PartitionProcessor:
         for key, value in entries:
             if not key.startswith(prefix) or value is None:
                 continue
-            kind = key[len(prefix):len(prefix) + 1]
+            kind = key[len(prefix):len(prefix) + 1].lower()  # upper case: a named run's
             if kind == b"c":
                 checkpoint = decode_checkpoint(value)
                 self.checkpoint = checkpoint.offset
-                self.expired = OrderedDict.fromkeys(checkpoint.expired)
-                self.overflowed = OrderedDict.fromkeys(checkpoint.overflowed)
+                self.expired = OrderedDict.fromkeys(map(_from_durable, checkpoint.expired))
+                self.overflowed = OrderedDict.fromkeys(map(_from_durable, checkpoint.overflowed))
             elif kind == b"d":
                 deltas.append((key, decode_delta(value)))
             elif kind == b"s":
                 status = decode_status(value)
-                statuses[status.batch_id] = (key, status)
+                statuses[(status.run_id, status.batch_id)] = (key, status)
             elif kind == b"o":
                 partial = decode_partial(value)
                 if now_ms - partial.closed_at_ms >= self.grace_ms:
                     effects.changelog.append((key, None))  # stage 2 has forgotten the batch too
                 else:
                     overflow_partials.append(partial)
-                    self._overflow_partials[partial.batch_id] = partial.closed_at_ms
+                    self._overflow_partials[(partial.run_id, partial.batch_id)] = partial.closed_at_ms
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
-            if delta.last_offset > self.checkpoint or delta.batch_id in self.expired or delta.batch_id in self.overflowed:
+            batch_key = (delta.run_id, delta.batch_id)
+            if delta.last_offset > self.checkpoint or batch_key in self.expired or batch_key in self.overflowed:
                 effects.changelog.append((key, None))
                 continue
-            batch = self._open(delta.batch_id, delta.last_input_ms)
+            batch = self._open(batch_key, delta.last_input_ms)
             batch.state.apply_delta(delta)
             batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
             batch.delta_keys.append(key)
-        for batch_id, (key, status) in statuses.items():
-            batch = self.batches.get(batch_id)
+        for batch_key, (key, status) in statuses.items():
+            batch = self.batches.get(batch_key)
             if batch is None:
                 effects.changelog.append((key, None))
                 continue
@@ -209,12 +251,12 @@ class PartitionProcessor:
                  len(self.batches), self.checkpoint, len(effects.changelog))
         return effects
 
-    def _open(self, batch_id: str, now_ms: int) -> _Batch:
-        batch = self.batches.get(batch_id)
+    def _open(self, key: BatchKey, now_ms: int) -> _Batch:
+        batch = self.batches.get(key)
         if batch is None:
-            state = BatchState(batch_id)
+            state = BatchState(key[1], key[0])
             state.start_journal()
-            batch = self.batches[batch_id] = _Batch(state=state, last_input_ms=now_ms)
+            batch = self.batches[key] = _Batch(state=state, last_input_ms=now_ms)
         return batch
 
     # -- processing ---------------------------------------------------------------
@@ -222,7 +264,7 @@ class PartitionProcessor:
         """Apply one chunk of ``(offset, value)`` messages of this partition, in offset order."""
         effects = Effects()
         counters = self.counters
-        touched: dict[str, _Batch] = {}
+        touched: dict[BatchKey, _Batch] = {}
         first = last = None
         for offset, value in messages:
             if offset <= self.checkpoint:
@@ -232,33 +274,22 @@ class PartitionProcessor:
             if first is None:
                 first = offset
             last = offset
-            decoded = decode_records_message(value, max_bytes=self.max_message_bytes)
-            records = decoded.records
-            if records:
-                batch_id = records[0].batch_id
-                if all(r.batch_id == batch_id for r in records):  # the usual case: one batch per message
-                    self._apply_records(batch_id, records, offset, now_ms, touched, effects)
-                else:
-                    for record in records:
-                        self._apply_records(record.batch_id, [record], offset, now_ms, touched, effects)
-            for bad in decoded.invalid:
-                counters.records_invalid += 1
-                counters.dead_letter(bad.reason)
-                effects.dead_letters.append(self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id, now_ms))
-                if bad.batch_id is not None:
-                    batch = self._batch_for_input(bad.batch_id, now_ms)
-                    if batch is not None:
-                        batch.state.add_invalid(bad.producer_id, late=batch.closed)
-                        touched[bad.batch_id] = batch
-            if decoded.marker is not None:
-                self._apply_marker(decoded.marker, value, offset, now_ms, touched, effects)
+            try:
+                self._apply_message(offset, value, now_ms, touched, effects)
+            except Exception as exc:  # noqa: BLE001 - a bug must not jam the partition on one input
+                log.exception("partition=%d offset=%d: applying the message failed; dead-lettered", self.partition,
+                              offset)
+                counters.dead_letter("internal_error")
+                effects.dead_letters.append(self._dead_letter(
+                    "internal_error", f"the worker failed on this message ({shorten(exc, 400)}); please report it",
+                    value, offset, None, now_ms))
         if last is None:
             return effects
         assert first is not None
-        for batch_id, batch in touched.items():
+        for batch_key, batch in touched.items():
             delta = batch.state.take_delta(first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms)
             if delta is not None:
-                key = _delta_key(self.partition, batch_id, last)
+                key = _delta_key(self.partition, batch_key, last)
                 effects.changelog.append((key, encode_state(delta)))
                 batch.delta_keys.append(key)
             if not batch.closed and batch.state.markers_complete:
@@ -276,53 +307,86 @@ class PartitionProcessor:
             self._dropped.clear()
         return effects
 
-    def _batch_for_input(self, batch_id: str, now_ms: int) -> _Batch | None:
+    def _apply_message(self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch],
+                       effects: Effects) -> None:
+        """Decode one records-topic message and apply what it holds."""
+        counters = self.counters
+        decoded = decode_records_message(value, max_bytes=self.max_message_bytes)
+        records = decoded.records
+        if records:
+            # a record without its own run_id or producer_id belongs to the envelope's
+            run_id, producer_id = decoded.run_id, decoded.producer_id
+            first = records[0]
+            batch_id, record_run = first.batch_id, first.run_id
+            if all(r.batch_id == batch_id and r.run_id == record_run for r in records):  # the usual case
+                key = (run_id if record_run is None else record_run, batch_id)
+                self._apply_records(key, records, producer_id, offset, now_ms, touched, effects)
+            else:
+                for record in records:
+                    key = (run_id if record.run_id is None else record.run_id, record.batch_id)
+                    self._apply_records(key, [record], producer_id, offset, now_ms, touched, effects)
+        for bad in decoded.invalid:
+            counters.records_invalid += 1
+            counters.dead_letter(bad.reason)
+            effects.dead_letters.append(self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id,
+                                                          now_ms, bad.run_id))
+            if bad.batch_id is not None:
+                key = (bad.run_id, bad.batch_id)
+                batch = self._batch_for_input(key, now_ms)
+                if batch is not None:
+                    batch.state.add_invalid(bad.producer_id, late=batch.closed)
+                    touched[key] = batch
+        if decoded.marker is not None:
+            self._apply_marker(decoded.marker, value, offset, now_ms, touched, effects)
+
+    def _batch_for_input(self, key: BatchKey, now_ms: int) -> _Batch | None:
         """The batch to apply input to; None when it expired (the input is late) or
         was closed early at the open-generation limit."""
-        batch = self.batches.get(batch_id)
+        batch = self.batches.get(key)
         if batch is None:
-            if batch_id in self.expired or batch_id in self.overflowed:
+            if key in self.expired or key in self.overflowed:
                 return None
-            batch = self._open(batch_id, now_ms)
+            batch = self._open(key, now_ms)
         batch.last_input_ms = now_ms
         return batch
 
-    def _apply_records(self, batch_id: str, records: list[GenerationRecord], offset: int, now_ms: int,
-                       touched: dict, effects: Effects) -> None:
-        """Apply records of one batch from one message."""
+    def _apply_records(self, key: BatchKey, records: list[GenerationRecord], producer_id: str | None, offset: int,
+                       now_ms: int, touched: dict, effects: Effects) -> None:
+        """Apply records of one batch from one message (``producer_id``: the envelope's)."""
         counters = self.counters
-        batch = self._batch_for_input(batch_id, now_ms)
+        batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            if batch_id in self.overflowed:
-                self._dead_letter_records("overflow", self._overflow_detail(batch_id), records, offset, batch_id,
+            if key in self.overflowed:
+                self._dead_letter_records("overflow", self._overflow_detail(key), records, offset, key,
                                           now_ms, effects)
                 return
             for record in records:
                 counters.dead_letter("late")
                 effects.dead_letters.append(self._dead_letter(
-                    "late", f"batch {batch_id!r} closed more than grace ago on partition {self.partition}",
-                    encode_records_message(record), offset, batch_id, now_ms))
+                    "late", f"{_describe(key)} closed more than grace ago on partition {self.partition}",
+                    encode_records_message(record), offset, key[1], now_ms, key[0]))
             return
-        touched[batch_id] = batch
+        touched[key] = batch
         limit = self.max_open_generations
         if limit is not None and self.open_generations + len(records) > limit:
             # each record adds at most one generation: apply what fits, then cut the batch
             while records and self.open_generations < limit:
                 room = limit - self.open_generations
-                self._add(batch, records[:room])
+                self._add(batch, records[:room], producer_id)
                 records = records[room:]
             if records:
-                del touched[batch_id]
+                del touched[key]
                 self._overflow(batch, now_ms, effects)
-                self._dead_letter_records("overflow", self._overflow_detail(batch_id), records, offset, batch_id,
+                self._dead_letter_records("overflow", self._overflow_detail(key), records, offset, key,
                                           now_ms, effects)
             return
-        self._add(batch, records)
+        self._add(batch, records, producer_id)
 
-    def _add(self, batch: _Batch, records: list[GenerationRecord]) -> None:
+    def _add(self, batch: _Batch, records: list[GenerationRecord], producer_id: str | None) -> None:
         counters = self.counters
         held = batch.state.generation_count
-        aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed)
+        aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed,
+                                                                    producer_id=producer_id)
         self.open_generations += batch.state.generation_count - held
         counters.records_conflicting += conflicting
         if batch.closed:
@@ -331,26 +395,26 @@ class PartitionProcessor:
             counters.records_aggregated += aggregated
             counters.records_redelivered += redelivered
 
-    def _overflow_detail(self, batch_id: str) -> str:
-        return (f"batch {batch_id!r} passed the limit of {self.max_open_generations} open generations on "
+    def _overflow_detail(self, key: BatchKey) -> str:
+        return (f"{_describe(key)} passed the limit of {self.max_open_generations} open generations on "
                 f"partition {self.partition} and was closed early as incomplete (raise --max-open-generations "
                 f"if batches are really this large)")
 
     def _overflow(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
         """Close the batch now (its partial holds everything up to this message) and drop its state."""
-        batch_id = batch.state.batch_id
-        log.warning("partition=%d: %s", self.partition, self._overflow_detail(batch_id))
+        key = batch.key
+        log.warning("partition=%d: %s", self.partition, self._overflow_detail(key))
         if batch.closed:
             self._emit(batch, now_ms, effects)  # late input within grace: publish what it changed
         else:
             self._close(batch, "incomplete", now_ms, effects)
-        del self.batches[batch_id]
+        del self.batches[key]
         self.open_generations -= batch.state.generation_count
-        self.overflowed[batch_id] = None
+        self.overflowed[key] = None
         # its last partial stays in the changelog until grace ends (sent again on restore)
-        effects.changelog.append((_overflow_key(self.partition, batch_id),
+        effects.changelog.append((_overflow_key(self.partition, key),
                                   encode_partial(self._partial(batch, batch.revision))))
-        self._overflow_partials[batch_id] = batch.closed_at_ms
+        self._overflow_partials[key] = batch.closed_at_ms
         while len(self.overflowed) > EXPIRED_MEMORY:
             self.overflowed.popitem(last=False)
         self._dropped.append(batch)
@@ -358,44 +422,45 @@ class PartitionProcessor:
     def _forget_state(self, batch: _Batch, effects: Effects) -> None:
         """Delete a dropped batch's deltas and status from the changelog."""
         effects.changelog.extend((key, None) for key in batch.delta_keys)
-        effects.changelog.append((_status_key(self.partition, batch.state.batch_id), None))
+        effects.changelog.append((_status_key(self.partition, batch.key), None))
 
     def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
                       effects: Effects) -> None:
         self.counters.markers += 1
-        batch = self._batch_for_input(marker.batch_id, now_ms)
+        key = (marker.run_id, marker.batch_id)
+        batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            overflowed = marker.batch_id in self.overflowed
+            overflowed = key in self.overflowed
             reason = "overflow" if overflowed else "late"
-            detail = (self._overflow_detail(marker.batch_id) if overflowed
-                      else f"marker for batch {marker.batch_id!r} after its grace ended")
+            detail = (self._overflow_detail(key) if overflowed
+                      else f"marker for {_describe(key)} after its grace ended")
             self.counters.dead_letter(reason, records=0)
-            effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, marker.batch_id, now_ms))
+            effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
             return
         batch.state.add_marker(marker)
-        touched[marker.batch_id] = batch
+        touched[key] = batch
 
     def _dead_letter_records(self, reason: str, detail: str, records: list[GenerationRecord], offset: int,
-                             batch_id: str, now_ms: int, effects: Effects) -> None:
+                             key: BatchKey, now_ms: int, effects: Effects) -> None:
         """Dead-letter valid records as packed batches, each small enough to carry whole."""
-        raw = encode_records_message(RecordBatch(records=records))
+        raw = encode_records_message(RecordBatch(records=records, run_id=key[0]))
         if len(raw) > DEAD_LETTER_RAW_LIMIT and len(records) > 1:
             half = len(records) // 2
-            self._dead_letter_records(reason, detail, records[:half], offset, batch_id, now_ms, effects)
-            self._dead_letter_records(reason, detail, records[half:], offset, batch_id, now_ms, effects)
+            self._dead_letter_records(reason, detail, records[:half], offset, key, now_ms, effects)
+            self._dead_letter_records(reason, detail, records[half:], offset, key, now_ms, effects)
             return
         self.counters.dead_letter(reason, records=len(records))
-        effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, batch_id, now_ms))
+        effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
 
     def _dead_letter(self, reason: str, detail: str, raw: bytes, offset: int, batch_id: str | None,
-                     now_ms: int) -> DeadLetter:
+                     now_ms: int, run_id: str | None = None) -> DeadLetter:
         if len(raw) > DEAD_LETTER_RAW_LIMIT:  # the whole message stays in the records topic, named here
             detail = (f"{detail} (raw cut to its first {DEAD_LETTER_RAW_LIMIT} of {len(raw)} bytes; the whole "
                       f"message is {self.source_topic} partition {self.partition} offset {offset})")
             raw = raw[:DEAD_LETTER_RAW_LIMIT]
         return DeadLetter(reason=reason, detail=detail, raw=raw, source_topic=self.source_topic,
                           source_partition=self.partition, source_offset=offset, batch_id=batch_id,
-                          rejected_at=now_ms / 1000)
+                          rejected_at=now_ms / 1000, run_id=run_id)
 
     # -- closing ----------------------------------------------------------------
     def _close(self, batch: _Batch, reason: str, now_ms: int, effects: Effects) -> None:
@@ -405,13 +470,22 @@ class PartitionProcessor:
 
     def _emit(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
         """Emit the batch's partial if its content changed since the last one."""
-        partial = self._partial(batch, batch.revision + 1)
-        digest = _digest(partial)
+        try:
+            partial = self._partial(batch, batch.revision + 1)
+            digest = _digest(partial)
+        except Exception as exc:  # noqa: BLE001 - a bug must not jam the partition: say so, go on
+            log.exception("partition=%d %s: building its partial failed", self.partition, _describe(batch.key))
+            self.counters.dead_letter("internal_error", records=0)
+            effects.dead_letters.append(self._dead_letter(
+                "internal_error", f"building the partial of {_describe(batch.key)} failed ({shorten(exc, 400)}); "
+                "its input is applied but not published; please report it", b"", self.checkpoint,
+                batch.state.batch_id, now_ms, batch.state.run_id))
+            return
         if digest == batch.partial_digest:
             return
         batch.revision += 1
         batch.partial_digest = digest
-        self._statuses.append((_status_key(self.partition, batch.state.batch_id), encode_state(batch.status())))
+        self._statuses.append((_status_key(self.partition, batch.key), encode_state(batch.status())))
         effects.partials.append(partial)
         self.counters.partials_emitted += 1
 
@@ -430,10 +504,10 @@ class PartitionProcessor:
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
         effects = Effects()
-        for batch_id, closed_at_ms in list(self._overflow_partials.items()):
+        for key, closed_at_ms in list(self._overflow_partials.items()):
             if now_ms - closed_at_ms >= self.grace_ms:
-                del self._overflow_partials[batch_id]
-                effects.changelog.append((_overflow_key(self.partition, batch_id), None))
+                del self._overflow_partials[key]
+                effects.changelog.append((_overflow_key(self.partition, key), None))
         expired = []
         for batch in self.batches.values():
             if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:
@@ -442,9 +516,9 @@ class PartitionProcessor:
                 expired.append(batch)
         if expired:
             for batch in expired:
-                del self.batches[batch.state.batch_id]
+                del self.batches[batch.key]
                 self.open_generations -= batch.state.generation_count
-                self.expired[batch.state.batch_id] = None
+                self.expired[batch.key] = None
                 self.counters.batches_expired += 1
             while len(self.expired) > EXPIRED_MEMORY:
                 self.expired.popitem(last=False)
@@ -456,5 +530,5 @@ class PartitionProcessor:
         return effects
 
     def _checkpoint_value(self) -> bytes:
-        return encode_state(Checkpoint(offset=self.checkpoint, expired=list(self.expired),
-                                       overflowed=list(self.overflowed)))
+        return encode_state(Checkpoint(offset=self.checkpoint, expired=[_durable(k) for k in self.expired],
+                                       overflowed=[_durable(k) for k in self.overflowed]))

@@ -19,6 +19,7 @@ from specmeter.schemas import BatchMetrics, PartialAggregate
 
 from ._counters import WorkerCounters
 from ._merge import build_batch_metrics
+from ._stage1 import BatchKey, shorten
 
 __all__ = ["BatchMerger", "MergeEffects", "MergeEntry"]
 
@@ -35,6 +36,11 @@ class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
     last_change_ms: int = 0
     published_revision: int = -1
     published_digest: bytes = b""
+    run_id: str | None = None
+
+    @property
+    def key(self) -> BatchKey:
+        return (self.run_id, self.batch_id)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -47,8 +53,13 @@ class MergeEffects:
     published: list[BatchMetrics] = field(default_factory=list)
 
 
-def _key(partition: int, batch_id: str) -> bytes:
-    return f"{partition}{_SEP}m{_SEP}{batch_id}".encode()
+def _key(partition: int, key: BatchKey) -> bytes:
+    """The default run's layout as before runs existed; a named run under ``M``, its
+    run_id length-prefixed."""
+    run_id, batch_id = key
+    if run_id is None:
+        return f"{partition}{_SEP}m{_SEP}{batch_id}".encode()
+    return f"{partition}{_SEP}M{_SEP}{len(run_id)}:{run_id}{batch_id}".encode()
 
 
 def _checkpoint_key(partition: int) -> bytes:
@@ -65,7 +76,7 @@ class BatchMerger:
         self.batch_timeout_ms = batch_timeout_ms
         self.grace_ms = grace_ms
         self.counters = counters if counters is not None else WorkerCounters()
-        self.entries: dict[str, MergeEntry] = {}
+        self.entries: dict[BatchKey, MergeEntry] = {}
         #: last partials-topic offset whose effects are durable
         self.checkpoint = -1
 
@@ -73,16 +84,16 @@ class BatchMerger:
         """Rebuild from the changelog; returns each batch's latest publication, to send
         again: the state that says it was published may be durable while the
         publication itself was lost in a crash (the repeat is identical)."""
-        prefix = f"{self.partition}{_SEP}m{_SEP}".encode()
+        prefixes = (f"{self.partition}{_SEP}m{_SEP}".encode(), f"{self.partition}{_SEP}M{_SEP}".encode())
         checkpoint_key = _checkpoint_key(self.partition)
         for key, value in entries:
             if value is None:
                 continue
             if key == checkpoint_key:
                 self.checkpoint = int(value)
-            elif key.startswith(prefix):
+            elif key.startswith(prefixes):
                 entry = _decoder.decode(value)
-                self.entries[entry.batch_id] = entry
+                self.entries[entry.key] = entry
         log.info("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         republish = []
         for entry in self.entries.values():
@@ -91,8 +102,8 @@ class BatchMerger:
                 if digest == entry.published_digest:
                     republish.append(metrics)
                 else:  # cannot happen unless the merge rules changed between versions
-                    log.warning("batch=%s: restored state does not reproduce revision %d; not repeating it",
-                                entry.batch_id, entry.published_revision)
+                    log.warning("batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
+                                shorten(entry.batch_id), shorten(entry.run_id), entry.published_revision)
         return republish
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
@@ -113,9 +124,11 @@ class BatchMerger:
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
         effects = MergeEffects()
-        entry = self.entries.get(partial.batch_id)
+        key = (partial.run_id, partial.batch_id)
+        entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[partial.batch_id] = MergeEntry(batch_id=partial.batch_id, first_seen_ms=now_ms)
+            entry = self.entries[key] = MergeEntry(batch_id=partial.batch_id, run_id=partial.run_id,
+                                                   first_seen_ms=now_ms)
         known = entry.partials.get(partial.partition)
         if known is not None and known.revision >= partial.revision:
             return effects  # a replayed or stale partial
@@ -123,7 +136,7 @@ class BatchMerger:
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
             self._publish(entry, effects)
-        effects.changelog.append((_key(self.partition, entry.batch_id), _encoder.encode(entry)))
+        effects.changelog.append((_key(self.partition, key), _encoder.encode(entry)))
         return effects
 
     def tick(self, now_ms: int) -> MergeEffects:
@@ -131,10 +144,10 @@ class BatchMerger:
         for entry in list(self.entries.values()):
             if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
                 self._publish(entry, effects)
-                effects.changelog.append((_key(self.partition, entry.batch_id), _encoder.encode(entry)))
+                effects.changelog.append((_key(self.partition, entry.key), _encoder.encode(entry)))
             elif entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms:
-                del self.entries[entry.batch_id]
-                effects.changelog.append((_key(self.partition, entry.batch_id), None))
+                del self.entries[entry.key]
+                effects.changelog.append((_key(self.partition, entry.key), None))
         return effects
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:

@@ -8,8 +8,8 @@ records: a redelivery changes a counter and nothing else.
 
 Two forms of a generation's entry: the common one (no state hash, no histogram,
 counters below 2^20 (completion 2^24), one occurrence so far) is one packed int
-holding the four counters and the occurrence's sample; anything else is a wide
-6-tuple with its occurrences in a set. A packed entry widens the moment a second
+holding the four counters, the weight_version's slot and the occurrence's sample;
+anything else is a wide 7-tuple with its occurrences in a set. A packed entry widens the moment a second
 occurrence or a different value arrives, so both forms mean exactly the same.
 (Histograms stay wide: packing them cost more CPU in the dedup than it saved.)
 """
@@ -20,15 +20,15 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
+from specmeter.schemas import MAX_WEIGHT_VERSIONS, BatchMarker, GenerationRecord, PartialAggregate, WeightVersionSums
 
 from ._delta import BatchDelta
 from ._exact import grow
 
 __all__ = ["BatchState", "Outcome", "add_histograms"]
 
-#: (state_hash, accepted, proposed, verify, completion, accept_histogram)
-Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None]
+#: (state_hash, accepted, proposed, verify, completion, accept_histogram, weight_version)
+Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None, str | None]
 
 
 class _Conflict:
@@ -43,10 +43,14 @@ class _Conflict:
 CONFLICT: Final = _Conflict()
 
 # Packed entry layout (an int): four counters stored as value + 1 (0: unknown) in
-# 20/20/20/24 bits, then the slot of the occurrence's sample (0: sample_id None).
+# 20/20/20/24 bits, the slot of the weight_version in 12 bits (0: None), then the
+# slot of the occurrence's sample (0: sample_id None).
 _C20: Final = (1 << 20) - 1
 _C24: Final = (1 << 24) - 1
 _SLOTS: Final = (1 << 20) - 1
+_VERSION_SHIFT: Final = 84
+_VERSION_SLOTS: Final = (1 << 12) - 1
+_SAMPLE_SHIFT: Final = 96
 _COUNTERS_MASK: Final = (1 << 84) - 1
 _LO64: Final = (1 << 64) - 1
 
@@ -91,6 +95,9 @@ class BatchState:
 
     __slots__ = (
         "batch_id",
+        "run_id",
+        "_versions",
+        "_version_slot",
         "_values",
         "_occurrences",
         "_packed",
@@ -111,8 +118,11 @@ class BatchState:
         "_journal_base",
     )
 
-    def __init__(self, batch_id: str) -> None:
+    def __init__(self, batch_id: str, run_id: str | None = None) -> None:
         self.batch_id = batch_id
+        self.run_id = run_id
+        self._versions: list[str] = []  # slot k+1 -> weight_version
+        self._version_slot: dict[str, int] = {}
         self._values: dict[tuple[str, str], Value | _Conflict] = {}
         self._occurrences: set[tuple[str, str | None, str]] = set()  # of wide entries only
         self._packed = 0  # entries in packed form (each one occurrence)
@@ -148,9 +158,13 @@ class BatchState:
         aggregated, _, _ = self.add_many([record], late=late)
         return Outcome.AGGREGATED if aggregated else Outcome.REDELIVERED
 
-    def add_many(self, records: list[GenerationRecord], *, late: bool = False) -> tuple[int, int, int]:
+    def add_many(self, records: list[GenerationRecord], *, late: bool = False,
+                 producer_id: str | None = None) -> tuple[int, int, int]:
         """Apply a run of valid records: the one implementation of the dedup rule
         (``add`` is its one-record case; the worker calls it once per chunk).
+
+        ``producer_id`` is whose deliveries a record without its own counts as (the
+        ``RecordBatch`` envelope's producer: a publisher's records are its own).
 
         Returns:
             (aggregated, redelivered, conflicting) record counts.
@@ -163,14 +177,16 @@ class BatchState:
         received = self._received
         slots = self._sample_slot
         samples = self._samples
+        version_slots = self._version_slot
         aggregated = redelivered = conflicting = packed_added = 0
         counters_seen = self._counters_seen
         producer, produced = None, 0
         for r in records:
-            if r.producer_id is not producer:
+            record_producer = r.producer_id or producer_id
+            if record_producer is not producer:
                 if producer is not None:
                     received[producer] = received.get(producer, 0) + produced
-                producer, produced = r.producer_id, 0
+                producer, produced = record_producer, 0
             produced += 1
             session, generation, sample = r.session_id, r.generation_id, r.sample_id
             key = (session, generation)
@@ -178,17 +194,19 @@ class BatchState:
             if not counters_seen and (accepted is not None or proposed is not None or verify is not None):
                 counters_seen = True
             histogram = r.accept_histogram
+            version = r.weight_version
+            vslot = 0 if version is None else version_slots.get(version) or self._new_version_slot(version)
             # the packed form of this record, when it has one
             packed = None
             if r.state_hash is None and histogram is None:
                 slot = 0 if sample is None else slots.get(sample) or self._new_slot(sample)
-                if slot is not None:
+                if slot is not None and vslot is not None:
                     a = 0 if accepted is None else accepted + 1
                     p = 0 if proposed is None else proposed + 1
                     v = 0 if verify is None else verify + 1
                     c = 0 if completion is None else completion + 1
                     if a <= _C20 and p <= _C20 and v <= _C20 and c <= _C24:
-                        packed = a | p << 20 | v << 40 | c << 60 | slot << 84
+                        packed = a | p << 20 | v << 40 | c << 60 | vslot << _VERSION_SHIFT | slot << _SAMPLE_SHIFT
             known = values.get(key)
             if known is None:
                 aggregated += 1
@@ -199,7 +217,7 @@ class BatchState:
                         journal_new((session, generation, sample, packed))
                 else:
                     values[key] = (r.state_hash, accepted, proposed, verify, completion,
-                                   None if histogram is None else tuple(histogram))
+                                   None if histogram is None else tuple(histogram), version)
                     occurrence = (session, sample, generation)
                     occurrences.add(occurrence)
                     if journal_keys is not None:
@@ -211,13 +229,13 @@ class BatchState:
                     redelivered += 1  # same value, same (only) occurrence
                     continue
                 if journal_keys is not None:  # the wide form goes in the delta, with its first occurrence
-                    first_slot = known >> 84
+                    first_slot = known >> _SAMPLE_SHIFT
                     journal_keys.add(key)
                     journal_occurrences.append(  # type: ignore[union-attr]
                         (session, samples[first_slot - 1] if first_slot else None, generation))
                 known = self._widen(key, known)
             value = (r.state_hash, accepted, proposed, verify, completion,
-                     None if histogram is None else tuple(histogram))
+                     None if histogram is None else tuple(histogram), version)
             if known is CONFLICT:
                 conflicting += 1
             elif known != value:
@@ -248,8 +266,8 @@ class BatchState:
     def _widen(self, key: tuple[str, str], packed: int) -> Value:
         """Turn a packed entry into its wide form (value tuple, occurrence in the set)."""
         accepted, proposed, verify, completion = _unpack(packed)
-        slot = packed >> 84
-        value = (None, accepted, proposed, verify, completion, None)
+        slot = packed >> _SAMPLE_SHIFT
+        value = (None, accepted, proposed, verify, completion, None, self._version_of(packed))
         self._values[key] = value
         self._occurrences.add((key[0], self._samples[slot - 1] if slot else None, key[1]))
         self._packed -= 1
@@ -261,7 +279,7 @@ class BatchState:
             samples = self._samples
             for (session, generation), value in self._values.items():
                 if value.__class__ is int:
-                    slot = value >> 84  # type: ignore[operator]
+                    slot = value >> _SAMPLE_SHIFT  # type: ignore[operator]
                     yield session, samples[slot - 1] if slot else None, generation
         yield from self._occurrences
 
@@ -310,24 +328,30 @@ class BatchState:
         # entries created packed and still packed: five flat items each (the counters
         # split below 2^64 for msgpack); one widened since is in ``entries`` instead
         packed: list[str | int | None] = []
-        extend = packed.extend
+        versioned: list[str | int | None] = []
         for session, generation, sample, value in journal_new:
             if journal_keys and (session, generation) in journal_keys:
                 continue
             counters = value & _COUNTERS_MASK
-            extend((session, generation, sample, counters & _LO64, counters >> 64))
+            vslot = (value >> _VERSION_SHIFT) & _VERSION_SLOTS
+            if vslot:
+                versioned.extend((session, generation, sample, counters & _LO64, counters >> 64,
+                                  self._versions[vslot - 1]))
+            else:
+                packed.extend((session, generation, sample, counters & _LO64, counters >> 64))
         values = self._values
         entries = []
         for key in journal_keys:
             value = values[key]
             if value is CONFLICT:
-                entries.append((key[0], key[1], True, None, None, None, None, None, None))
+                entries.append((key[0], key[1], True, None, None, None, None, None, None, None))
             else:
                 entries.append((key[0], key[1], False, *value))  # type: ignore[misc]
         received = {p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)}
         markers = [m for p, m in now[5].items() if base[5].get(p) != m]
         delta = BatchDelta(
             batch_id=self.batch_id,
+            run_id=self.run_id,
             first_offset=first_offset,
             last_offset=last_offset,
             last_input_ms=last_input_ms,
@@ -342,6 +366,7 @@ class BatchState:
             algorithms=sorted(now[6] - base[6]),
             counters_seen=now[7] and not base[7],
             packed=packed,
+            packed_versioned=versioned,
         )
         self._journal_keys = set()
         self._journal_occurrences = []
@@ -355,7 +380,11 @@ class BatchState:
         flat = delta.packed
         for i in range(0, len(flat), 5):
             session, generation, sample, low, high = flat[i:i + 5]
-            self._restore_packed((session, generation), sample, low | high << 64)  # type: ignore[operator]
+            self._restore_packed((session, generation), sample, low | high << 64, None)  # type: ignore[operator]
+        flat = delta.packed_versioned
+        for i in range(0, len(flat), 6):
+            session, generation, sample, low, high, version = flat[i:i + 6]
+            self._restore_packed((session, generation), sample, low | high << 64, version)  # type: ignore[operator]
         for session, generation, conflict, *value in delta.entries:
             key = (session, generation)
             before = values.get(key)
@@ -366,9 +395,13 @@ class BatchState:
                     self._conflicts += 1
                 values[key] = CONFLICT
             else:
-                state_hash, accepted, proposed, verify, completion, histogram = value
+                # entries written before weight versions existed have six items
+                state_hash, accepted, proposed, verify, completion, histogram, *version = value
+                weight_version = version[0] if version else None
+                if weight_version is not None and weight_version not in self._version_slot:
+                    self._new_version_slot(weight_version)
                 values[key] = (state_hash, accepted, proposed, verify, completion,
-                               tuple(histogram) if histogram is not None else None)
+                               tuple(histogram) if histogram is not None else None, weight_version)
         for session, sample, generation in delta.occurrences:
             known = values.get((session, generation))
             if known.__class__ is int:
@@ -395,20 +428,33 @@ class BatchState:
         slot = self._sample_slot[sample] = len(self._samples)
         return slot
 
-    def _restore_packed(self, key: tuple[str, str], sample: str | None, counters: int) -> None:
+    def _new_version_slot(self, version: str) -> int | None:
+        """Give a weight_version its slot (1-based) in packed entries; None once all are taken."""
+        if len(self._versions) >= _VERSION_SLOTS:
+            return None
+        self._versions.append(version)
+        slot = self._version_slot[version] = len(self._versions)
+        return slot
+
+    def _version_of(self, packed: int) -> str | None:
+        vslot = (packed >> _VERSION_SHIFT) & _VERSION_SLOTS
+        return self._versions[vslot - 1] if vslot else None
+
+    def _restore_packed(self, key: tuple[str, str], sample: str | None, counters: int, version: str | None) -> None:
         """Install an entry a delta wrote in packed form (new when it was written)."""
         values = self._values
         known = values.get(key)
         if known is None:
             slot = 0 if sample is None else self._sample_slot.get(sample) or self._new_slot(sample)
-            if slot is not None:
-                values[key] = counters | slot << 84
+            vslot = 0 if version is None else self._version_slot.get(version) or self._new_version_slot(version)
+            if slot is not None and vslot is not None:
+                values[key] = counters | vslot << _VERSION_SHIFT | slot << _SAMPLE_SHIFT
                 self._packed += 1
                 return
         # not new after all, or no slot left: the wide form, with add's conflict rule
         if known.__class__ is int:
             known = self._widen(key, known)  # type: ignore[arg-type]
-        value = (None, *_unpack(counters), None)
+        value = (None, *_unpack(counters), None, version)
         if known is None:
             values[key] = value
         elif known is not CONFLICT and known != value:
@@ -439,9 +485,13 @@ class BatchState:
     ) -> PartialAggregate:
         """This partition's sums for the batch: one pass over the entries (packed ones
         read straight from their bits), one over the occurrences of wide ones."""
-        accepted_total = proposed_total = verify_total = completion_total = 0
-        paired_accepted = paired_proposed = accept_covered = 0
-        paired_completion = paired_verify = verify_covered = 0
+        # per weight_version (None: unknown), only once some record named one:
+        # [unique, accepted, proposed, verify, completion, paired accepted, paired proposed,
+        #  accept covered, paired completion, paired verify, verify covered] and histograms
+        by_version: dict[str | None, list[int]] | None = {} if self._versions else None
+        version_histograms: dict[str | None, list[tuple[int, ...]]] = {}
+        versions = self._versions
+        totals = [0] * 11
         histograms = []
         # The aliases are suppressed by any conflict or invalid record, anywhere;
         # this partition's share is only worth folding when it has neither.
@@ -454,56 +504,40 @@ class BatchState:
         for (session, generation), value in values.items():
             if value is CONFLICT:
                 continue
-            if value.__class__ is not int:
-                _, accepted, proposed, verify, completion, hist = value  # type: ignore[misc]
-                if accepted is not None:
-                    accepted_total += accepted
-                if proposed is not None:
-                    proposed_total += proposed
-                if verify is not None:
-                    verify_total += verify
-                if completion is not None:
-                    completion_total += completion
-                if accepted is not None and proposed is not None:
-                    paired_accepted += accepted
-                    paired_proposed += proposed
-                    accept_covered += 1
-                if completion is not None and verify is not None:
-                    paired_completion += completion
-                    paired_verify += verify
-                    verify_covered += 1
+            if value.__class__ is int:
+                # packed: counters stored as value + 1 (0: unknown)
+                packed: int = value  # type: ignore[assignment]
+                a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
+                hist = None
+                if by_version is not None:
+                    vslot = (packed >> _VERSION_SHIFT) & _VERSION_SLOTS
+                    version = versions[vslot - 1] if vslot else None
+                if fold:
+                    slot = packed >> _SAMPLE_SHIFT
+                    _fold(folds, (session, samples[slot - 1]) if slot else (session, None, generation), a, p, v, c)
+            else:
+                _, accepted, proposed, verify, completion, hist, version = value  # type: ignore[misc]
+                a = 0 if accepted is None else accepted + 1
+                p = 0 if proposed is None else proposed + 1
+                v = 0 if verify is None else verify + 1
+                c = 0 if completion is None else completion + 1
                 if hist is not None:
                     histograms.append(hist)
-                continue
-            # packed: counters stored as value + 1 (0: unknown)
-            packed = value
-            a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
-            if a:
-                accepted_total += a - 1
-            if p:
-                proposed_total += p - 1
-            if v:
-                verify_total += v - 1
-            if c:
-                completion_total += c - 1
-            if a and p:
-                paired_accepted += a - 1
-                paired_proposed += p - 1
-                accept_covered += 1
-            if c and v:
-                paired_completion += c - 1
-                paired_verify += v - 1
-                verify_covered += 1
-            if fold:
-                slot = packed >> 84
-                _fold(folds, (session, samples[slot - 1]) if slot else (session, None, generation), a, p, v, c)
+            _add_counters(totals, a, p, v, c)
+            if by_version is not None:
+                sums = by_version.get(version)
+                if sums is None:
+                    sums = by_version[version] = [0] * 11
+                _add_counters(sums, a, p, v, c)
+                if hist is not None:
+                    version_histograms.setdefault(version, []).append(hist)
         accept_parts: list[float] = []
         length_parts: list[float] = []
         accept_samples = length_samples = 0
         if fold:
             for session, sample, generation in self._occurrences:
                 value = values[(session, generation)]
-                _, accepted, proposed, verify, completion, _ = value  # type: ignore[misc]
+                _, accepted, proposed, verify, completion, _, _ = value  # type: ignore[misc]
                 _fold(folds, (session, sample) if sample is not None else (session, None, generation),
                       0 if accepted is None else accepted + 1, 0 if proposed is None else proposed + 1,
                       0 if verify is None else verify + 1, 0 if completion is None else completion + 1)
@@ -518,9 +552,22 @@ class BatchState:
         else:
             sample_count = len({(s, sample) if sample is not None else (s, None, g)
                                 for s, sample, g in self._all_occurrences()})
+        weight_versions: list[WeightVersionSums] = []
+        too_many = False
+        if by_version is not None and any(v is not None for v in by_version):
+            if sum(v is not None for v in by_version) > MAX_WEIGHT_VERSIONS:
+                too_many = True
+            else:
+                weight_versions = [
+                    _version_sums(version, by_version[version], version_histograms.get(version))
+                    for version in sorted(by_version, key=lambda v: (v is None, v or ""))
+                ]
         markers = self._markers
+        (_, accepted_total, proposed_total, verify_total, completion_total, paired_accepted, paired_proposed,
+         accept_covered, paired_completion, paired_verify, verify_covered) = totals
         return PartialAggregate(
             batch_id=self.batch_id,
+            run_id=self.run_id,
             partition=partition,
             revision=revision,
             close_reason=close_reason,
@@ -553,7 +600,50 @@ class BatchState:
             accept_ratio_parts=[p for p in accept_parts if p],
             length_ratio_samples=length_samples,
             length_ratio_parts=[p for p in length_parts if p],
+            weight_versions=weight_versions,
+            too_many_versions=too_many,
         )
+
+
+def _add_counters(sums: list[int], a: int, p: int, v: int, c: int) -> None:
+    """Add one non-conflicting generation (counters in +1 form, 0: unknown) to sums laid
+    out as [unique, accepted, proposed, verify, completion, paired accepted, paired
+    proposed, accept covered, paired completion, paired verify, verify covered]."""
+    sums[0] += 1
+    if a:
+        sums[1] += a - 1
+    if p:
+        sums[2] += p - 1
+    if v:
+        sums[3] += v - 1
+    if c:
+        sums[4] += c - 1
+    if a and p:
+        sums[5] += a - 1
+        sums[6] += p - 1
+        sums[7] += 1
+    if c and v:
+        sums[8] += c - 1
+        sums[9] += v - 1
+        sums[10] += 1
+
+
+def _version_sums(version: str | None, sums: list[int], histograms: list[tuple[int, ...]] | None) -> WeightVersionSums:
+    return WeightVersionSums(
+        weight_version=version,
+        unique_generation_count=sums[0],
+        accepted_total=sums[1],
+        proposed_total=sums[2],
+        verify_total=sums[3],
+        completion_total=sums[4],
+        paired_accepted_total=sums[5],
+        paired_proposed_total=sums[6],
+        accept_covered_count=sums[7],
+        paired_completion_total=sums[8],
+        paired_verify_total=sums[9],
+        verify_covered_count=sums[10],
+        accept_histogram=add_histograms(histograms or ()),
+    )
 
 
 def _fold(folds: dict[tuple, list[int]], sample_key: tuple, a: int, p: int, v: int, c: int) -> None:

@@ -60,8 +60,12 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
         present = set(await admin.list_topics()) & set(wanted)
         existing = await admin.describe_topics(sorted(present)) if present else []
         have = {d["topic"]: len(d["partitions"]) for d in existing if d.get("error_code", 0) == 0 and d["partitions"]}
+        # the worker's own topics take what its producer may send in one request (a
+        # chunk's state delta can pass the broker's 1 MiB default)
+        internal = {"max.message.bytes": str(2 * max(settings.max_message_bytes, 1_048_576))}
         missing = [NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
-                            topic_configs={"cleanup.policy": "compact" if name in compacted else "delete"})
+                            topic_configs={"cleanup.policy": "compact" if name in compacted else "delete",
+                                           **(internal if name in compacted or name == t.partials else {})})
                    for name, n in wanted.items() if name not in have]
         if missing:
             try:

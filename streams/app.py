@@ -25,7 +25,7 @@ from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics
 from ._changelog import changelog_topics, read_changelog_partition, read_range
 from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
-from ._stage1 import Effects, PartitionProcessor
+from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings
 
@@ -75,13 +75,33 @@ class StreamShell:
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
         self.crash_points = CrashPoints.from_env()
+        #: the first produce that failed after the producer's own retries: the worker
+        #: stops on it (an output or state write must never be skipped)
+        self.fatal: str | None = None
 
     # -- state per partition ------------------------------------------------------
-    @staticmethod
-    def _write(log_topic: Any, partition: int, key: bytes, value: bytes | None) -> None:
-        """Append to a state changelog (same producer as everything else: ordered
-        per partition, flushed by Faust before it commits offsets or gives up partitions)."""
-        log_topic.send_soon(key=key, value=value, partition=partition)
+    def _send(self, topic: Any, key: bytes, value: bytes | None, partition: int | None = None) -> None:
+        """Produce through Faust's producer (ordered per partition, flushed before it
+        commits offsets or gives up partitions); a failure stops the worker."""
+        topic.send_soon(key=key, value=value, partition=partition).add_done_callback(self._on_sent)
+
+    def _on_sent(self, future: Any) -> None:
+        if future.cancelled() or future.exception() is None or self.fatal is not None:
+            return
+        import os
+        import signal
+
+        exc = future.exception()
+        self.fatal = (f"producing to {future.message.channel.get_topic_name()} failed after the producer's retries "
+                      f"({type(exc).__name__}: {shorten(str(exc), 200)}); the worker stops rather than skip an "
+                      f"output. Operator action: check the broker (message.max.bytes, ACLs, disk) and restart; "
+                      f"state and outputs are restored from the changelog")
+        log.critical("%s", self.fatal)
+        os.kill(os.getpid(), signal.SIGTERM)  # a graceful stop; run_worker exits non-zero
+
+    def _write(self, log_topic: Any, partition: int, key: bytes, value: bytes | None) -> None:
+        """Append to a state changelog."""
+        self._send(log_topic, key, value, partition)
 
     def _state_of(self, topic: str, partition: int) -> Any:
         """The restored stage state of a records or partials partition (None: not yet)."""
@@ -138,7 +158,7 @@ class StreamShell:
             self.mergers[partition] = state
             self.published.seed(republish, time.time())  # for /metrics: counted by whoever published them first
             for metrics in republish:  # identical repeats: a crash may have lost the original
-                self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
+                self._send(self.metrics_topic, metrics.batch_id.encode(), encode_metrics(metrics))
         # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
         # have resumed anywhere (it commits past offsets it considers gaps).
         try:
@@ -235,11 +255,12 @@ class StreamShell:
 
     def _apply_outputs(self, effects: Effects) -> None:
         for partial in effects.partials:
-            self.partials_topic.send_soon(key=partial.batch_id.encode(), value=encode_partial(partial))
+            self._send(self.partials_topic, partial.batch_id.encode(), encode_partial(partial))
         for letter in effects.dead_letters:
-            self.deadletter_topic.send_soon(key=(letter.batch_id or "").encode(), value=encode_dead_letter(letter))
-            log.warning("dead-lettered reason=%s partition=%s offset=%s batch=%s detail=%s", letter.reason,
-                        letter.source_partition, letter.source_offset, letter.batch_id, letter.detail)
+            self._send(self.deadletter_topic, (letter.batch_id or "").encode(), encode_dead_letter(letter))
+            log.warning("dead-lettered reason=%s partition=%s offset=%s batch=%s run=%s detail=%s", letter.reason,
+                        letter.source_partition, letter.source_offset, shorten(letter.batch_id),
+                        shorten(letter.run_id), shorten(letter.detail, 300))
 
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
@@ -248,14 +269,14 @@ class StreamShell:
 
     def _publish(self, effects: MergeEffects) -> None:
         for metrics in effects.published:
-            self.metrics_topic.send_soon(key=metrics.batch_id.encode(), value=encode_metrics(metrics))
+            self._send(self.metrics_topic, metrics.batch_id.encode(), encode_metrics(metrics))
             self.last_published = metrics
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
             self.published.observe(metrics, time.time())  # for /metrics
             m = metrics.metrics
-            log.info("published batch=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
-                     "tokens_per_verify=%s", metrics.batch_id, metrics.revision, metrics.close_reason,
+            log.info("published batch=%s run=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
+                     "tokens_per_verify=%s", shorten(metrics.batch_id), shorten(metrics.run_id), metrics.revision, metrics.close_reason,
                      metrics.complete, metrics.record_count, m.get("spec/accept_rate"),
                      m.get("spec/tokens_per_verify"))
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 
+from ._logging import bound_log_lines
 from ._topics import ensure_topics
 from .app import build_app
 from .settings import WorkerSettings
@@ -17,12 +19,18 @@ def run_worker(settings: WorkerSettings) -> None:
     """Create missing topics, then run the worker until SIGINT/SIGTERM."""
     import faust
 
+    bound_log_lines()
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     asyncio.run(ensure_topics(settings))
-    app, _ = build_app(settings)
+    app, shell = build_app(settings)
     _tune_gc()
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
+            print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
+            raise SystemExit(1)
 
 
 def _tune_gc() -> None:

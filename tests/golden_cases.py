@@ -24,16 +24,25 @@ def meta_info_cases() -> list[dict[str, Any]]:
     return load_cases()["meta_info_cases"]
 
 
+BatchIdentity = tuple[Any, str]  # (run_id, batch_id)
+
+
 def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
     """The case as dump lines: records in delivery order, then one marker per batch
-    that names an algorithm (single-batch records get batch_id = DEFAULT_BATCH)."""
+    that names an algorithm (single-batch records get batch_id = DEFAULT_BATCH);
+    a multi-run case lists its markers itself."""
     lines = []
-    multi = isinstance(case["enabled"], dict)
+    multi = "markers" in case or isinstance(case.get("enabled"), dict)
     for record in case["records"]:
         record = dict(record)
         if not multi:
             record.setdefault("batch_id", DEFAULT_BATCH)
         lines.append(record)
+    if "markers" in case:
+        for marker in case["markers"]:
+            if marker.get("speculative_algorithm") is not None:
+                lines.append({"type": "marker", "producer_id": "golden", **marker})
+        return lines
     enabled = case["enabled"] if multi else {DEFAULT_BATCH: case["enabled"]}
     for batch_id, algorithm in enabled.items():
         if algorithm is not None:
@@ -41,16 +50,34 @@ def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
     return lines
 
 
-def expected_by_batch(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any]]:
+    """Expected {speculative, metrics, accept_histogram, by_weight_version} per (run_id, batch_id)."""
+    if "expected_batches" in case:
+        return {(b["run_id"], b["batch_id"]): b for b in case["expected_batches"]}
     if "expected_by_batch" in case:
-        return case["expected_by_batch"]
+        return {(None, batch_id): want for batch_id, want in case["expected_by_batch"].items()}
     return {
-        DEFAULT_BATCH: {
+        (None, DEFAULT_BATCH): {
             "speculative": case["speculative"],
             "metrics": case["expected"],
             "accept_histogram": case["accept_histogram"],
+            "by_weight_version": case.get("by_weight_version"),
         }
     }
+
+
+def assert_by_weight_version_equal(actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None,
+                                   where: str = "") -> None:
+    """Same entries in the same order; each entry's metrics compare like metrics."""
+    if expected is None or actual is None:
+        assert actual == expected, f"{where}: by_weight_version {actual!r} != {expected!r}"
+        return
+    got_versions = [e["weight_version"] for e in actual]
+    want_versions = [e["weight_version"] for e in expected]
+    assert got_versions == want_versions, f"{where}: versions {got_versions} != {want_versions}"
+    for got, want in zip(actual, expected):
+        assert got["accept_histogram"] == want["accept_histogram"], f"{where}/{want['weight_version']}: histogram"
+        assert_metrics_equal(got["metrics"], want["metrics"], f"{where}/{want['weight_version']}")
 
 
 def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:

@@ -1,5 +1,6 @@
-"""A deliberately naive, slow implementation of SPEC §3, written from the text
-alone, to check the core against on random inputs."""
+"""A deliberately naive, slow implementation of the metrics (docs/metrics.md; the
+team's SPEC.md §3 and §3.1), written from the text alone, to check the core
+against on random inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
     for r in records:
         keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
             (r["state_hash"], r["accepted"], r["proposed"], r["verify"], r["completion"],
-             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None)
+             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
+             r.get("weight_version"))
         )
     G = set(keys)
     C = {k for k, values in keys.items() if len(values) > 1}
@@ -67,4 +69,57 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
             out["spec_accept_rate"] = math.fsum(a / p for a, p in acc) / len(acc)
         if all(c is not None and v for c, v in ln):
             out["spec_accept_length"] = math.fsum(c / v for c, v in ln) / len(ln)
+    return out
+
+
+def _sums(values: list[tuple]) -> dict:
+    total = lambda i: sum(v[i] for v in values if v[i] is not None)  # noqa: E731
+    acc_pairs = [v for v in values if v[1] is not None and v[2] is not None]
+    ver_pairs = [v for v in values if v[4] is not None and v[3] is not None]
+    out = {
+        "spec/unique_generation_count": len(values),
+        "spec/accepted_total": total(1),
+        "spec/proposed_total": total(2),
+        "spec/verify_total": total(3),
+        "spec/completion_total": total(4),
+        "spec/paired_accepted_total": sum(v[1] for v in acc_pairs),
+        "spec/paired_proposed_total": sum(v[2] for v in acc_pairs),
+        "spec/accept_covered_count": len(acc_pairs),
+        "spec/paired_completion_total": sum(v[4] for v in ver_pairs),
+        "spec/paired_verify_total": sum(v[3] for v in ver_pairs),
+        "spec/verify_covered_count": len(ver_pairs),
+        "spec/accept_count_coverage": len(acc_pairs) / len(values),
+        "spec/verify_count_coverage": len(ver_pairs) / len(values),
+    }
+    if out["spec/paired_proposed_total"] > 0:
+        out["spec/accept_rate"] = out["spec/paired_accepted_total"] / out["spec/paired_proposed_total"]
+    if out["spec/paired_verify_total"] > 0:
+        out["spec/tokens_per_verify"] = out["spec/paired_completion_total"] / out["spec/paired_verify_total"]
+    return out
+
+
+def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
+    """by_weight_version read naively: one entry per distinct version over G \\ C,
+    sorted with the unknown version last; null when not speculative, when no key of
+    G \\ C knows its version, or past 64 known versions."""
+    keys: dict = {}
+    for r in records:
+        keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
+            (r["state_hash"], r["accepted"], r["proposed"], r["verify"], r["completion"],
+             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
+             r.get("weight_version")))
+    clean = [next(iter(v)) for v in keys.values() if len(v) == 1]
+    speculative = bool(marker_algorithm) or any(
+        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records)
+    known = {v[6] for v in clean if v[6] is not None}
+    if not speculative or not known or len(known) > 64:
+        return None
+    out = []
+    for version in sorted(known) + ([None] if any(v[6] is None for v in clean) else []):
+        values = [v for v in clean if v[6] == version]
+        histograms = [v[5] for v in values if v[5] is not None]
+        histogram = None
+        if histograms:
+            histogram = [sum(h[i] for h in histograms if i < len(h)) for i in range(max(map(len, histograms)))]
+        out.append({"weight_version": version, "metrics": _sums(values), "accept_histogram": histogram})
     return out

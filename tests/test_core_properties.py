@@ -2,12 +2,15 @@
 
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
-and it must equal a naive reading of SPEC §3 (tests/reference.py).
+and it must equal a naive reading of the metric definitions (tests/reference.py),
+by_weight_version included: its entries add up to the batch.
 """
 
 from __future__ import annotations
 
 import zlib
+
+import msgspec
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,13 +18,13 @@ from hypothesis import strategies as st
 from specmeter.schemas import GenerationRecord
 from specmeter.streams import BatchState, batch_metrics_dict, build_batch_metrics, merge_partials
 
-from .golden_cases import assert_metrics_equal
-from .reference import reference_metrics
+from .golden_cases import assert_by_weight_version_equal, assert_metrics_equal
+from .reference import reference_by_weight_version, reference_metrics
 
 # small values collide often (redeliveries, conflicts); the edges of the packed
 # entry form (20-bit counters, 24-bit completion) and beyond force the wide form
 small_counter = st.one_of(st.none(), st.integers(0, 6),
-                          st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**40]))
+                          st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**32 - 1]))
 record_dicts = st.fixed_dictionaries(
     {
         "batch_id": st.just("b"),
@@ -35,6 +38,7 @@ record_dicts = st.fixed_dictionaries(
         "completion": small_counter,
         "accept_histogram": st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=3)),
         "producer_id": st.sampled_from(["p0", "p1"]),
+        "weight_version": st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
     }
 )
 batches = st.lists(record_dicts, min_size=0, max_size=30)
@@ -56,7 +60,14 @@ def _metrics(records, algorithm=None, invalid=0, partitions=1):
     if algorithm:
         states[0].add_algorithm(algorithm)
     merged = merge_partials([s.partial(partition=p) for p, s in states.items()])
-    return batch_metrics_dict(merged), merged.accept_histogram
+    return batch_metrics_dict(merged), merged.accept_histogram, _versions(merged)
+
+
+def _versions(merged):
+    from specmeter.streams._merge import by_weight_version
+
+    entries = by_weight_version(merged)
+    return None if entries is None else msgspec.to_builtins(entries)
 
 
 def metrics_are_order_independent(dicts, permutation, algorithm):
@@ -92,8 +103,44 @@ def test_split_by_session_and_merged_is_exact(dicts, k, algorithm, invalid):
 @settings(max_examples=500, deadline=None)
 @given(batches, algorithms, st.integers(0, 2), st.integers(1, 4))
 def test_core_agrees_with_naive_reading_of_spec(dicts, algorithm, invalid, k):
-    got, _ = _metrics(_records(dicts), algorithm, invalid, partitions=k)
+    got, _, versions = _metrics(_records(dicts), algorithm, invalid, partitions=k)
     assert_metrics_equal(got, reference_metrics(dicts, algorithm, invalid), "random batch")
+    assert_by_weight_version_equal(versions, reference_by_weight_version(dicts, algorithm), "random batch")
+
+
+TOTALS = ("spec/unique_generation_count", "spec/accepted_total", "spec/proposed_total", "spec/verify_total",
+          "spec/completion_total", "spec/paired_accepted_total", "spec/paired_proposed_total",
+          "spec/accept_covered_count", "spec/paired_completion_total", "spec/paired_verify_total",
+          "spec/verify_covered_count")
+
+
+def versions_add_up_to_the_batch(metrics, versions) -> bool:
+    """Every total and paired total of the entries sums to the batch's over G \\ C."""
+    if versions is None:
+        return True
+    clean = metrics["spec/unique_generation_count"] - metrics["spec/conflicting_generation_count"]
+    for key in TOTALS:
+        want = clean if key == "spec/unique_generation_count" else metrics[key]
+        if sum(entry["metrics"][key] for entry in versions) != want:
+            return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.integers(1, 4), algorithms)
+def test_weight_version_entries_add_up_to_the_batch(dicts, k, algorithm):
+    metrics, _, versions = _metrics(_records(dicts), algorithm, partitions=k)
+    assert versions_add_up_to_the_batch(metrics, versions)
+
+
+def test_more_than_64_known_versions_give_no_breakdown():
+    dicts = [{"batch_id": "b", "session_id": f"s{i}", "generation_id": "g", "accepted": 1, "proposed": 2,
+              "weight_version": f"v{i}"} for i in range(65)]
+    for k in (1, 3):  # also when no single partition holds more than 64
+        metrics, _, versions = _metrics([GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
+        assert versions is None and metrics["spec/accepted_total"] == 65
+    metrics, _, versions = _metrics([GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
+    assert len(versions) == 64
 
 
 @settings(max_examples=100, deadline=None)
@@ -150,6 +197,30 @@ def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
     rebuilt = BatchState("b")
     for delta in deltas:
         rebuilt.apply_delta(delta)
+    assert _canonical(rebuilt.partial()) == _canonical(live.partial())
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.integers(1, 6))
+def test_deltas_written_before_weight_versions_still_restore(dicts, chunk):
+    """A changelog from before weight versions (six-item entries, no packed_versioned)
+    restores: a worker upgraded mid-run keeps its state."""
+    from specmeter.streams._delta import decode_delta, encode_state
+
+    records = [msgspec.structs.replace(r, weight_version=None) for r in _records(dicts)]
+    live = BatchState("b")
+    live.start_journal()
+    rebuilt = BatchState("b")
+    for i in range(0, len(records), chunk):
+        live.add_many(records[i:i + chunk])
+        delta = live.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0)
+        if delta is None:
+            continue
+        old = msgspec.structs.replace(delta, entries=[tuple(e[:9]) for e in delta.entries])
+        encoded = msgspec.msgpack.encode(old)
+        # the old layout: an array without the fields appended since
+        fields = msgspec.msgpack.decode(encoded)[:15]
+        rebuilt.apply_delta(decode_delta(msgspec.msgpack.encode(fields)))
     assert _canonical(rebuilt.partial()) == _canonical(live.partial())
 
 

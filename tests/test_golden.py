@@ -6,11 +6,20 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from specmeter.streams import OfflineAggregator
 
-from .golden_cases import GOLDEN, SHARED, aggregate_cases, assert_metrics_equal, case_lines, expected_by_batch
+from .golden_cases import (
+    GOLDEN,
+    SHARED,
+    aggregate_cases,
+    assert_by_weight_version_equal,
+    assert_metrics_equal,
+    case_lines,
+    expected_by_batch,
+)
 
 CASES = aggregate_cases()
 IDS = [case["name"] for case in CASES]
@@ -28,20 +37,21 @@ def test_golden_copy_matches_shared_when_present():
 def _check(results: dict, case: dict) -> None:
     expected = expected_by_batch(case)
     assert set(results) == set(expected), f"batches: {sorted(results)} != {sorted(expected)}"
-    for batch_id, want in expected.items():
-        got = results[batch_id]
-        where = f"{case['name']}/{batch_id}"
+    for identity, want in expected.items():
+        got = results[identity]
+        where = f"{case['name']}/{identity}"
         assert got["speculative"] is want["speculative"], where
         assert got["accept_histogram"] == want["accept_histogram"], where
         assert_metrics_equal(got["metrics"], want["metrics"], where)
+        if "by_weight_version" in want:
+            assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_case_through_core(case):
     aggregator = OfflineAggregator()
     aggregator.feed_lines(json.dumps(line) for line in case_lines(case))
-    results = {m.batch_id: {"speculative": m.speculative, "metrics": m.metrics,
-                            "accept_histogram": m.accept_histogram} for m in aggregator.results()}
+    results = {(m.run_id, m.batch_id): msgspec.to_builtins(m) for m in aggregator.results()}
     _check(results, case)
 
 
@@ -56,5 +66,5 @@ def test_case_through_cli(case, tmp_path):
     results = {}
     for line in proc.stdout.splitlines():
         message = json.loads(line)
-        results[message["batch_id"]] = message
+        results[(message["run_id"], message["batch_id"])] = message
     _check(results, case)

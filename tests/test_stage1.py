@@ -44,7 +44,7 @@ def test_flooded_batch_closes_early_as_incomplete_and_its_state_is_dropped():
     # conservation: every record is in the partial or in exactly one dead letter
     assert partial.record_count + sum(_letter_records(d) for d in letters) == 5000
     assert p.counters.dead_letters == {"overflow": len(letters)}
-    assert p.open_generations == 10 and set(p.batches) == {"small"}
+    assert p.open_generations == 10 and set(p.batches) == {(None, "small")}
     # the other batch is untouched and closes normally
     marker = BatchMarker(batch_id="small", producer_id="p0", records_sent=10, expected_producers=1)
     closed = p.process([(100, encode_records_message(marker))], now_ms=3)
@@ -65,7 +65,7 @@ def test_overflow_survives_a_restart_and_its_stale_deltas_are_deleted():
     restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
                                   max_open_generations=500)
     restored.restore(live.items(), now_ms=2)
-    assert "flood" in restored.overflowed and restored.open_generations == 0
+    assert (None, "flood") in restored.overflowed and restored.open_generations == 0
     effects = restored.process(_messages("flood", 5, 5, start_offset=20, first=5000), now_ms=3)
     assert [d.reason for d in effects.dead_letters] == ["overflow"] and not effects.partials
 
