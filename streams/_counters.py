@@ -107,6 +107,8 @@ class LabelTotals:
 
     added: list[int] = field(default_factory=lambda: [0] * len(PUBLISHED_QUANTITIES))
     retracted: list[int] = field(default_factory=lambda: [0] * len(PUBLISHED_QUANTITIES))
+    #: whether a scrape has seen the label set (the first one shows it at 0, see _prometheus)
+    scraped: bool = False
 
 
 @dataclass

@@ -14,7 +14,10 @@ generation labels. Three kinds of series:
       (sum(rate(specmeter_paired_accepted_tokens_total[5m])) - sum(rate(specmeter_paired_accepted_tokens_retracted_total[5m])))
       / (sum(rate(specmeter_paired_proposed_tokens_total[5m])) - sum(rate(specmeter_paired_proposed_tokens_retracted_total[5m])))
 
-  is the fleet-wide weighted accept rate. At most ``PublishedTotals.max_label_sets``
+  is the fleet-wide weighted accept rate. A new label set is shown at 0 on its
+  first scrape and with its value from the next one: Prometheus 2 takes a
+  counter's first sample as its start, so a series born at its value would leave
+  the run's first batches out of ``rate()`` and ``increase()``. At most ``PublishedTotals.max_label_sets``
   (16) (algorithm, run_id) pairs are exported; no counter has a batch or weight
   version label (unbounded over a run).
 * **The latest batches** this worker published (``specmeter_batch_*`` and, per
@@ -174,10 +177,12 @@ class WorkerCollector:
             retracted = CounterMetricFamily(f"specmeter_{stem}_retracted", f"What later revisions took back from "
                                             f"specmeter_{stem}_total (subtract it).", labels=["algorithm", "run_id"])
             for labels, totals in published.totals.items():
-                added.add_metric(list(labels), totals.added[i])
-                retracted.add_metric(list(labels), totals.retracted[i])
+                added.add_metric(list(labels), totals.added[i] if totals.scraped else 0)
+                retracted.add_metric(list(labels), totals.retracted[i] if totals.scraped else 0)
             yield added
             yield retracted
+        for totals in published.totals.values():
+            totals.scraped = True
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:

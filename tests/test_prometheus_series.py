@@ -149,7 +149,9 @@ def test_exposition_has_counters_latest_batches_by_version_and_standard_collecto
     totals.observe(batch("b1", accepted=3, proposed=4, by_weight_version=versions), 1.0)
     totals.observe(batch("b2", accepted=5, proposed=6), 2.0)
     totals.observe(batch("b3", accepted=7, proposed=8, run_id=None), 3.0)
-    body = render(_shell(totals))
+    shell = _shell(totals)
+    render(shell)  # the first scrape shows new label sets at 0 (see the next test)
+    body = render(shell)
     families = _families(body)
     accepted = {(s.labels["algorithm"], s.labels["run_id"]): s.value
                 for s in families["specmeter_paired_accepted_tokens"].samples if s.name.endswith("_total")}
@@ -189,3 +191,23 @@ def test_null_version_label_does_not_collide_with_a_version_named_unknown():
     families = _families(render(_shell(totals)))
     by_version = {s.labels["weight_version"]: s.value for s in families["specmeter_weight_version_accept_rate_ratio"].samples}
     assert by_version == {"unknown": 0.5, "unknown (null)": 1.0}
+
+
+def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_batches():
+    """Prometheus 2 takes a counter's first sample as its start: born at 3, the first
+    batch would never be in rate() or increase()."""
+    totals = PublishedTotals()
+    totals.observe(batch("b1", accepted=3), 1.0)
+    shell = _shell(totals)
+    scrapes = []
+    for _ in range(2):
+        families = _families(render(shell))
+        scrapes.append([s.value for s in families["specmeter_paired_accepted_tokens"].samples
+                        if s.name.endswith("_total")])
+        totals.observe(batch("b2", accepted=4), 2.0)
+    assert scrapes == [[0.0], [7.0]]
+    totals.observe(batch("b3", accepted=5, run_id="run-b"), 3.0)
+    families = _families(render(shell))
+    by_run = {s.labels["run_id"]: s.value for s in families["specmeter_paired_accepted_tokens"].samples
+              if s.name.endswith("_total")}
+    assert by_run == {"run-a": 7.0, "run-b": 0.0}
