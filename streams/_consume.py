@@ -13,9 +13,12 @@ correction when a later revision arrives, never the same thing twice:
 * ``run_id`` keeps one training run's batches (two runs may share batch ids).
 
 The consumer joins no consumer group and commits nothing: any number of
-trainers can read the same topic. It is closed when the iteration ends, also on
-``break`` (for an async generator, wrap it in ``contextlib.aclosing`` to close it
-at once rather than when the event loop finalises it).
+trainers can read the same topic. ``consume_metrics_sync`` closes it when the loop
+over it ends or breaks; ``consume_metrics`` when the iteration ends or the task
+running it is cancelled. To leave the async one with ``break``, iterate inside
+``async with contextlib.aclosing(consume_metrics(...)) as metrics:``: an abandoned
+async generator is closed only when it is garbage-collected, which under
+``asyncio.run`` comes after the loop has stopped running its cleanup.
 """
 
 from __future__ import annotations

@@ -117,6 +117,34 @@ def test_breaking_out_of_the_sync_iterator_closes_the_consumer(kafka_bootstrap, 
 
 
 @pytest.mark.kafka
+def test_cancelling_a_task_that_follows_the_topic_closes_the_consumer(kafka_bootstrap, new_topic):
+    """How a trainer stops a background follower: cancel its task (the generator's
+    cleanup runs inside it, so nothing is left open; warnings are errors here)."""
+    topic = new_topic(partitions=1)
+    asyncio.run(publish(kafka_bootstrap, topic, HISTORY[:3]))
+
+    async def scenario() -> list[BatchMetrics]:
+        got: list[BatchMetrics] = []
+
+        async def follow() -> None:
+            async for m in consume_metrics(kafka_bootstrap, topic=topic, from_beginning=True):
+                got.append(m)
+
+        task = asyncio.create_task(follow())
+        while len(got) < 2:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return got
+
+    assert seen(asyncio.run(scenario())) == [("run-a", "step-1", 0), ("run-a", "step-2", 0)]
+    import gc
+
+    gc.collect()
+
+
+@pytest.mark.kafka
 def test_a_missing_topic_is_a_clear_error(kafka_bootstrap, unique_name):
     topic = unique_name("no-such-metrics")
     with pytest.raises(LookupError, match=f"{topic}.*does not exist.*--metrics-topic"):
