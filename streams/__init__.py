@@ -1,9 +1,12 @@
 """specmeter's stream side: the pure aggregation core and (lazily) the Faust app.
 
 Importing this package does not import Faust or aiokafka: the core is plain
-Python, shared by the worker and the offline ``specmeter aggregate``.
+Python, shared by the worker and the offline ``specmeter aggregate``. For a
+trainer, ``consume_metrics`` (and ``consume_metrics_sync``) read each batch's
+newest BatchMetrics from the metrics topic.
 """
 
+from ._consume import consume_metrics, consume_metrics_sync, metrics_scalars
 from ._exact import expansion_value, merge_expansions
 from ._merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
 from ._offline import LineError, OfflineAggregator
@@ -21,4 +24,7 @@ __all__ = [
     "expansion_value",
     "OfflineAggregator",
     "LineError",
+    "consume_metrics",
+    "consume_metrics_sync",
+    "metrics_scalars",
 ]

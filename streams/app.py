@@ -23,7 +23,7 @@ from typing import Any
 from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics, encode_partial
 
 from ._changelog import changelog_topics, read_changelog_partition, read_range
-from ._counters import WorkerCounters
+from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
@@ -47,6 +47,7 @@ class StreamShell:
         self.app = app
         self.settings = settings
         self.counters = WorkerCounters()
+        self.published = PublishedTotals(forget_after_s=settings.grace_s + settings.batch_timeout_s)  # for /metrics
         t = settings.topics
         self.records_topic = app.topic(t.records, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                                        key_serializer="raw", value_serializer="raw")
@@ -155,6 +156,7 @@ class StreamShell:
             self._apply(restored, partition)
         else:
             self.mergers[partition] = state
+            self.published.seed(republish, time.time())  # for /metrics: counted by whoever published them first
             for metrics in republish:  # identical repeats: a crash may have lost the original
                 self._send(self.metrics_topic, metrics.batch_id.encode(), encode_metrics(metrics))
         # Catch up from the checkpoint to the log end ourselves: Faust's consumer may
@@ -271,6 +273,7 @@ class StreamShell:
             self.last_published = metrics
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
+            self.published.observe(metrics, time.time())  # for /metrics
             m = metrics.metrics
             log.info("published batch=%s run=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
                      "tokens_per_verify=%s", shorten(metrics.batch_id), shorten(metrics.run_id), metrics.revision, metrics.close_reason,

@@ -39,34 +39,72 @@ def fed_worker(kafka_bootstrap):
         d.close()
 
 
-def test_metrics_endpoint_equals_last_published_batch(fed_worker):
-    d, port, published, events = fed_worker
-    body = b""
-    for _ in range(50):
+def _scrape(port: int, until) -> dict:
+    """The worker's /metrics as families, once ``until(families)`` holds (publication and
+    scrape race: the last batch may reach the topic a moment before the counters)."""
+    families: dict = {}
+    for _ in range(100):
         try:
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-            if b"specmeter_batch_accept_rate_ratio" in body:
+            families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+            families["__body__"] = body
+            if until(families):
                 break
         except OSError:
             pass
         time.sleep(0.2)
-    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    info = families["specmeter_batch_info"].samples[0].labels
-    last = [m for m in published if m.batch_id == info["batch_id"]][-1]
-    value = lambda name: families[name].samples[0].value  # noqa: E731
-    assert value("specmeter_batch_accept_rate_ratio") == last.metrics["spec/accept_rate"]
-    assert value("specmeter_batch_tokens_per_verify") == last.metrics["spec/tokens_per_verify"]
-    assert value("specmeter_batch_accept_coverage_ratio") == last.metrics["spec/accept_count_coverage"]
-    assert value("specmeter_batch_generations") == last.metrics["spec/unique_generation_count"]
-    assert value("specmeter_batch_records") == last.record_count
-    assert value("specmeter_batch_complete") == 1.0
+    return families
+
+
+def _counter(families: dict, stem: str) -> float:
+    """total - retracted of a counter of published batches, over every label set."""
+    total = sum(s.value for s in families[f"specmeter_{stem}"].samples if s.name.endswith("_total"))
+    taken = sum(s.value for s in families[f"specmeter_{stem}_retracted"].samples if s.name.endswith("_total"))
+    return total - taken
+
+
+def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
+    d, port, published, events = fed_worker
+    latest = latest_by_batch(published)
+    families = _scrape(port, lambda f: "specmeter_batches" in f and _counter(f, "batches") == len(latest))
+    body = families.pop("__body__")
+    # counters of published batches: each batch's latest revision, summed, exactly
+    for stem, key in (("paired_accepted_tokens", "spec/paired_accepted_total"),
+                      ("paired_proposed_tokens", "spec/paired_proposed_total"),
+                      ("paired_completion_tokens", "spec/paired_completion_total"),
+                      ("paired_verify_steps", "spec/paired_verify_total"),
+                      ("accepted_tokens", "spec/accepted_total"),
+                      ("accept_covered_generations", "spec/accept_covered_count"),
+                      ("generations", "spec/unique_generation_count")):
+        assert _counter(families, stem) == sum(m.metrics[key] for m in latest.values()), stem
+    assert _counter(families, "published_records") == sum(m.record_count for m in latest.values())
+    assert {s.labels["algorithm"] for s in families["specmeter_batches"].samples} == {"EAGLE3"}
+    # the latest batches' gauges: each one's newest revision
+    gauges = {s.labels["batch_id"]: s for s in families["specmeter_batch_accept_rate_ratio"].samples}
+    assert gauges and set(gauges) <= set(latest)
+    for batch_id, sample in gauges.items():
+        assert sample.value == latest[batch_id].metrics["spec/accept_rate"]
+    value = lambda name, batch_id: next(s.value for s in families[name].samples  # noqa: E731
+                                        if s.labels["batch_id"] == batch_id)
+    for batch_id in gauges:
+        m = latest[batch_id]
+        assert value("specmeter_batch_tokens_per_verify", batch_id) == m.metrics["spec/tokens_per_verify"]
+        assert value("specmeter_batch_accept_coverage_ratio", batch_id) == m.metrics["spec/accept_count_coverage"]
+        assert value("specmeter_batch_generations", batch_id) == m.metrics["spec/unique_generation_count"]
+        assert value("specmeter_batch_records", batch_id) == m.record_count
+        assert value("specmeter_batch_revision", batch_id) == m.revision
+        assert value("specmeter_batch_complete", batch_id) == 1.0
+    assert {s.labels["batch_id"] for s in families["specmeter_batch_info"].samples} == set(gauges)
     records = sum(1 for e in events if e.kind == "record")
     invalid = sum(1 for e in events if e.kind == "invalid")
-    counted = sum(value(f"specmeter_records_{k}") for k in ("aggregated", "redelivered", "late", "dead_lettered"))
+    worker = lambda name: families[name].samples[0].value  # noqa: E731
+    counted = sum(worker(f"specmeter_records_{k}") for k in ("aggregated", "redelivered", "late", "dead_lettered"))
     assert counted == records + invalid, "every record is aggregated, redelivered, late or dead-lettered"
     assert families["specmeter_batch_close_latency_seconds"].samples, "close latency histogram"
-    assert {s.labels["partition"] for s in families["specmeter_partition_seconds_since_last_event"].samples} \
-        == {"0", "1", "2", "3"}
+    last_event = {s.labels["partition"]: s.value for s in families["specmeter_partition_last_event_timestamp_seconds"].samples}
+    assert set(last_event) == {"0", "1", "2", "3"}
+    assert all(time.time() - 600 < t <= time.time() for t in last_event.values()), last_event
+    assert "process_resident_memory_bytes" in families and "python_info" in families
     promtool = find_tool("promtool")
     if promtool is None:
         pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")

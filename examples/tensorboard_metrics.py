@@ -1,0 +1,69 @@
+"""Write specmeter's per-batch metrics as TensorBoard scalars, at the training step.
+
+    pip install tensorboard torch      # or: pip install tensorboardX
+    python examples/tensorboard_metrics.py --broker kafka:9092 --run-id "$RUN_ID" --logdir runs/my-rl
+
+Point it at the trainer's log directory to see acceptance next to the loss. The
+trainer names its rollout batches ``step-<N>``; each batch is written once when
+it is published, and again at the same step if a late record makes a newer
+revision (TensorBoard then shows the later point); an older or repeated revision
+is never written. Per-policy-version acceptance appears as
+``specmeter/by_weight_version/<version>/accept_rate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from specmeter.schemas import BatchMetrics
+from specmeter.streams import consume_metrics_sync, metrics_scalars
+
+
+def step_of(batch_id: str) -> int | None:
+    """The training step a batch id ends in (``step-42`` -> 42), or None."""
+    match = re.search(r"(\d+)$", batch_id)
+    return int(match.group(1)) if match else None
+
+
+def follow(metrics: Iterable[BatchMetrics], writer: Any) -> int:
+    """Write each batch's scalars at its step; returns how many batches were written."""
+    written = 0
+    for m in metrics:
+        step = step_of(m.batch_id)
+        if step is None:
+            continue
+        for tag, value in metrics_scalars(m).items():
+            writer.add_scalar(tag, value, global_step=step)
+        writer.flush()
+        written += 1
+    return written
+
+
+def _summary_writer(logdir: str) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        from tensorboardX import SummaryWriter
+    return SummaryWriter(log_dir=logdir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", required=True, help="Kafka bootstrap servers, host:port[,host:port]")
+    parser.add_argument("--run-id", default=None, help="the training run's run_id (default: the default run)")
+    parser.add_argument("--topic", default="specmeter.metrics", help="the worker's --metrics-topic")
+    parser.add_argument("--logdir", required=True, help="TensorBoard log directory")
+    args = parser.parse_args(argv)
+
+    writer = _summary_writer(args.logdir)
+    try:
+        follow(consume_metrics_sync(args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True), writer)
+    finally:
+        writer.close()
+
+
+if __name__ == "__main__":
+    main()

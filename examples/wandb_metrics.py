@@ -1,0 +1,66 @@
+"""Log specmeter's per-batch metrics to Weights & Biases, at the training step.
+
+    pip install wandb
+    python examples/wandb_metrics.py --broker kafka:9092 --run-id "$RUN_ID" --project my-rl
+
+Run it beside the trainer (or start ``follow`` in a thread of it). The trainer
+names its rollout batches ``step-<N>`` (any id ending in the step number works)
+and its producers set ``run_id``, so a restarted attempt's ``step-N`` is not
+mixed with the old one. Each batch is logged once when it is published, and
+again at the same step if a late record makes a newer revision; an older or
+repeated revision is never logged. ``trainer/step`` is declared as the x axis of
+every ``specmeter/*`` chart, so out-of-order steps are fine (wandb's own
+``step=`` must only grow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from specmeter.schemas import BatchMetrics
+from specmeter.streams import consume_metrics_sync, metrics_scalars
+
+
+def step_of(batch_id: str) -> int | None:
+    """The training step a batch id ends in (``step-42`` -> 42), or None."""
+    match = re.search(r"(\d+)$", batch_id)
+    return int(match.group(1)) if match else None
+
+
+def follow(metrics: Iterable[BatchMetrics], run: Any) -> int:
+    """Log each batch's scalars at its step; returns how many batches were logged."""
+    run.define_metric("trainer/step")
+    run.define_metric("specmeter/*", step_metric="trainer/step")
+    logged = 0
+    for m in metrics:
+        step = step_of(m.batch_id)
+        if step is None:
+            continue
+        run.log({"trainer/step": step, **metrics_scalars(m)})
+        logged += 1
+    return logged
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", required=True, help="Kafka bootstrap servers, host:port[,host:port]")
+    parser.add_argument("--run-id", default=None, help="the training run's run_id (default: the default run)")
+    parser.add_argument("--topic", default="specmeter.metrics", help="the worker's --metrics-topic")
+    parser.add_argument("--project", required=True, help="wandb project")
+    parser.add_argument("--wandb-id", default=None, help="log into this existing wandb run (the trainer's)")
+    args = parser.parse_args(argv)
+
+    import wandb
+
+    run = wandb.init(project=args.project, id=args.wandb_id, resume="allow" if args.wandb_id else None)
+    try:
+        follow(consume_metrics_sync(args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True), run)
+    finally:
+        run.finish()
+
+
+if __name__ == "__main__":
+    main()

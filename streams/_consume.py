@@ -1,0 +1,222 @@
+"""Reading the metrics topic from a trainer: each batch's newest BatchMetrics, once.
+
+The metrics topic holds one message per (batch, revision), and may repeat one
+(a worker republishes after a crash or rebalance). A trainer logging to wandb or
+TensorBoard at ``step = batch`` wants each batch when it is published and a
+correction when a later revision arrives, never the same thing twice:
+
+* a batch is yielded when first seen; a later, **newer** revision is yielded again
+  as an update; a repeat or an older revision is never yielded;
+* with ``from_beginning``, the backlog already in the topic is folded first: each
+  batch in it is yielded once, at its newest revision there, in the order the
+  batches first appeared; then new messages follow the rule above;
+* ``run_id`` keeps one training run's batches (two runs may share batch ids).
+
+The consumer joins no consumer group and commits nothing: any number of
+trainers can read the same topic. ``consume_metrics_sync`` closes it when the loop
+over it ends or breaks; ``consume_metrics`` when the iteration ends or the task
+running it is cancelled. To leave the async one with ``break``, iterate inside
+``async with contextlib.aclosing(consume_metrics(...)) as metrics:``: an abandoned
+async generator is closed only when it is garbage-collected, which under
+``asyncio.run`` comes after the loop has stopped running its cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
+from types import EllipsisType
+from typing import Any
+
+from specmeter.schemas import BatchMetrics, decode_metrics
+
+__all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC"]
+
+log = logging.getLogger("specmeter.consume")
+
+DEFAULT_METRICS_TOPIC = "specmeter.metrics"
+
+
+class _Newest:
+    """The newest revision yielded per (run_id, batch_id), for at most ``remember`` batches
+    (least recently published forgotten first: a revision of a forgotten batch is new again)."""
+
+    def __init__(self, remember: int) -> None:
+        self.remember = remember
+        self.revisions: OrderedDict[tuple[str | None, str], int] = OrderedDict()
+
+    def is_new(self, m: BatchMetrics) -> bool:
+        key = (m.run_id, m.batch_id)
+        known = self.revisions.get(key)
+        if known is not None and m.revision <= known:
+            return False
+        self.revisions[key] = m.revision
+        self.revisions.move_to_end(key)
+        while len(self.revisions) > self.remember:
+            self.revisions.popitem(last=False)
+        return True
+
+
+async def _subscribe(consumer: Any, topic: str, wait_s: float) -> list[Any]:
+    """Subscribe to the topic once it exists (waiting up to ``wait_s``; never creating
+    it) and return its partitions, all assigned to this group-less consumer."""
+    deadline = time.monotonic() + wait_s
+    while topic not in await consumer.topics():
+        if time.monotonic() >= deadline:
+            raise LookupError(
+                f"metrics topic {topic!r} does not exist on the broker after {wait_s:.0f}s: start a worker "
+                f"(`specmeter worker --metrics-topic {topic}`) or pass the topic it publishes to (topic=...)")
+        await asyncio.sleep(0.5)
+    consumer.subscribe([topic])
+    while not consumer.assignment():  # without a group every partition is assigned once metadata arrives
+        if time.monotonic() >= deadline + 30:
+            raise TimeoutError(f"no partition of {topic!r} was assigned in time: check the broker's metadata")
+        await asyncio.sleep(0.05)
+    return sorted(consumer.assignment())
+
+
+def _decode(message: Any) -> BatchMetrics | None:
+    try:
+        return decode_metrics(message.value)
+    except Exception as exc:  # noqa: BLE001 - a foreign message must not stop the trainer
+        log.warning("skipped metrics message partition=%s offset=%s: %s", message.partition, message.offset, exc)
+        return None
+
+
+async def consume_metrics(
+    bootstrap_servers: str,
+    *,
+    run_id: str | None | EllipsisType = ...,
+    topic: str = DEFAULT_METRICS_TOPIC,
+    from_beginning: bool = False,
+    stop_at_end: bool = False,
+    idle_timeout_s: float | None = None,
+    topic_wait_s: float = 30.0,
+    remember: int = 100_000,
+    kafka: dict[str, Any] | None = None,
+) -> AsyncIterator[BatchMetrics]:
+    """Each batch's newest BatchMetrics from the metrics topic, once (see the module).
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port...]`` of the Kafka cluster.
+        run_id: only this run's batches; ``None`` keeps the default run (batches whose
+            records named no run); omitted, every run.
+        topic: the worker's ``--metrics-topic``.
+        from_beginning: fold and yield what the topic already holds first; otherwise
+            start with what is published from now on.
+        stop_at_end: stop once the messages present at the start have been read
+            (with ``from_beginning``: after the backlog; otherwise at once).
+        idle_timeout_s: stop after this long without a new message (None: never).
+        topic_wait_s: how long to wait for the topic to exist before raising.
+        remember: how many batches' newest revisions are remembered.
+        kafka: extra ``AIOKafkaConsumer`` arguments, e.g. security settings
+            (``KafkaSecurity.from_env().aiokafka_kwargs()``).
+
+    Yields:
+        BatchMetrics, a batch's first publication or a newer revision of it.
+
+    Raises:
+        LookupError: the topic does not exist after ``topic_wait_s``.
+    """
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest" if from_beginning else "latest", **(kafka or {}))
+    await consumer.start()
+    try:
+        partitions = await _subscribe(consumer, topic, topic_wait_s)
+        if from_beginning:
+            await consumer.seek_to_beginning(*partitions)
+        else:
+            await consumer.seek_to_end(*partitions)
+        end = await consumer.end_offsets(partitions)
+        newest = _Newest(remember)
+
+        def wanted(m: BatchMetrics | None) -> bool:
+            return m is not None and (run_id is ... or m.run_id == run_id)
+
+        # the backlog: fold repeats and revisions, then yield each batch once
+        backlog: dict[tuple[str | None, str], BatchMetrics] = {}
+        while await _behind(consumer, end):
+            for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
+                for message in messages:
+                    if message.offset >= end[tp]:
+                        continue  # published after the start: read again live
+                    m = _decode(message)
+                    if wanted(m):
+                        key = (m.run_id, m.batch_id)
+                        if key not in backlog or m.revision > backlog[key].revision:
+                            backlog[key] = m
+            for tp in partitions:  # messages past the end were fetched; start live at the end
+                if await consumer.position(tp) > end[tp]:
+                    consumer.seek(tp, end[tp])
+        for m in backlog.values():
+            if newest.is_new(m):
+                yield m
+        if stop_at_end:
+            return
+        last_new = time.monotonic()
+        while idle_timeout_s is None or time.monotonic() - last_new < idle_timeout_s:
+            fetched = await consumer.getmany(timeout_ms=250)
+            for messages in fetched.values():
+                last_new = time.monotonic()
+                for message in messages:
+                    m = _decode(message)
+                    if wanted(m) and newest.is_new(m):
+                        yield m
+    finally:
+        await consumer.stop()
+
+
+async def _behind(consumer: Any, end: dict[Any, int]) -> bool:
+    """Whether any partition's position is still before its end offset."""
+    for tp, offset in end.items():
+        if await consumer.position(tp) < offset:
+            return True
+    return False
+
+
+def consume_metrics_sync(bootstrap_servers: str, **kwargs: Any) -> Iterator[BatchMetrics]:
+    """``consume_metrics`` for synchronous code (a training loop, a logging thread).
+
+    Runs its own event loop in the calling thread, so call it where no loop runs.
+    Same arguments and semantics; the consumer is closed when the loop over it ends,
+    on ``break`` or when the generator is closed (``contextlib.closing``).
+    """
+    loop = asyncio.new_event_loop()
+    stream = consume_metrics(bootstrap_servers, **kwargs)
+    try:
+        while True:
+            try:
+                m = loop.run_until_complete(stream.__anext__())
+            except StopAsyncIteration:
+                return
+            yield m
+    finally:
+        try:
+            loop.run_until_complete(stream.aclose())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, float]:
+    """A batch's numbers as flat scalars for a logger (wandb, TensorBoard):
+    every ``metrics`` key (``spec/`` prefix dropped), the envelope counts, and each
+    policy version's accept rate and tokens per verify as
+    ``by_weight_version/<version>/accept_rate`` (``unknown`` for the null version)."""
+    out: dict[str, float] = {}
+    for key, value in m.metrics.items():
+        out[prefix + key.removeprefix("spec/")] = float(value)
+    for name in ("record_count", "invalid_record_count", "missing_record_count", "late_record_count", "revision"):
+        out[prefix + name] = float(getattr(m, name))
+    out[prefix + "complete"] = float(m.complete)
+    for entry in m.by_weight_version or ():
+        version = "unknown" if entry.weight_version is None else entry.weight_version
+        for key in ("spec/accept_rate", "spec/tokens_per_verify", "spec/unique_generation_count"):
+            if key in entry.metrics:
+                out[f"{prefix}by_weight_version/{version}/{key.removeprefix('spec/')}"] = float(entry.metrics[key])
+    return out

@@ -1,0 +1,285 @@
+"""The Grafana dashboard proven against a real Prometheus (issue #13).
+
+Two workers share the partitions of one stream; a real Prometheus scrapes both
+every second. Batches with several policy versions are published in waves, then
+late records make new revisions (one adds a generation, one turns a key
+conflicting, which takes counters back). Every expression of the dashboard is
+then evaluated through Prometheus' HTTP API and checked against the exact
+BatchMetrics read from the output topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+import urllib.request
+import zlib
+from collections import defaultdict
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from specmeter.producers import Publisher, PublisherSettings
+from specmeter.producers.synthetic import FleetEvent, FleetSpec, synthetic_fleet
+from specmeter.schemas import BatchMetrics, GenerationRecord
+from specmeter.streams._prometheus import UNKNOWN_VERSION
+
+from .kafka_helpers import create_topic
+from .prometheus_server import PrometheusServer
+from .tools import find_tool, free_port
+from .worker_harness import JUNK, Deployment, latest_by_batch, publish_events, wait_complete
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dashboards" / "specmeter.json"
+SCRAPE_S = 1.0
+#: a session's policy version, by a stable hash of its id: a tenth unknown, the rest v1..v3
+VERSIONS = (None, "v1", "v1", "v1", "v2", "v2", "v2", "v3", "v3", "v3")
+
+#: counter stem -> the exact value of one BatchMetrics it sums
+EXACT = {
+    "batches": lambda m: 1,
+    "paired_accepted_tokens": lambda m: m.metrics.get("spec/paired_accepted_total", 0),
+    "paired_proposed_tokens": lambda m: m.metrics.get("spec/paired_proposed_total", 0),
+    "paired_completion_tokens": lambda m: m.metrics.get("spec/paired_completion_total", 0),
+    "paired_verify_steps": lambda m: m.metrics.get("spec/paired_verify_total", 0),
+    "accepted_tokens": lambda m: m.metrics.get("spec/accepted_total", 0),
+    "proposed_tokens": lambda m: m.metrics.get("spec/proposed_total", 0),
+    "completion_tokens": lambda m: m.metrics.get("spec/completion_total", 0),
+    "verify_steps": lambda m: m.metrics.get("spec/verify_total", 0),
+    "accept_covered_generations": lambda m: m.metrics.get("spec/accept_covered_count", 0),
+    "verify_covered_generations": lambda m: m.metrics.get("spec/verify_covered_count", 0),
+    "generations": lambda m: m.metrics.get("spec/unique_generation_count", 0),
+    "conflicting_generations": lambda m: m.metrics.get("spec/conflicting_generation_count", 0),
+    "published_records": lambda m: m.record_count,
+    "published_invalid_records": lambda m: m.invalid_record_count,
+    "published_late_records": lambda m: m.late_record_count,
+}
+
+
+def with_versions(events: list[FleetEvent]) -> list[FleetEvent]:
+    """The fleet's records, each carrying its session's policy version."""
+    out = []
+    for e in events:
+        if e.kind == "record":
+            version = VERSIONS[zlib.crc32(e.payload.session_id.encode()) % len(VERSIONS)]
+            e = FleetEvent(e.kind, e.producer_id, e.batch_id, msgspec.structs.replace(e.payload, weight_version=version))
+        out.append(e)
+    return out
+
+
+def dashboard_targets() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def substitute(expr: str, *, run: str, algorithm: str, window: str) -> str:
+    """Grafana's template variables, as Grafana would expand them for one run and algorithm."""
+    values = {"run": re.escape(run), "algorithm": re.escape(algorithm), "__rate_interval": window,
+              "__range": window, "__interval": f"{int(SCRAPE_S)}s"}
+    out = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values[m.group(1) or m.group(2)], expr)
+    assert "$" not in out, out
+    return out
+
+
+def late_records(events: list[FleetEvent], conflicting_in: str, new_in: str) -> list[GenerationRecord]:
+    """A late redelivery of a clean key of one batch with another value (the key turns
+    conflicting: its counters leave the sums) and a new generation in another batch."""
+    values: dict[tuple, set] = defaultdict(set)
+    records = [e.payload for e in events if e.kind == "record"]
+    for r in records:
+        values[(r.batch_id, r.session_id, r.generation_id)].add(msgspec.json.encode(r))
+    clean = next(r for r in records if r.batch_id == conflicting_in and r.accepted and r.proposed
+                 and len(values[(r.batch_id, r.session_id, r.generation_id)]) == 1)
+    grown = next(r for r in records if r.batch_id == new_in and r.accepted is not None and r.proposed)
+    return [msgspec.structs.replace(clean, accepted=clean.accepted - 1, producer_id="late"),
+            msgspec.structs.replace(grown, generation_id=grown.generation_id + "/late", producer_id="late")]
+
+
+async def publish_late(bootstrap: str, topic: str, records: list[GenerationRecord]) -> None:
+    async with Publisher(PublisherSettings(bootstrap_servers=bootstrap, topic=topic, producer_id="late")) as pub:
+        for record in records:
+            await pub.publish(record)
+        await pub.flush()
+
+
+def stats(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/specmeter/stats", timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_split(ports: list[int], partitions: int, timeout_s: float = 60.0) -> None:
+    """Until the two workers own disjoint, non-empty shares of every records partition
+    (publishing during the rebalance would let a restore republish a batch)."""
+    deadline = time.monotonic() + timeout_s
+    owned: list[set] = []
+    while time.monotonic() < deadline:
+        try:
+            owned = [set(stats(port)["partitions"]) for port in ports]
+        except OSError:
+            owned = []
+        if owned and all(owned) and set().union(*owned) == set(range(partitions)) and \
+                sum(map(len, owned)) == partitions:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"partitions not split between the workers in {timeout_s}s: {owned}")
+
+
+@pytest.fixture
+def fleet(kafka_bootstrap, request):
+    if find_tool("prometheus") is None:
+        pytest.skip("prometheus not found (deploy/dev test unpacks it from Debian's prometheus package)")
+    d = Deployment(kafka_bootstrap)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    ports = [free_port(), free_port()]
+    workers = [d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1") for port in ports]
+    prometheus = PrometheusServer([f"127.0.0.1:{port}" for port in ports], scrape_interval_s=SCRAPE_S)
+    try:
+        prometheus.start()
+        for worker in workers:
+            d.wait_ready(worker)
+        wait_split(ports, d.partitions)
+        yield d, prometheus
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            print(d.log_tail(), f"\n--- prometheus:\n{prometheus.log_tail()}")
+        prometheus.stop()
+        prometheus.cleanup()
+        d.close()
+
+
+def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
+    d, prom = fleet
+    started = time.time()
+    deadline = time.monotonic() + 20
+    while prom.targets_up() < 2:
+        assert time.monotonic() < deadline, "prometheus does not reach both workers"
+        time.sleep(0.2)
+
+    events = with_versions(list(synthetic_fleet(FleetSpec(
+        batches=6, sessions_per_batch=12, producers=2, seed=13, conflict_rate=0.05, batch_prefix="dash-"))))
+    by_batch: dict[str, list[FleetEvent]] = defaultdict(list)
+    for e in events:
+        by_batch[e.batch_id].append(e)
+    batches = list(by_batch)
+    # in waves, a few scrapes apart: a counter series is born at its first batch, so
+    # the later waves are what rate() sees growing
+    for i, wave in enumerate((batches[0:2], batches[2:4], batches[4:6])):
+        asyncio.run(publish_events(d.bootstrap, d.topics.records, [e for b in wave for e in by_batch[b]],
+                                   junk=JUNK if i == 0 else ()))
+        wait_complete(d, set(wave), timeout_s=60)
+        time.sleep(2 * SCRAPE_S)
+    late = late_records(events, conflicting_in=batches[0], new_in=batches[1])
+    asyncio.run(publish_late(d.bootstrap, d.topics.records, late))
+
+    def revised(published: list[BatchMetrics]) -> bool:
+        latest = latest_by_batch(published)
+        return all(latest[b].revision >= 1 for b in batches[:2])
+
+    published = d.metrics(until=revised, timeout_s=60)
+    latest = latest_by_batch(published)
+    assert set(latest) == set(batches) and revised(published), d.log_tail()
+    first = {m.batch_id: m for m in published if m.revision == 0}
+    assert latest[batches[0]].metrics["spec/paired_accepted_total"] < first[batches[0]].metrics[
+        "spec/paired_accepted_total"], "the late conflicting record takes counters back"
+
+    # 1. the counters add up, exactly: total - retracted over both workers equals the
+    # sum over every batch's latest revision in the topic (polled: the last scrape of
+    # each worker must follow its last publication)
+    expected = {stem: sum(f(m) for m in latest.values()) for stem, f in EXACT.items()}
+
+    def fleet_counters() -> dict[str, float]:
+        return {stem: prom.value(f"sum(specmeter_{stem}_total) - sum(specmeter_{stem}_retracted_total)")
+                for stem in EXACT}
+
+    got: dict[str, float] = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = fleet_counters()
+        if got == expected:
+            break
+        time.sleep(SCRAPE_S / 2)
+    assert got == expected
+    assert prom.value("sum(specmeter_paired_accepted_tokens_retracted_total)") > 0, "a retraction was exported"
+    assert len(prom.query("specmeter_batches_total")) == 2, "each worker published some batches"
+
+    # 2. every dashboard expression returns finite data (a name nobody exports fails here)
+    run = latest[batches[0]].run_id or ""
+    algorithm = latest[batches[0]].speculative_algorithm
+    at = time.time()
+    window = f"{int(at - started) + 30}s"  # covers the whole run
+    results = {}
+    for title, expr in dashboard_targets():
+        query = substitute(expr, run=run, algorithm=algorithm, window=window)
+        result = prom.query(query, at)
+        assert result, f"panel {title!r}: {query} returned no data"
+        values = [float(r["value"][1]) for r in result]
+        assert all(math.isfinite(v) for v in values), f"panel {title!r}: {query} gave {values}"
+        results[expr] = result
+
+    def panel(title: str, index: int = 0) -> list[dict]:
+        exprs = [expr for t, expr in dashboard_targets() if t == title]
+        return results[exprs[index]]
+
+    # 3. what the counters grew by over the run is exact too (a new series shows 0 on its
+    # first scrape, so Prometheus sees each worker's counters start from 0), and the
+    # rate-of-sums panels are its ratios (rate() extrapolates each series to the
+    # window's ends, so those agree to within a fraction of a percent, not to the digit)
+    def grown(stem: str) -> float:
+        total = 0.0
+        for name, sign in ((f"specmeter_{stem}_total", 1), (f"specmeter_{stem}_retracted_total", -1)):
+            for series in prom.query(f"{name}[{window}]", at):
+                total += sign * (float(series["values"][-1][1]) - float(series["values"][0][1]))
+        return total
+
+    assert {stem: grown(stem) for stem in EXACT} == expected
+    for title, num, den in (("Accept rate (weighted: rate of sums)", "paired_accepted_tokens", "paired_proposed_tokens"),
+                            ("Tokens per verify step (rate of sums)", "paired_completion_tokens", "paired_verify_steps")):
+        [series] = panel(title)
+        assert series["metric"] == {"algorithm": algorithm}
+        assert float(series["value"][1]) == pytest.approx(expected[num] / expected[den], rel=0.02), title
+    for index, covered in enumerate(("accept_covered_generations", "verify_covered_generations")):
+        [series] = panel("Counter coverage", index)
+        assert float(series["value"][1]) == pytest.approx(expected[covered] / expected["generations"], rel=0.02)
+
+    # 4. latest-batch tables (instant queries) hold each batch's newest revision
+    table = {r["metric"]["batch_id"]: float(r["value"][1]) for r in panel("Latest batches", 0)}
+    assert table == {b: m.metrics["spec/accept_rate"] for b, m in latest.items()}
+    revisions = {r["metric"]["batch_id"]: float(r["value"][1]) for r in panel("Latest batches", 5)}
+    assert revisions == {b: m.revision for b, m in latest.items()}
+    heatmap = {int(r["metric"]["accepted"]): float(r["value"][1])
+               for r in panel("Acceptance length (drafts accepted per verify step, latest batches)")}
+    bins: dict[int, int] = defaultdict(int)
+    for m in latest.values():
+        for i, n in enumerate(m.accept_histogram or ()):
+            bins[i] += n
+    assert heatmap == bins
+    letters = {r["metric"]["reason"] for r in panel("Dead letters by reason")}
+    assert letters, "junk was dead-lettered"
+    assert "EAGLE3" in prom.label_values("algorithm", "specmeter_batches_total")
+    assert run == "" or run in prom.label_values("run_id", "specmeter_batches_total")
+
+    # 5. drift: acceptance by policy version of the latest batches equals by_weight_version
+    # (needs BatchMetrics.by_weight_version from the core: SPEC revision 2, section 3.1)
+    assert all(m.by_weight_version for m in latest.values()), "every batch knows its versions"
+    per_batch = {}
+    sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for b, m in latest.items():
+        for entry in m.by_weight_version:
+            version = UNKNOWN_VERSION if entry.weight_version is None else entry.weight_version
+            if "spec/accept_rate" in entry.metrics:
+                per_batch[(b, version)] = entry.metrics["spec/accept_rate"]
+            sums[version][0] += entry.metrics["spec/paired_accepted_total"]
+            sums[version][1] += entry.metrics["spec/paired_proposed_total"]
+    assert {v for v in sums} == {UNKNOWN_VERSION, "v1", "v2", "v3"}
+    table = {(r["metric"]["batch_id"], r["metric"]["weight_version"]): float(r["value"][1])
+             for r in panel("Accept rate by weight version, per latest batch")}
+    assert table == per_batch
+    drift = {r["metric"]["weight_version"]: float(r["value"][1])
+             for r in panel("Policy drift: accept rate by weight version (latest batches)")}
+    assert drift == pytest.approx({v: a / p for v, (a, p) in sums.items() if p}, rel=1e-12)
