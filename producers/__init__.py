@@ -3,14 +3,27 @@
 Import-light: no sglang, no Faust. ``meta_info`` parsing is pure; the publisher
 owns its own asyncio task and bounded queue and never blocks the caller.
 
-    async with Publisher(PublisherSettings(bootstrap_servers=...)) as pub:
+    async with Publisher(PublisherSettings(bootstrap_servers=..., run_id=...)) as pub:
         pub.publish_nowait(record_from_meta_info(out["meta_info"], batch_id=..., session_id=...))
         await pub.close_batch(batch_id, speculative_algorithm="EAGLE3", expected_producers=8)
 """
 
 from ._builders import record_from_attempts, record_from_counters, record_from_meta_info
-from ._errors import PublisherClosedError, PublisherError, PublisherNotStartedError, QueueFullError
-from ._meta_info import SpecCounters, counters_from_meta_info, fold_attempts, normalize_counter
+from ._errors import (
+    BrokerUnavailableError,
+    PublisherClosedError,
+    PublisherError,
+    PublisherNotStartedError,
+    QueueFullError,
+    TopicMissingError,
+)
+from ._meta_info import (
+    SpecCounters,
+    counters_from_meta_info,
+    fold_attempts,
+    normalize_counter,
+    normalize_weight_version,
+)
 from ._publisher import Publisher, partition_for_key
 from ._security import KafkaSecurity
 from ._settings import PublisherSettings, default_producer_id
@@ -21,6 +34,7 @@ __all__ = [
     "counters_from_meta_info",
     "fold_attempts",
     "normalize_counter",
+    "normalize_weight_version",
     "record_from_meta_info",
     "record_from_attempts",
     "record_from_counters",
@@ -34,4 +48,6 @@ __all__ = [
     "QueueFullError",
     "PublisherClosedError",
     "PublisherNotStartedError",
+    "BrokerUnavailableError",
+    "TopicMissingError",
 ]

@@ -21,8 +21,11 @@ def record_from_counters(
     sample_id: str | None = None,
     state_hash: str | None = None,
     producer_id: str | None = None,
+    weight_version: str | None = None,
+    run_id: str | None = None,
 ) -> GenerationRecord:
-    """A validated record; raises ``msgspec.ValidationError`` on empty ids."""
+    """A validated record; raises ``msgspec.ValidationError`` on an empty id or one
+    past the 1024-character limit. ``weight_version`` overrides the counters' own."""
     import msgspec
 
     return msgspec.convert(
@@ -38,6 +41,8 @@ def record_from_counters(
             "completion": counters.completion,
             "accept_histogram": counters.accept_histogram,
             "producer_id": producer_id,
+            "weight_version": weight_version if weight_version is not None else counters.weight_version,
+            "run_id": run_id,
         },
         type=GenerationRecord,
     )
@@ -61,10 +66,14 @@ def record_from_meta_info(
     generation_id: str | None = None,
     state_hash: str | None = None,
     producer_id: str | None = None,
+    weight_version: str | None = None,
+    run_id: str | None = None,
 ) -> GenerationRecord:
     """The record of one committed generation from its SGLang ``meta_info``.
 
-    ``generation_id`` defaults to ``meta_info["id"]`` (SGLang's request id).
+    ``generation_id`` defaults to ``meta_info["id"]`` (SGLang's request id) and
+    ``weight_version`` to ``meta_info["weight_version"]``. ``producer_id`` and
+    ``run_id`` may stay None: a ``Publisher`` counts the record as its own, in its run.
     """
     return record_from_counters(
         counters_from_meta_info(meta_info),
@@ -74,6 +83,8 @@ def record_from_meta_info(
         sample_id=sample_id,
         state_hash=state_hash,
         producer_id=producer_id,
+        weight_version=weight_version,
+        run_id=run_id,
     )
 
 
@@ -86,8 +97,10 @@ def record_from_attempts(
     generation_id: str | None = None,
     state_hash: str | None = None,
     producer_id: str | None = None,
+    weight_version: str | None = None,
+    run_id: str | None = None,
 ) -> GenerationRecord:
-    """One generation resumed over several attempts, folded (SPEC §2.1).
+    """One generation resumed over several attempts, folded (docs/contract.md §2).
 
     ``generation_id`` defaults to the first attempt's request id.
     """
@@ -101,4 +114,6 @@ def record_from_attempts(
         sample_id=sample_id,
         state_hash=state_hash,
         producer_id=producer_id,
+        weight_version=weight_version,
+        run_id=run_id,
     )

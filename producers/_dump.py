@@ -1,9 +1,10 @@
 """Reading rollout dumps (JSON lines) the same way for ``aggregate`` and ``replay``.
 
-A line is a record (SPEC §2 fields), a marker (``"type": "marker"``), or an
-SGLang output: ``{"meta_info": {...}, "batch_id", "session_id", "sample_id"?,
-"state_hash"?, "producer_id"?, "generation_id"?}``, turned into a record with
-the SPEC §2.1 rules (``"attempts": [meta_info, ...]`` for a resumed generation).
+A line is a record (docs/contract.md §1 fields), a marker (``"type": "marker"``),
+or an SGLang output: ``{"meta_info": {...}, "batch_id", "session_id", "sample_id"?,
+"state_hash"?, "producer_id"?, "generation_id"?, "weight_version"?, "run_id"?}``,
+turned into a record with the rules of docs/contract.md §2 (``"attempts":
+[meta_info, ...]`` for a resumed generation).
 """
 
 from __future__ import annotations
@@ -12,19 +13,20 @@ from typing import Any
 
 import msgspec
 
-from specmeter.schemas import BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
+from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
 
 from ._builders import record_from_attempts, record_from_meta_info
 
 __all__ = ["parse_dump_line"]
 
 _decoder = msgspec.json.Decoder()
-_IDENTITY = ("batch_id", "session_id", "sample_id", "state_hash", "producer_id", "generation_id")
+_IDENTITY = ("batch_id", "session_id", "sample_id", "state_hash", "producer_id", "generation_id", "weight_version",
+             "run_id")
 
 
-def _str_or_none(obj: dict, key: str) -> Any:
+def _id_or_none(obj: dict, key: str) -> Any:
     value = obj.get(key)
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_ID else None
 
 
 def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | InvalidRecord:
@@ -47,5 +49,9 @@ def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | Inval
             raise ValueError("`meta_info` must be an object")
         return record_from_meta_info(meta_info, **identity)
     except (msgspec.ValidationError, ValueError, TypeError, AttributeError) as exc:
-        return InvalidRecord(reason="invalid", detail=f"SGLang output: {exc}", raw=raw,
-                             batch_id=_str_or_none(obj, "batch_id"), producer_id=_str_or_none(obj, "producer_id"))
+        # counted in its batch only when its identity reads (a run_id present must be valid)
+        run_readable = obj.get("run_id") is None or _id_or_none(obj, "run_id") is not None
+        batch_id = _id_or_none(obj, "batch_id") if run_readable else None
+        return InvalidRecord(reason="invalid", detail=f"SGLang output: {exc}", raw=raw, batch_id=batch_id,
+                             producer_id=_id_or_none(obj, "producer_id"),
+                             run_id=_id_or_none(obj, "run_id") if batch_id is not None else None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["PublisherError", "QueueFullError", "PublisherClosedError", "PublisherNotStartedError"]
+__all__ = ["PublisherError", "QueueFullError", "PublisherClosedError", "PublisherNotStartedError",
+           "BrokerUnavailableError", "TopicMissingError"]
 
 
 class PublisherError(Exception):
@@ -20,6 +21,18 @@ class QueueFullError(PublisherError):
     """
 
     retriable = True
+
+
+class BrokerUnavailableError(PublisherError):
+    """``start()`` reached no broker at the bootstrap address; nothing was left open."""
+
+    retriable = True
+
+
+class TopicMissingError(PublisherError):
+    """The records topic does not exist. The publisher never creates it: the broker's
+    default partition count would not be the worker's (``specmeter worker
+    --partitions N`` creates it, or create it with your tools first)."""
 
 
 class PublisherClosedError(PublisherError):

@@ -1,7 +1,8 @@
 """Packing pre-encoded records into one ``RecordBatch`` message without re-encoding.
 
 ``publish()`` encodes each record once, on the caller's side; the background
-task only frames the bytes: a msgpack map {type, records: [...], producer_id}.
+task only frames the bytes: a msgpack map {type, records: [...], producer_id,
+run_id} (run_id only when the publisher names a run).
 Decoding such a message with the schemas' decoder gives a ``RecordBatch``.
 """
 
@@ -14,8 +15,9 @@ __all__ = ["frame_batch", "FRAME_OVERHEAD"]
 _TYPE = msgspec.msgpack.encode("type") + msgspec.msgpack.encode("batch")
 _RECORDS = msgspec.msgpack.encode("records")
 _PRODUCER = msgspec.msgpack.encode("producer_id")
-#: bytes of framing around the records, producer id excluded
-FRAME_OVERHEAD = 1 + len(_TYPE) + len(_RECORDS) + 5 + len(_PRODUCER)
+_RUN = msgspec.msgpack.encode("run_id")
+#: bytes of framing around the records, the producer and run ids excluded
+FRAME_OVERHEAD = 1 + len(_TYPE) + len(_RECORDS) + 5 + len(_PRODUCER) + len(_RUN)
 
 
 def _array_header(n: int) -> bytes:
@@ -26,9 +28,11 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def frame_batch(encoded_records: list[bytes], producer_id: str | None) -> bytes:
-    """The msgpack bytes of ``RecordBatch(records=..., producer_id=...)``."""
+def frame_batch(encoded_records: list[bytes], producer_id: str | None, run_id: str | None = None) -> bytes:
+    """The msgpack bytes of ``RecordBatch(records=..., producer_id=..., run_id=...)``."""
     producer = msgspec.msgpack.encode(producer_id)
+    run = (_RUN, msgspec.msgpack.encode(run_id)) if run_id is not None else ()
     return b"".join(
-        (b"\x83", _TYPE, _RECORDS, _array_header(len(encoded_records)), *encoded_records, _PRODUCER, producer)
+        (b"\x84" if run else b"\x83", _TYPE, _RECORDS, _array_header(len(encoded_records)), *encoded_records,
+         _PRODUCER, producer, *run)
     )

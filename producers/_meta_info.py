@@ -1,4 +1,4 @@
-"""SGLang ``meta_info`` to speculative counters (SPEC §2.1). Pure; no sglang import.
+"""SGLang ``meta_info`` to speculative counters (docs/contract.md §2). Pure; no sglang import.
 
 SGLang renamed its counters across releases; the alias families are read in
 precedence order, a pair is taken whole or not at all, and every value is
@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from specmeter.schemas import MAX_COUNTER
+from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
 
-__all__ = ["SpecCounters", "counters_from_meta_info", "fold_attempts", "normalize_counter", "ACCEPT_PAIRS"]
+__all__ = ["SpecCounters", "counters_from_meta_info", "fold_attempts", "normalize_counter", "normalize_weight_version",
+           "ACCEPT_PAIRS"]
 
 #: (accepted key, proposed key), newest SGLang first.
 ACCEPT_PAIRS: tuple[tuple[str, str], ...] = (
@@ -27,13 +28,15 @@ _MAX_DIGITS = len(str(MAX_COUNTER))
 
 
 class SpecCounters(msgspec.Struct, frozen=True, kw_only=True):
-    """The four counters and the histogram of one generation; ``None`` = unknown."""
+    """The four counters, the histogram and the policy version of one generation;
+    ``None`` = unknown."""
 
     accepted: int | None = None
     proposed: int | None = None
     verify: int | None = None
     completion: int | None = None
     accept_histogram: list[int] | None = None
+    weight_version: str | None = None
 
 
 def normalize_counter(value: Any) -> int | None:
@@ -42,7 +45,7 @@ def normalize_counter(value: Any) -> int | None:
     Kept: ints (and numpy-style integers via ``__index__``), integral floats
     (5.0 -> 5), strings of ASCII digits ("07" -> 7). Unknown: bool, negative,
     fractional, non-finite, other strings, anything else, and values above
-    2**63 - 1 (they would not fit the wire format).
+    ``MAX_COUNTER`` (2**32 - 1, the wire limit).
     """
     if value is None or isinstance(value, bool) or type(value).__name__ == "bool_":
         return None
@@ -69,8 +72,26 @@ def _normalize_histogram(value: Any) -> list[int] | None:
         return None
     if hasattr(value, "tolist") and not isinstance(value, Sequence):  # numpy arrays
         value = value.tolist()
+    if len(value) > MAX_BINS:
+        return None
     bins = [normalize_counter(v) for v in value]
     return None if any(b is None for b in bins) else bins  # type: ignore[return-value]
+
+
+def normalize_weight_version(value: Any) -> str | None:
+    """SGLang's ``weight_version``: a non-empty str of at most ``MAX_ID`` characters
+    is kept, an int >= 0 (not a bool) becomes its decimal string, anything else is None."""
+    if isinstance(value, str):
+        return value if 0 < len(value) <= MAX_ID else None
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    if isinstance(value, int) or (hasattr(type(value), "__index__") and not isinstance(value, float)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            return None
+        return str(number) if number >= 0 else None
+    return None
 
 
 def counters_from_meta_info(meta_info: Mapping[str, Any]) -> SpecCounters:
@@ -100,18 +121,25 @@ def counters_from_meta_info(meta_info: Mapping[str, Any]) -> SpecCounters:
         verify=normalize_counter(meta_info.get("spec_verify_ct")),
         completion=normalize_counter(meta_info.get("completion_tokens")),
         accept_histogram=histogram,
+        weight_version=normalize_weight_version(meta_info.get("weight_version")),
     )
 
 
 def _fold(values: list[int | None]) -> int | None:
-    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
+    """Known only if every attempt reported it; a sum past the limit is unknown too."""
+    if any(v is None for v in values):
+        return None
+    total = sum(values)  # type: ignore[arg-type]
+    return total if total <= MAX_COUNTER else None
 
 
 def fold_attempts(attempts: Iterable[SpecCounters]) -> SpecCounters:
     """One generation resumed over several backend attempts (abort + resume).
 
-    Field by field: known only if every attempt reported it, then the sum; the
-    histogram element-wise (shorter ones padded with zeros).
+    Field by field: known only if every attempt reported it, then the sum (unknown
+    past ``MAX_COUNTER``); the histogram element-wise (shorter ones padded with
+    zeros). The weight_version is kept when every attempt reports the same one: a
+    generation resumed across a weight update has no single version.
     """
     attempts = list(attempts)
     if not attempts:
@@ -123,10 +151,14 @@ def fold_attempts(attempts: Iterable[SpecCounters]) -> SpecCounters:
         for h in histograms:
             for i, count in enumerate(h):  # type: ignore[arg-type]
                 histogram[i] += count
+        if any(count > MAX_COUNTER for count in histogram):
+            histogram = None
+    versions = {a.weight_version for a in attempts}
     return SpecCounters(
         accepted=_fold([a.accepted for a in attempts]),
         proposed=_fold([a.proposed for a in attempts]),
         verify=_fold([a.verify for a in attempts]),
         completion=_fold([a.completion for a in attempts]),
         accept_histogram=histogram,
+        weight_version=versions.pop() if len(versions) == 1 else None,
     )

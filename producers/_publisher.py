@@ -10,6 +10,10 @@ until Kafka acknowledges it. ``close_batch`` flushes, waits for every
 acknowledgement, then sends a ``BatchMarker`` to every partition with the
 number of records this producer sent there for the batch.
 
+A publisher publishes one run (``settings.run_id``, None for the default run)
+as one producer (``settings.producer_id``): records without their own ids are
+counted as its own, in its run (the envelope names both); its markers name both.
+
 Full buffer policy: ``publish`` waits up to ``queue_full_timeout_s`` for room,
 then raises ``QueueFullError`` (the record is not accepted); ``publish_nowait``
 raises at once. Accepted records are never dropped: a failed delivery is
@@ -28,9 +32,16 @@ from typing import Any
 
 from specmeter.schemas import BatchMarker, GenerationRecord, encode_records_message
 
-from ._errors import PublisherClosedError, PublisherNotStartedError, QueueFullError
+from ._errors import (
+    BrokerUnavailableError,
+    PublisherClosedError,
+    PublisherError,
+    PublisherNotStartedError,
+    QueueFullError,
+    TopicMissingError,
+)
 from ._framing import FRAME_OVERHEAD, frame_batch
-from ._settings import PublisherSettings
+from ._settings import PublisherSettings, plain_bootstrap
 
 __all__ = ["Publisher", "partition_for_key"]
 
@@ -77,14 +88,21 @@ class Publisher:
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
-        """Connect, learn the topic's partitions and start the background task."""
+        """Connect, learn the topic's partitions and start the background task.
+
+        Raises:
+            BrokerUnavailableError: no broker answered at ``bootstrap_servers``.
+            TopicMissingError: the records topic does not exist (it is never auto-created).
+            ValueError: ``bootstrap_servers`` is not ``host:port`` (or ``kafka://host:port``).
+        """
         if self._started:
             return
         from aiokafka import AIOKafkaProducer
 
         s = self.settings
+        bootstrap = plain_bootstrap(s.bootstrap_servers)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.bootstrap_servers,
+            bootstrap_servers=bootstrap,
             client_id=f"specmeter-{s.producer_id}",
             enable_idempotence=True,
             acks="all",
@@ -97,20 +115,37 @@ class Publisher:
             **s.security.aiokafka_kwargs(),
             **s.kafka,
         )
-        await self._producer.start()
         try:
-            partitions = await self._producer.partitions_for(s.topic)
-        except Exception:
-            await self._producer.stop()
+            self._partitions = await self._connect(bootstrap)
+        except BaseException:
+            await self._producer.stop()  # nothing left open behind an error
             raise
-        if not partitions:
-            await self._producer.stop()
-            raise RuntimeError(f"topic {s.topic!r} has no partitions: create it first (specmeter worker creates it)")
-        self._partitions = len(partitions)
         self._wake, self._room, self._idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._runner = asyncio.create_task(self._run(), name="specmeter-publisher")
         self._started = True
+
+    async def _connect(self, bootstrap: str) -> int:
+        """Start the producer and return the records topic's partition count, read from
+        the cluster's metadata: asking for the topic itself would auto-create it with
+        the broker's default partition count behind the worker's back."""
+        from aiokafka.errors import KafkaError
+
+        s = self.settings
+        try:
+            await self._producer.start()
+            cluster = await self._producer.client.fetch_all_metadata()
+        except KafkaError as exc:
+            raise BrokerUnavailableError(
+                f"no Kafka broker answers at {bootstrap} ({type(exc).__name__}): check "
+                f"PublisherSettings.bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS) and that the broker runs") from exc
+        partitions = cluster.partitions_for_topic(s.topic)
+        if not partitions:
+            raise TopicMissingError(
+                f"topic {s.topic!r} does not exist at {bootstrap}: start the worker first "
+                f"(`specmeter worker --partitions N` creates it) or create it with N partitions; "
+                f"the publisher never creates it")
+        return len(partitions)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Deliver what is queued (up to ``timeout_s``), then disconnect. Idempotent."""
@@ -162,8 +197,13 @@ class Publisher:
             QueueFullError: ``max_queued_records`` are waiting for Kafka.
             PublisherClosedError / PublisherNotStartedError.
         """
-        if self._queued >= self.settings.max_queued_records or not self._started or self._closed:
+        s = self.settings
+        if self._queued >= s.max_queued_records or not self._started or self._closed:
             self._refuse()
+        if record.run_id is not None and record.run_id != s.run_id:
+            raise PublisherError(
+                f"record of run {record.run_id!r} given to the publisher of run {s.run_id!r}: one Publisher "
+                "publishes one run (PublisherSettings.run_id); the record was not accepted")
         partition = self._partition_of.get(record.session_id)
         if partition is None:
             partition = self._partition_of[record.session_id] = partition_for_key(
@@ -171,7 +211,12 @@ class Publisher:
         data = encode_records_message(record)
         self._queued += 1
         self._sent[record.batch_id][partition] += 1
-        if not self.settings.pack:  # one keyed message per record, as any Kafka client would
+        if not s.pack:  # one keyed message per record, as any Kafka client would: it names its own
+            if record.producer_id is None or record.run_id != s.run_id:
+                import msgspec
+
+                data = encode_records_message(msgspec.structs.replace(
+                    record, producer_id=record.producer_id or s.producer_id, run_id=s.run_id))
             self._spawn(partition, data, 1, key=record.session_id.encode())
             return
         buffer = self._buffers[partition]
@@ -180,7 +225,7 @@ class Publisher:
         buffer.append(data)
         size = self._buffer_bytes[partition] + len(data)
         self._buffer_bytes[partition] = size
-        if size >= self.settings.max_message_bytes:
+        if size >= s.max_message_bytes:
             self._wake.set()  # type: ignore[union-attr]
 
     def publish_raw(self, value: bytes, *, session_id: str | None = None, batch_id: str | None = None) -> None:
@@ -267,6 +312,7 @@ class Publisher:
                 records_sent=sent.get(partition, 0),
                 speculative_algorithm=speculative_algorithm or None,
                 expected_producers=expected_producers,
+                run_id=self.settings.run_id,
             )
             deliveries.append(self._deliver(partition, encode_records_message(marker), 0, key=batch_id.encode()))
         await asyncio.gather(*deliveries)
@@ -303,12 +349,12 @@ class Publisher:
             size = FRAME_OVERHEAD
             for data in records:
                 if chunk and size + len(data) > s.max_message_bytes:
-                    self._spawn(partition, frame_batch(chunk, s.producer_id), len(chunk))
+                    self._spawn(partition, frame_batch(chunk, s.producer_id, s.run_id), len(chunk))
                     chunk, size = [], FRAME_OVERHEAD
                 chunk.append(data)
                 size += len(data)
             if chunk:
-                self._spawn(partition, frame_batch(chunk, s.producer_id), len(chunk))
+                self._spawn(partition, frame_batch(chunk, s.producer_id, s.run_id), len(chunk))
 
     def _spawn(self, partition: int, value: bytes, count: int, key: bytes | None = None) -> None:
         task = asyncio.get_running_loop().create_task(self._deliver(partition, value, count, key=key))

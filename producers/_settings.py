@@ -9,7 +9,7 @@ import msgspec
 
 from ._security import KafkaSecurity
 
-__all__ = ["PublisherSettings", "default_producer_id"]
+__all__ = ["PublisherSettings", "default_producer_id", "plain_bootstrap"]
 
 
 def default_producer_id() -> str:
@@ -17,11 +17,31 @@ def default_producer_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def plain_bootstrap(servers: str) -> str:
+    """``host:port[,host:port]`` from what a user may write: Faust's ``kafka://host:port``
+    is accepted (the scheme dropped); any other scheme is refused with a hint."""
+    out = []
+    for entry in servers.split(","):
+        entry = entry.strip()
+        scheme, sep, rest = entry.partition("://")
+        if sep:
+            if scheme.lower() != "kafka":
+                raise ValueError(f"bootstrap address {entry!r}: expected host:port (or kafka://host:port), "
+                                 f"not a {scheme}:// URL; set bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS")
+            entry = rest.rstrip("/")
+        if entry:
+            out.append(entry)
+    if not out:
+        raise ValueError("no bootstrap address: set bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS to host:port")
+    return ",".join(out)
+
+
 class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How a rollout worker publishes to Kafka.
 
     Attributes:
-        bootstrap_servers: Kafka bootstrap address(es), comma-separated.
+        bootstrap_servers: Kafka bootstrap address(es), comma-separated
+            (``kafka://host:port`` accepted).
         topic: the records topic.
         producer_id: this worker's identity in markers; defaults to host-pid.
         run_id: the training run (attempt) every record and marker belongs to;

@@ -49,6 +49,7 @@ def records_from_outputs(
     sample_ids: Sequence[str | None] | None = None,
     state_hashes: Sequence[str | None] | None = None,
     producer_id: str | None = None,
+    run_id: str | None = None,
 ) -> list[GenerationRecord]:
     """One record per output dict, in order.
 
@@ -57,6 +58,8 @@ def records_from_outputs(
         session_ids: one session for all outputs, or one per output.
         sample_ids: the trajectory each output belongs to (None: its own sample).
         state_hashes: optional content hashes of the states produced.
+        run_id: the training run (attempt); each record's weight_version comes
+            from its ``meta_info["weight_version"]``.
 
     Raises:
         ValueError: lengths do not match, or an output lacks ``meta_info``/its ``id``.
@@ -74,7 +77,7 @@ def records_from_outputs(
         if not isinstance(meta_info, Mapping):
             raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
         records.append(record_from_meta_info(meta_info, batch_id=batch_id, session_id=session, sample_id=sample,
-                                             state_hash=state_hash, producer_id=producer_id))
+                                             state_hash=state_hash, producer_id=producer_id, run_id=run_id))
     return records
 
 
@@ -87,10 +90,12 @@ async def publish_outputs(
     sample_ids: Sequence[str | None] | None = None,
     state_hashes: Sequence[str | None] | None = None,
 ) -> int:
-    """Publish the records of committed outputs; returns how many. Only publish what
-    your rollout keeps: discarded branches and aborted requests are not metrics."""
+    """Publish the records of committed outputs, in the publisher's run; returns how
+    many. Only publish what your rollout keeps: discarded branches and aborted
+    requests are not metrics."""
     records = records_from_outputs(outputs, batch_id=batch_id, session_ids=session_ids, sample_ids=sample_ids,
-                                   state_hashes=state_hashes, producer_id=publisher.settings.producer_id)
+                                   state_hashes=state_hashes, producer_id=publisher.settings.producer_id,
+                                   run_id=publisher.settings.run_id)
     for record in records:
         await publisher.publish(record)
     return len(records)

@@ -10,9 +10,12 @@ from specmeter.producers import (
     counters_from_meta_info,
     fold_attempts,
     normalize_counter,
+    normalize_weight_version,
     record_from_attempts,
     record_from_meta_info,
 )
+
+from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
 
 from .fixtures.sglang_meta_info import ABORTED_BEFORE_RUN, RESUMED, SGLANG_OUTPUTS
 from .golden_cases import meta_info_cases
@@ -26,7 +29,17 @@ def _tuple(c: SpecCounters):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_golden_meta_info_case(case):
-    assert msgspec.structs.asdict(counters_from_meta_info(case["meta_info"])) == case["expected"]
+    """The counters after docs/contract.md §2; where the case names it, the record's
+    weight_version too."""
+    got = msgspec.structs.asdict(counters_from_meta_info(case["meta_info"]))
+    expected = dict(case["expected"])
+    want_version = expected.pop("weight_version", None)
+    got_version = got.pop("weight_version")
+    assert got == expected
+    if "weight_version" in case["expected"]:
+        assert got_version == want_version
+        record = record_from_meta_info(case["meta_info"], batch_id="b", session_id="s", generation_id="g")
+        assert record.weight_version == want_version
 
 
 @pytest.mark.parametrize("version", sorted(SGLANG_OUTPUTS))
@@ -68,10 +81,50 @@ class _NumpyLikeInt:
     ("value", "expected"),
     [(5, 5), (0, 0), (5.0, 5), ("07", 7), (_NumpyLikeInt(9), 9), (True, None), (False, None), (-1, None),
      (1.5, None), (float("nan"), None), (float("inf"), None), ("", None), (" 3", None), ("٣", None), ("x", None),
-     (None, None), ([1], None), (2**63, None), ("9" * 30, None), (2**63 - 1, 2**63 - 1)],
+     (None, None), ([1], None), (2**63, None), ("9" * 30, None), (2**63 - 1, None),
+     (MAX_COUNTER, MAX_COUNTER), (MAX_COUNTER + 1, None), (float(MAX_COUNTER), MAX_COUNTER),
+     (float(MAX_COUNTER + 1), None), (str(MAX_COUNTER), MAX_COUNTER), (str(MAX_COUNTER + 1), None),
+     (_NumpyLikeInt(MAX_COUNTER + 1), None)],
 )
 def test_value_normalisation(value, expected):
+    """Kept up to the wire limit MAX_COUNTER = 2^32 - 1, unknown past it."""
     assert normalize_counter(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("v12", "v12"), ("default", "default"), (12, "12"), (0, "0"), (_NumpyLikeInt(7), "7"), ("", None),
+     ("v" * MAX_ID, "v" * MAX_ID), ("v" * (MAX_ID + 1), None), (-1, None), (True, None), (1.0, None),
+     (None, None), (["v1"], None), (b"v1", None)],
+)
+def test_weight_version_normalisation(value, expected):
+    assert normalize_weight_version(value) == expected
+    assert counters_from_meta_info({"weight_version": value}).weight_version == expected
+
+
+def test_histogram_past_the_bin_limit_is_unknown():
+    assert counters_from_meta_info({"spec_accept_histogram": [1] * MAX_BINS}).accept_histogram == [1] * MAX_BINS
+    assert counters_from_meta_info({"spec_accept_histogram": [1] * (MAX_BINS + 1)}).accept_histogram is None
+    assert counters_from_meta_info({"spec_accept_histogram": [MAX_COUNTER + 1]}).accept_histogram is None
+
+
+def test_fold_past_the_counter_limit_is_unknown_and_versions_must_agree():
+    half = MAX_COUNTER // 2 + 1
+    folded = fold_attempts([SpecCounters(accepted=half, proposed=1, accept_histogram=[half], weight_version="v3"),
+                            SpecCounters(accepted=half, proposed=2, accept_histogram=[half], weight_version="v3")])
+    assert (folded.accepted, folded.proposed, folded.accept_histogram, folded.weight_version) == (None, 3, None, "v3")
+    mixed = fold_attempts([SpecCounters(weight_version="v3"), SpecCounters(weight_version="v4")])
+    assert mixed.weight_version is None
+    assert fold_attempts([SpecCounters(weight_version="v3"), SpecCounters()]).weight_version is None
+
+
+def test_explicit_ids_and_run_reach_the_record():
+    meta = {"id": "req-1", "weight_version": "v1", "spec_verify_ct": 2}
+    record = record_from_meta_info(meta, batch_id="b", session_id="s", run_id="attempt-2")
+    assert (record.run_id, record.weight_version) == ("attempt-2", "v1")
+    assert record_from_meta_info(meta, batch_id="b", session_id="s", weight_version="v9").weight_version == "v9"
+    with pytest.raises(msgspec.ValidationError, match="length"):
+        record_from_meta_info(meta, batch_id="b" * (MAX_ID + 1), session_id="s")
 
 
 def test_histogram_with_one_bad_bin_is_unknown():
@@ -83,3 +136,18 @@ def test_histogram_with_one_bad_bin_is_unknown():
 def test_missing_request_id_says_what_to_do():
     with pytest.raises(ValueError, match="generation_id="):
         record_from_meta_info({"completion_tokens": 3}, batch_id="b", session_id="s")
+
+
+def test_dump_lines_of_sglang_outputs_carry_version_and_run():
+    import json
+
+    from specmeter.producers._dump import parse_dump_line
+
+    line = {"meta_info": {"id": "r1", "weight_version": 12, "spec_verify_ct": 1}, "batch_id": "b",
+            "session_id": "s", "run_id": "attempt-2"}
+    record = parse_dump_line(json.dumps(line))
+    assert (record.weight_version, record.run_id) == ("12", "attempt-2")
+    bad = parse_dump_line(json.dumps({**line, "session_id": ""}))
+    assert (bad.reason, bad.batch_id, bad.run_id) == ("invalid", "b", "attempt-2")
+    unreadable = parse_dump_line(json.dumps({**line, "session_id": "", "run_id": ""}))
+    assert unreadable.batch_id is None
