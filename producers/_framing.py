@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["frame_batch", "FRAME_OVERHEAD"]
+__all__ = ["frame_batch", "frame_overhead", "FRAME_OVERHEAD"]
 
 _TYPE = msgspec.msgpack.encode("type") + msgspec.msgpack.encode("batch")
 _RECORDS = msgspec.msgpack.encode("records")
@@ -18,6 +18,13 @@ _PRODUCER = msgspec.msgpack.encode("producer_id")
 _RUN = msgspec.msgpack.encode("run_id")
 #: bytes of framing around the records, the producer and run ids excluded
 FRAME_OVERHEAD = 1 + len(_TYPE) + len(_RECORDS) + 5 + len(_PRODUCER) + len(_RUN)
+
+
+def frame_overhead(producer_id: str | None, run_id: str | None = None) -> int:
+    """Bytes ``frame_batch`` adds around the records, at most: the ids count too
+    (up to 1024 characters each), so packing to ``max_message_bytes`` stays under it."""
+    run = len(_RUN) + len(msgspec.msgpack.encode(run_id)) if run_id is not None else 0
+    return FRAME_OVERHEAD - len(_RUN) + len(msgspec.msgpack.encode(producer_id)) + run
 
 
 def _array_header(n: int) -> bytes:

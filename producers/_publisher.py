@@ -40,7 +40,7 @@ from ._errors import (
     QueueFullError,
     TopicMissingError,
 )
-from ._framing import FRAME_OVERHEAD, frame_batch
+from ._framing import frame_batch, frame_overhead
 from ._settings import PublisherSettings, plain_bootstrap
 
 __all__ = ["Publisher", "partition_for_key"]
@@ -68,6 +68,7 @@ class Publisher:
 
         base = settings or PublisherSettings()
         self.settings = msgspec.structs.replace(base, **overrides) if overrides else base
+        self._frame_overhead = frame_overhead(self.settings.producer_id, self.settings.run_id)
         self._producer: Any = None
         self._partitions = 0
         self._partition_of: dict[str, int] = {}
@@ -143,8 +144,8 @@ class Publisher:
         if not partitions:
             raise TopicMissingError(
                 f"topic {s.topic!r} does not exist at {bootstrap}: start the worker first "
-                f"(`specmeter worker --partitions N` creates it) or create it with N partitions; "
-                f"the publisher never creates it")
+                f"(`specmeter worker --partitions N` creates it) or create it with N partitions, or set "
+                f"PublisherSettings.topic to the worker's records topic; the publisher never creates it")
         return len(partitions)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
@@ -208,17 +209,19 @@ class Publisher:
         if partition is None:
             partition = self._partition_of[record.session_id] = partition_for_key(
                 record.session_id.encode(), self._partitions)
-        data = encode_records_message(record)
-        self._queued += 1
-        self._sent[record.batch_id][partition] += 1
         if not s.pack:  # one keyed message per record, as any Kafka client would: it names its own
             if record.producer_id is None or record.run_id != s.run_id:
                 import msgspec
 
-                data = encode_records_message(msgspec.structs.replace(
-                    record, producer_id=record.producer_id or s.producer_id, run_id=s.run_id))
-            self._spawn(partition, data, 1, key=record.session_id.encode())
+                record = msgspec.structs.replace(record, producer_id=record.producer_id or s.producer_id,
+                                                 run_id=s.run_id)
+            self._queued += 1
+            self._sent[record.batch_id][partition] += 1
+            self._spawn(partition, encode_records_message(record), 1, key=record.session_id.encode())
             return
+        data = encode_records_message(record)  # packed: the envelope names producer and run
+        self._queued += 1
+        self._sent[record.batch_id][partition] += 1
         buffer = self._buffers[partition]
         if not buffer:
             self._buffer_since[partition] = time.monotonic()
@@ -346,11 +349,12 @@ class Publisher:
             self._buffer_bytes.pop(partition, None)
             self._buffer_since.pop(partition, None)
             chunk: list[bytes] = []
-            size = FRAME_OVERHEAD
+            overhead = self._frame_overhead
+            size = overhead
             for data in records:
                 if chunk and size + len(data) > s.max_message_bytes:
                     self._spawn(partition, frame_batch(chunk, s.producer_id, s.run_id), len(chunk))
-                    chunk, size = [], FRAME_OVERHEAD
+                    chunk, size = [], overhead
                 chunk.append(data)
                 size += len(data)
             if chunk:
