@@ -34,7 +34,11 @@ def test_the_producer_section_has_one_snippet_that_compiles():
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_the_readme_producer_snippet_gives_complete_batches(deployment):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
+def test_the_readme_producer_snippet_gives_complete_batches(deployment, pack):
+    """Packed, the envelope names the producer and run; plain (``pack=False``, one
+    message per record), the publisher fills them into each record. Either way the
+    worker counts every record under the marker's producer."""
     (snippet,) = python_blocks(readme_section("Using the producer library"))
     # what a reader substitutes: their broker and topic, and which of the 8 workers runs it
     assert '"kafka:9092"' in snippet and '"rollout-worker-3"' in snippet and "expected_producers=8" in snippet
@@ -44,7 +48,8 @@ def test_the_readme_producer_snippet_gives_complete_batches(deployment):
     async def rollout_worker(index: int) -> None:
         code = (snippet.replace('"kafka:9092"', repr(deployment.bootstrap))
                 .replace('"rollout-worker-3"', repr(f"rollout-worker-{index}"))
-                .replace("PublisherSettings(", f"PublisherSettings(topic={deployment.topics.records!r}, ", 1))
+                .replace("PublisherSettings(", f"PublisherSettings(topic={deployment.topics.records!r}, pack={pack}, ",
+                         1))
         outputs = [{"text": "...", "meta_info": {**meta_info, "id": f"w{index}-{version}"}}
                    for version, (meta_info, _) in SGLANG_OUTPUTS.items()]
         namespace = {"outputs": outputs, "step": 12, "session": f"session-{index}", "trajectory": "t0"}
@@ -57,7 +62,10 @@ def test_the_readme_producer_snippet_gives_complete_batches(deployment):
     asyncio.run(fleet())
     published = deployment.metrics(until=lambda ms: any(m.batch_id == "step-12" and m.complete for m in ms),
                                    timeout_s=60)
-    (batch,) = [m for m in published if m.batch_id == "step-12" and m.complete][-1:]
+    complete = [m for m in published if m.batch_id == "step-12" and m.complete]
+    assert complete, ("no complete revision of step-12; published: "
+                      f"{[(m.revision, m.close_reason, m.missing_record_count) for m in published]}")
+    batch = complete[-1]
     assert batch.run_id == "grpo-7-attempt-2"
     assert batch.missing_record_count == 0 and batch.close_reason == "markers"
     assert batch.record_count == 8 * len(SGLANG_OUTPUTS)
