@@ -25,6 +25,7 @@ ACCEPT_PAIRS: tuple[tuple[str, str], ...] = (
     ("spec_accept_token_num", "spec_draft_token_num"),  # 0.5.6 - 0.5.10
 )
 _MAX_DIGITS = len(str(MAX_COUNTER))
+_MAX_VERSION_INT = 10**MAX_ID  # the smallest int whose decimal string is past MAX_ID characters
 
 
 class SpecCounters(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,7 +81,8 @@ def _normalize_histogram(value: Any) -> list[int] | None:
 
 def normalize_weight_version(value: Any) -> str | None:
     """SGLang's ``weight_version``: a non-empty str of at most ``MAX_ID`` characters
-    is kept, an int >= 0 (not a bool) becomes its decimal string, anything else is None."""
+    is kept, an int >= 0 (not a bool) of at most ``MAX_ID`` digits becomes its decimal
+    string, anything else is None."""
     if isinstance(value, str):
         return value if 0 < len(value) <= MAX_ID else None
     if isinstance(value, bool) or type(value).__name__ == "bool_":
@@ -90,7 +92,8 @@ def normalize_weight_version(value: Any) -> str | None:
             number = operator.index(value)
         except TypeError:
             return None
-        return str(number) if number >= 0 else None
+        # an int too long to name a version (past MAX_ID digits) is unknown, never an error
+        return str(number) if 0 <= number < _MAX_VERSION_INT else None
     return None
 
 

@@ -118,6 +118,16 @@ def test_fold_past_the_counter_limit_is_unknown_and_versions_must_agree():
     assert fold_attempts([SpecCounters(weight_version="v3"), SpecCounters()]).weight_version is None
 
 
+def test_an_int_version_too_long_for_the_wire_is_unknown_not_an_error():
+    """Regression: 10**1024 became a 1025-character version and the record failed
+    validation (10**5000 raised in int-to-str conversion)."""
+    assert normalize_weight_version(10**MAX_ID - 1) == "9" * MAX_ID
+    for value in (10**MAX_ID, 10**5000):
+        assert normalize_weight_version(value) is None
+        record = record_from_meta_info({"id": "r", "weight_version": value}, batch_id="b", session_id="s")
+        assert record.weight_version is None
+
+
 def test_explicit_ids_and_run_reach_the_record():
     meta = {"id": "req-1", "weight_version": "v1", "spec_verify_ct": 2}
     record = record_from_meta_info(meta, batch_id="b", session_id="s", run_id="attempt-2")
