@@ -101,3 +101,25 @@ def test_sync_facade(kafka_bootstrap, unique_name):
     got = [r for m in messages for r in decode_records_message(m.value).records]
     assert sorted(got, key=lambda r: (r.session_id, r.generation_id)) == sorted(
         records, key=lambda r: (r.session_id, r.generation_id))
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
+def test_sync_facade_publishes_in_its_run(kafka_bootstrap, unique_name, pack):
+    """SyncPublisher is a Publisher behind a thread: records without ids are its own, in
+    its run (envelope or filled in), and its markers name the run."""
+    topic = unique_name("records")
+    asyncio.run(create_topic(kafka_bootstrap, topic, 2))
+    records = [GenerationRecord(batch_id="b3", session_id=f"s{i}", generation_id="g", completion=i) for i in range(6)]
+    settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p-sync", run_id="r2",
+                                 pack=pack)
+    with SyncPublisher(settings) as pub:
+        for record in records:
+            pub.publish(record)
+        pub.close_batch("b3")
+    messages = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda m: len(
+        [x for x in m if decode_records_message(x.value).marker]) == 2))
+    decoded = [decode_records_message(m.value) for m in messages]
+    got = [(r.run_id or d.run_id, r.producer_id or d.producer_id) for d in decoded for r in d.records]
+    assert got == [("r2", "p-sync")] * len(records)
+    assert sorted(d.marker.run_id for d in decoded if d.marker) == ["r2", "r2"]

@@ -42,3 +42,47 @@ def test_mismatched_lengths_and_missing_meta_info_are_clear():
 
 def test_adapter_does_not_import_sglang():
     assert "sglang" not in sys.modules
+
+
+def test_run_and_weight_version_reach_every_record():
+    """run_id is the caller's (a publisher's run); weight_version is each output's own
+    ``meta_info["weight_version"]``."""
+    outputs = [_output("0.5.12", "r0"), {"meta_info": {**_output("0.5.12", "r1")["meta_info"], "weight_version": 7}},
+               {"meta_info": {k: v for k, v in _output("0.5.12", "r2")["meta_info"].items() if k != "weight_version"}}]
+    records = records_from_outputs(outputs, batch_id="b", session_ids="s", run_id="attempt-2")
+    assert [(r.run_id, r.weight_version) for r in records] == [
+        ("attempt-2", "step-000120"), ("attempt-2", "7"), ("attempt-2", None)]
+    assert records_from_outputs(outputs[:1], batch_id="b", session_ids="s")[0].run_id is None
+
+
+@pytest.mark.kafka
+def test_publish_outputs_publishes_in_the_publishers_run(kafka_bootstrap, unique_name):
+    import asyncio
+
+    from specmeter.producers import Publisher, PublisherSettings
+    from specmeter.producers.sglang_adapter import publish_outputs
+    from specmeter.schemas import decode_records_message
+
+    from .kafka_helpers import create_topic, read_topic
+
+    topic = unique_name("records")
+
+    async def run():
+        await create_topic(kafka_bootstrap, topic, 2)
+        settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="w3",
+                                     run_id="attempt-2")
+        async with Publisher(settings) as publisher:
+            n = await publish_outputs(publisher, [_output("0.5.9", "r0"), _output("0.5.9", "r1")], batch_id="b",
+                                      session_ids=["s0", "s1"])
+            await publisher.close_batch("b")
+        messages = await read_topic(kafka_bootstrap, topic, until=lambda ms: sum(
+            decode_records_message(m.value).marker is not None for m in ms) == 2)
+        return n, [decode_records_message(m.value) for m in messages]
+
+    n, decoded = asyncio.run(run())
+    records = [(r, d) for d in decoded for r in d.records]
+    assert n == len(records) == 2
+    for record, envelope in records:
+        assert (record.run_id or envelope.run_id, record.producer_id or envelope.producer_id) == ("attempt-2", "w3")
+        assert record.weight_version == "step-000120"
+    assert [d.marker.run_id for d in decoded if d.marker] == ["attempt-2", "attempt-2"]
