@@ -6,6 +6,10 @@ owns its own asyncio task and bounded queue and never blocks the caller.
     async with Publisher(PublisherSettings(bootstrap_servers=..., run_id=...)) as pub:
         pub.publish_nowait(record_from_meta_info(out["meta_info"], batch_id=..., session_id=...))
         await pub.close_batch(batch_id, speculative_algorithm="EAGLE3", expected_producers=8)
+
+A record's ``weight_version`` comes from ``meta_info["weight_version"]``; its producer
+and run are the publisher's (``PublisherSettings.producer_id``/``run_id``), so the
+records need neither.
 """
 
 from ._builders import record_from_attempts, record_from_counters, record_from_meta_info
