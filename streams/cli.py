@@ -114,12 +114,12 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
         return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {set_broker}"
     if isinstance(exc, kafka.KafkaTimeoutError):
         return f"the broker at {broker} did not answer in time ({name})", f"check the broker; {set_broker}"
-    from specmeter.producers import PublisherError
+    from specmeter.producers import PublisherError, TopicMissingError
 
+    if isinstance(exc, TopicMissingError):
+        return str(exc).splitlines()[0], f"or pass --topic NAME (env SPECMETER_{command.upper()}_TOPIC)"
     if isinstance(exc, PublisherError):
         return str(exc).splitlines()[0], None
-    if isinstance(exc, RuntimeError) and "has no partitions" in str(exc):
-        return (str(exc), f"or pass --topic NAME (env SPECMETER_{command.upper()}_TOPIC)")
     if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
         return (f"cannot read {exc.filename}: {exc.strerror}",
                 f"check {' and '.join(_env_naming(exc.filename))}")

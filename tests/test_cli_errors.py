@@ -178,3 +178,14 @@ def test_kafka_scheme_is_accepted_by_the_publishing_and_reading_commands(kafka_b
     proc = specmeter("loadgen", "--topic", records, "--batches", "1", "--sessions-per-batch", "3", "--no-progress",
                      env={"KAFKA_BOOTSTRAP_SERVERS": f"kafka://{kafka_bootstrap}"})
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("command", ["loadgen", "replay"])
+def test_a_missing_records_topic_is_named_and_not_created(kafka_bootstrap, unique_name, tmp_path, command):
+    topic = unique_name("absent")
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text('{"batch_id": "b", "session_id": "s", "generation_id": "g", "accepted": 1, "proposed": 2}\n')
+    args = ["--batches", "1"] if command == "loadgen" else [str(dump)]
+    proc = specmeter(command, *args, "--broker", kafka_bootstrap, "--topic", topic)
+    assert_one_line_error(proc, f"topic {topic!r} does not exist", "--topic NAME")
