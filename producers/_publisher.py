@@ -127,21 +127,31 @@ class Publisher:
         self._started = True
 
     async def _connect(self, bootstrap: str) -> int:
-        """Start the producer and return the records topic's partition count, read from
-        the cluster's metadata: asking for the topic itself would auto-create it with
-        the broker's default partition count behind the worker's back."""
-        from aiokafka.errors import KafkaError
+        """Start the producer and return the records topic's partition count, asked for
+        with auto-creation off: aiokafka's own lookup would auto-create a missing topic
+        with the broker's default partition count behind the worker's back.
+
+        Raises:
+            TopicAuthorizationFailedError (aiokafka's): this principal may not see the topic.
+        """
+        from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError, for_code
+        from aiokafka.protocol.metadata import MetadataRequest
 
         s = self.settings
+        client = self._producer.client
         try:
             await self._producer.start()
-            cluster = await self._producer.client.fetch_all_metadata()
+            response = await client.send(client.get_random_node(),
+                                         MetadataRequest([s.topic], allow_auto_topic_creation=False))
         except KafkaError as exc:
             raise BrokerUnavailableError(
                 f"no Kafka broker answers at {bootstrap} ({type(exc).__name__}): check "
                 f"PublisherSettings.bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS) and that the broker runs") from exc
-        partitions = cluster.partitions_for_topic(s.topic)
-        if not partitions:
+        (topic,) = response.topics
+        error_code, partitions = topic[0], topic[-1]
+        if error_code not in (0, UnknownTopicOrPartitionError.errno):
+            raise for_code(error_code)(f"topic {s.topic!r} at {bootstrap}")
+        if error_code or not partitions:
             raise TopicMissingError(
                 f"topic {s.topic!r} does not exist at {bootstrap}: start the worker first "
                 f"(`specmeter worker --partitions N` creates it) or create it with N partitions, or set "
