@@ -12,8 +12,8 @@ import time
 import uuid
 
 from specmeter.producers import PublisherSettings
-from specmeter.producers._loadgen import publish_fleet
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams._loadgen import publish_fleet
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import decode_records_message
 
 from _common import fresh_topic

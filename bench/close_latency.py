@@ -25,8 +25,8 @@ from _common import broker_address, fresh_topic, report  # noqa: E402
 from _pipeline import start_workers, stop_workers  # noqa: E402
 
 from specmeter.producers import PublisherSettings  # noqa: E402
-from specmeter.producers._loadgen import publish_fleet  # noqa: E402
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
+from specmeter.streams._loadgen import publish_fleet  # noqa: E402
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
 from specmeter.schemas import decode_metrics  # noqa: E402
 
 

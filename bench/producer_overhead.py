@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import broker_address, fresh_topic, report  # noqa: E402
 
 from specmeter.producers import Publisher, PublisherSettings  # noqa: E402
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
 from specmeter.schemas import GenerationRecord, encode_records_message  # noqa: E402
 
 

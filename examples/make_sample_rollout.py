@@ -1,6 +1,6 @@
-"""Regenerate examples/sample_rollout.jsonl, the bundled sample rollout dump.
+"""Regenerate streams/data/sample_rollout.jsonl, the bundled sample rollout dump.
 
-    python examples/make_sample_rollout.py > examples/sample_rollout.jsonl
+    python examples/make_sample_rollout.py > streams/data/sample_rollout.jsonl
 
 Three training steps of a 3-worker EAGLE3 fleet: branching trajectories with
 shared ancestors, 20 % redeliveries, a few conflicts, missing counters and
@@ -16,7 +16,7 @@ import sys
 
 import msgspec
 
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import record_to_builtins
 
 encoder = msgspec.json.Encoder()

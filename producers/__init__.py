@@ -30,7 +30,7 @@ from ._meta_info import (
 )
 from ._publisher import Publisher, partition_for_key
 from ._security import KafkaSecurity
-from ._settings import PublisherSettings, default_producer_id
+from ._settings import PublisherSettings, default_producer_id, plain_bootstrap
 from ._sync import SyncPublisher
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "PublisherSettings",
     "KafkaSecurity",
     "default_producer_id",
+    "plain_bootstrap",
     "partition_for_key",
     "PublisherError",
     "QueueFullError",

@@ -47,7 +47,7 @@ class KafkaSecurity(msgspec.Struct, frozen=True, kw_only=True):
                    username=_secret(env, "KAFKA_SASL_USERNAME"), password=_secret(env, "KAFKA_SASL_PASSWORD"),
                    ssl_cafile=env.get("KAFKA_SSL_CAFILE") or None)
 
-    def _ssl_context(self) -> Any:
+    def ssl_context(self) -> Any:
         if "SSL" not in self.protocol:
             return None
         from aiokafka.helpers import create_ssl_context
@@ -62,20 +62,7 @@ class KafkaSecurity(msgspec.Struct, frozen=True, kw_only=True):
         if "SASL" in self.protocol:
             kwargs.update(sasl_mechanism=self.sasl_mechanism or "PLAIN", sasl_plain_username=self.username,
                           sasl_plain_password=self.password)
-        ssl_context = self._ssl_context()
+        ssl_context = self.ssl_context()
         if ssl_context is not None:
             kwargs["ssl_context"] = ssl_context
         return kwargs
-
-    def faust_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for faust.App (broker_credentials)."""
-        if self.protocol == "PLAINTEXT":
-            return {}
-        import faust
-
-        ssl_context = self._ssl_context()
-        if "SASL" in self.protocol:
-            return {"broker_credentials": faust.SASLCredentials(
-                username=self.username, password=self.password, mechanism=self.sasl_mechanism or "PLAIN",
-                ssl_context=ssl_context)}
-        return {"broker_credentials": ssl_context}

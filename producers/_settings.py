@@ -18,21 +18,26 @@ def default_producer_id() -> str:
 
 
 def plain_bootstrap(servers: str) -> str:
-    """``host:port[,host:port]`` from what a user may write: Faust's ``kafka://host:port``
-    is accepted (the scheme dropped); any other scheme is refused with a hint."""
+    """``HOST:PORT[,HOST:PORT...]`` from what a person types: Faust's ``kafka://HOST:PORT``
+    form is accepted (every tool takes the address the worker's config uses).
+
+    Raises:
+        ValueError: an empty address, or a scheme other than ``kafka://``.
+    """
     out = []
     for entry in servers.split(","):
         entry = entry.strip()
         scheme, sep, rest = entry.partition("://")
         if sep:
             if scheme.lower() != "kafka":
-                raise ValueError(f"bootstrap address {entry!r}: expected host:port (or kafka://host:port), "
-                                 f"not a {scheme}:// URL; set bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS")
-            entry = rest.rstrip("/")
+                raise ValueError(f"{entry!r}: give HOST:PORT or kafka://HOST:PORT, not {scheme}:// "
+                                 "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)")
+            entry = rest.strip().rstrip("/")
         if entry:
             out.append(entry)
     if not out:
-        raise ValueError("no bootstrap address: set bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS to host:port")
+        raise ValueError(f"{servers!r} names no broker: give HOST:PORT (or kafka://HOST:PORT), comma-separated "
+                         "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)")
     return ",".join(out)
 
 

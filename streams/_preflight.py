@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from specmeter.producers._security import KafkaSecurity
+from specmeter.producers import KafkaSecurity
 
 from ._topics import TopicMismatch
 

@@ -27,7 +27,7 @@ from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
-from .settings import WorkerSettings
+from .settings import WorkerSettings, faust_security_kwargs
 
 __all__ = ["build_app", "StreamShell"]
 
@@ -541,7 +541,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         autodiscover=False,
         topic_allow_declare=False,  # ensure_topics creates only what is missing (no Create right needed)
         TableManager=_table_manager(),
-        **settings.security.faust_kwargs(),
+        **faust_security_kwargs(settings.security),
     )
     shell = StreamShell(app, settings)
 

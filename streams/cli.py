@@ -235,7 +235,7 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, quiet: bool) -
         if not quiet:
             click.echo(f"specmeter aggregate: {error}", err=True)
 
-    from specmeter.producers._dump import parse_dump_line
+    from specmeter.streams._dump import parse_dump_line
 
     aggregator = OfflineAggregator(speculative_algorithm=speculative_algorithm, on_error=report, parse=parse_dump_line)
     aggregator.feed_lines(file)
@@ -370,7 +370,7 @@ def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float |
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.producers._replay import replay_lines
+    from specmeter.streams._replay import replay_lines
 
     security = _security()
     _preflight(broker, security)
@@ -448,8 +448,8 @@ def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.producers._loadgen import publish_fleet, write_dump, write_expected
-    from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+    from specmeter.streams._loadgen import publish_fleet, write_dump, write_expected
+    from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
     spec = FleetSpec(batches=batches, sessions_per_batch=sessions_per_batch, producers=producers,
                      max_samples_per_session=max_samples_per_session, max_turns=max_turns,

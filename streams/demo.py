@@ -26,7 +26,9 @@ from pathlib import Path
 import click
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "examples" / "sample_rollout.jsonl"
+#: the bundled sample rollout ships inside the package (it works from an installed wheel)
+SAMPLE = Path(__file__).resolve().parent / "data" / "sample_rollout.jsonl"
+#: the local broker script exists in a checkout only; elsewhere KAFKA_BOOTSTRAP_SERVERS names a broker
 BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
@@ -40,7 +42,8 @@ def _start_broker(console) -> tuple[str, bool]:
         except ValueError as exc:
             raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
     if not BROKER.exists():
-        raise click.ClickException(f"no {BROKER}: set KAFKA_BOOTSTRAP_SERVERS to a broker address")
+        raise click.ClickException("no local broker script here (an installed package, not a checkout): set "
+                                   "KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT")
     was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
     with console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
         proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True)
@@ -139,8 +142,8 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     from rich.console import Console
 
     from specmeter.producers import PublisherSettings
-    from specmeter.producers._dump import parse_dump_line
-    from specmeter.producers._replay import replay_lines
+    from specmeter.streams._dump import parse_dump_line
+    from specmeter.streams._replay import replay_lines
     from specmeter.schemas import encode_metrics
     from specmeter.streams import OfflineAggregator
     from specmeter.streams._topics import ensure_topics

@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from specmeter.producers._security import KafkaSecurity
+from specmeter.producers import KafkaSecurity
+from specmeter.producers import plain_bootstrap as bootstrap_servers
 
-__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers"]
-
-
-def bootstrap_servers(value: str) -> str:
-    """``HOST:PORT[,HOST:PORT...]`` from what a person types: Faust's ``kafka://HOST:PORT``
-    form is accepted (every tool takes the address the worker's config uses).
-
-    Raises:
-        ValueError: an empty address, or a scheme other than ``kafka://``.
-    """
-    servers = []
-    for part in value.split(","):
-        part = part.strip()
-        scheme, sep, rest = part.partition("://")
-        if sep:
-            if scheme.lower() != "kafka":
-                raise ValueError(f"{part!r}: give HOST:PORT or kafka://HOST:PORT, not {scheme}://")
-            part = rest.strip().rstrip("/")
-        if part:
-            servers.append(part)
-    if not servers:
-        raise ValueError(f"{value!r} names no broker: give HOST:PORT (or kafka://HOST:PORT), comma-separated")
-    return ",".join(servers)
+__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "faust_security_kwargs"]
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
-    """Topic names (SPEC §4 defaults)."""
+    """Topic names (defaults of docs/contract.md §4)."""
 
     records: str = "specmeter.records"
     partials: str = "specmeter.partials"
@@ -90,3 +71,18 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str = "/tmp/specmeter-worker"
     log_level: str = "info"
     security: KafkaSecurity = KafkaSecurity()
+
+
+def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
+    """Keyword arguments for faust.App (``broker_credentials``) from the KAFKA_* security:
+    kept on the stream side, so the producer library never imports Faust."""
+    if security.protocol == "PLAINTEXT":
+        return {}
+    import faust
+
+    ssl_context = security.ssl_context()
+    if "SASL" in security.protocol:
+        return {"broker_credentials": faust.SASLCredentials(
+            username=security.username, password=security.password, mechanism=security.sasl_mechanism or "PLAIN",
+            ssl_context=ssl_context)}
+    return {"broker_credentials": ssl_context}

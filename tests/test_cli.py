@@ -77,6 +77,24 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
             "print(specmeter.streams.__file__)")
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith(str(site)), out.stdout
+    assert "specmeter/streams/data/sample_rollout.jsonl" in names  # the demo's sample ships with it
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_the_demo_runs_from_an_installed_wheel(tmp_path, kafka_bootstrap):
+    """Outside a checkout: the sample comes from the package, the broker from the environment."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path), str(REPO)], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("specmeter-*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    out = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "step-00000" in out.stdout and " NO " not in out.stdout  # every batch equals the offline result
+    assert "specmeter tail --broker" in out.stderr  # what to try next
 
 
 # -- day-one polish ----------------------------------------------------------------
@@ -133,13 +151,13 @@ class _Captured:
         self.settings = None
 
     async def publish_fleet(self, events, settings, **kwargs):
-        from specmeter.producers._loadgen import LoadSummary
+        from specmeter.streams._loadgen import LoadSummary
 
         self.settings, self.events = settings, list(events)
         return LoadSummary()
 
     async def replay_lines(self, lines, settings, **kwargs):
-        from specmeter.producers._replay import ReplaySummary
+        from specmeter.streams._replay import ReplaySummary
 
         self.settings = settings
         return ReplaySummary()
@@ -147,8 +165,8 @@ class _Captured:
 
 @pytest.mark.parametrize("from_env", [False, True])
 def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
-    import specmeter.producers._loadgen as loadgen_module
-    import specmeter.producers._replay as replay_module
+    import specmeter.streams._loadgen as loadgen_module
+    import specmeter.streams._replay as replay_module
     import specmeter.streams.cli as cli
 
     captured = _Captured()

@@ -19,7 +19,7 @@ from specmeter.streams.settings import bootstrap_servers
 from .tools import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = str(REPO / "examples" / "sample_rollout.jsonl")
+SAMPLE = str(REPO / "streams" / "data" / "sample_rollout.jsonl")
 NOISE = ("Traceback", "Unclosed AIOKafkaProducer", "Unclosed AIOKafkaConsumer", "Unclosed AIOKafkaAdminClient")
 
 #: each Kafka command, with the arguments that keep it short when it does reach a broker

@@ -24,7 +24,7 @@ import msgspec
 import pytest
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.producers.synthetic import FleetEvent, FleetSpec, synthetic_fleet
+from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMetrics, GenerationRecord
 from specmeter.streams._prometheus import UNKNOWN_VERSION
 

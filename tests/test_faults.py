@@ -136,7 +136,7 @@ def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
     """One batch floods 40k unique generations past a 5k limit and never closes;
     it is published early as incomplete, its later records are dead-lettered as
     overflow, a normal batch beside it is exact, and every record is accounted for."""
-    from specmeter.producers.synthetic import FleetEvent
+    from specmeter.streams.synthetic import FleetEvent
     from specmeter.schemas import GenerationRecord
 
     flood = [FleetEvent("record", "p-flood", "flood", GenerationRecord(
@@ -180,7 +180,7 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
     queue bound, then refuse at once (publish_nowait) or wait (publish); nothing
     accepted is lost and the metrics are exact."""
     from specmeter.producers import Publisher, PublisherSettings, QueueFullError
-    from specmeter.producers._loadgen import publish_fleet
+    from specmeter.streams._loadgen import publish_fleet
     from specmeter.schemas import GenerationRecord, decode_records_message
 
     from .kafka_helpers import create_topic, read_topic

@@ -151,7 +151,7 @@ def test_missing_request_id_says_what_to_do():
 def test_dump_lines_of_sglang_outputs_carry_version_and_run():
     import json
 
-    from specmeter.producers._dump import parse_dump_line
+    from specmeter.streams._dump import parse_dump_line
 
     line = {"meta_info": {"id": "r1", "weight_version": 12, "spec_verify_ct": 1}, "batch_id": "b",
             "session_id": "s", "run_id": "attempt-2"}

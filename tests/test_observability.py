@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 from .kafka_helpers import create_topic
 from .tools import find_tool, free_port

@@ -16,7 +16,7 @@ from specmeter.producers import (
     PublisherSettings,
     TopicMissingError,
 )
-from specmeter.producers._settings import plain_bootstrap
+from specmeter.producers import plain_bootstrap
 from specmeter.schemas import BatchMarker, GenerationRecord, decode_records_message
 
 from .kafka_helpers import create_topic, read_topic

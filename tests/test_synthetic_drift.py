@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMarker, GenerationRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +118,6 @@ def test_bad_drift_settings_are_refused(bad):
 def test_the_bundled_sample_is_what_its_generator_writes_and_shows_drift():
     out = subprocess.run([sys.executable, str(REPO / "examples" / "make_sample_rollout.py")], capture_output=True,
                          check=True, timeout=120).stdout
-    assert out == (REPO / "examples" / "sample_rollout.jsonl").read_bytes(), \
-        "regenerate: python examples/make_sample_rollout.py > examples/sample_rollout.jsonl"
+    assert out == (REPO / "streams" / "data" / "sample_rollout.jsonl").read_bytes(), \
+        "regenerate: python examples/make_sample_rollout.py > streams/data/sample_rollout.jsonl"
     assert b'"weight_version":"v' in out

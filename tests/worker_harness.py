@@ -16,8 +16,8 @@ from pathlib import Path
 import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.producers._loadgen import publish_fleet
-from specmeter.producers.synthetic import FleetEvent, FleetSpec, synthetic_fleet
+from specmeter.streams._loadgen import publish_fleet
+from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics, decode_records_message
 from specmeter.streams import OfflineAggregator
 from specmeter.streams.settings import TopicNames

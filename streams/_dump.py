@@ -13,9 +13,8 @@ from typing import Any
 
 import msgspec
 
+from specmeter.producers import record_from_attempts, record_from_meta_info
 from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
-
-from ._builders import record_from_attempts, record_from_meta_info
 
 __all__ = ["parse_dump_line"]
 

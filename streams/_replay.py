@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMarker, GenerationRecord
 
 from ._dump import parse_dump_line
-from ._publisher import Publisher
-from ._settings import PublisherSettings
 
 __all__ = ["replay_lines", "ReplaySummary"]
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import msgspec
 
+from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMarker, GenerationRecord, encode_metrics, record_to_builtins
 
-from ._publisher import Publisher
-from ._settings import PublisherSettings
 from .synthetic import FleetEvent
 
 __all__ = ["publish_fleet", "write_dump", "write_expected", "LoadSummary"]
@@ -86,7 +85,7 @@ def write_dump(events: Iterable[FleetEvent], out) -> int:
 
 def write_expected(events: Iterable[FleetEvent], out) -> int:
     """The BatchMetrics the offline core computes for these events, one JSON line per batch."""
-    from specmeter.streams import OfflineAggregator
+    from ._offline import OfflineAggregator
 
     aggregator = OfflineAggregator()
     encoder = msgspec.json.Encoder()
