@@ -7,6 +7,8 @@ import socket
 
 import msgspec
 
+from specmeter.schemas import RECORDS_TOPIC
+
 from ._security import KafkaSecurity
 
 __all__ = ["PublisherSettings", "default_producer_id", "plain_bootstrap"]
@@ -69,7 +71,7 @@ class PublisherSettings(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    topic: str = "specmeter.records"
+    topic: str = RECORDS_TOPIC
     producer_id: str = msgspec.field(default_factory=default_producer_id)
     run_id: str | None = None
     pack: bool = True

@@ -21,6 +21,7 @@ from ._codec import (
 )
 from ._output import BatchMetrics, DeadLetter, WeightVersionMetrics
 from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
+from ._topics import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
 from ._types import MAX_BINS, MAX_COUNTER, MAX_ID
 
 #: Bumped on any incompatible change of the wire format (there has been none).
@@ -32,6 +33,10 @@ __all__ = [
     "MAX_BINS",
     "MAX_ID",
     "MAX_WEIGHT_VERSIONS",
+    "RECORDS_TOPIC",
+    "PARTIALS_TOPIC",
+    "METRICS_TOPIC",
+    "DEADLETTER_TOPIC",
     "WeightVersionSums",
     "WeightVersionMetrics",
     "GenerationRecord",

@@ -31,13 +31,13 @@ from collections.abc import AsyncIterator, Iterator
 from types import EllipsisType
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, decode_metrics
+from specmeter.schemas import METRICS_TOPIC, BatchMetrics, decode_metrics
 
 __all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC"]
 
 log = logging.getLogger("specmeter.consume")
 
-DEFAULT_METRICS_TOPIC = "specmeter.metrics"
+DEFAULT_METRICS_TOPIC = METRICS_TOPIC
 
 
 class _Newest:

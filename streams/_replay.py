@@ -37,7 +37,6 @@ class ReplaySummary:
     batches_closed_at_end: int = 0
     producers: int = 0
     seconds: float = 0.0
-    sent_by_batch: dict[str, int] = field(default_factory=dict)
 
 
 async def replay_lines(

@@ -23,6 +23,10 @@ import click
 from specmeter.schemas import MAX_ID, encode_metrics
 
 from ._offline import LineError, OfflineAggregator
+from .settings import WorkerSettings
+
+#: every worker flag's default is the settings object's (one home for each default)
+_DEFAULTS = WorkerSettings()
 
 #: the environment every command that talks to Kafka reads (producers/_security.py)
 KAFKA_ENV_HELP = """\b
@@ -277,9 +281,8 @@ def _run_id_option(func):
 
 
 def _topic_options(func):
-    for name, default in reversed((("records", "specmeter.records"), ("partials", "specmeter.partials"),
-                                   ("metrics", "specmeter.metrics"), ("deadletter", "specmeter.deadletter"))):
-        func = click.option(f"--{name}-topic", default=default, show_default=True,
+    for name in reversed(("records", "partials", "metrics", "deadletter")):
+        func = click.option(f"--{name}-topic", default=getattr(_DEFAULTS.topics, name), show_default=True,
                             help=f"Name of the {name} topic.")(func)
     return func
 
@@ -287,28 +290,28 @@ def _topic_options(func):
 @main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
 @_topic_options
-@click.option("--app-id", default="specmeter", show_default=True,
+@click.option("--app-id", default=_DEFAULTS.app_id, show_default=True,
               help="Consumer group and prefix of the worker's state topics.")
-@click.option("--partitions", type=click.IntRange(1), default=8, show_default=True,
+@click.option("--partitions", type=click.IntRange(1), default=_DEFAULTS.partitions, show_default=True,
               help="Partitions of the records topic (state topics use the same).")
-@click.option("--batch-timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, metavar="SECONDS",
+@click.option("--batch-timeout", type=click.FloatRange(0.1), default=_DEFAULTS.batch_timeout_s, show_default=True, metavar="SECONDS",
               help="Close a batch this long after its last input when its markers never complete.")
-@click.option("--grace", type=click.FloatRange(0), default=300.0, show_default=True, metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(0), default=_DEFAULTS.grace_s, show_default=True, metavar="SECONDS",
               help="Keep a closed batch this long; later records are dead-lettered as 'late'.")
-@click.option("--session-timeout", type=click.FloatRange(1), default=30.0, show_default=True, metavar="SECONDS",
+@click.option("--session-timeout", type=click.FloatRange(1), default=_DEFAULTS.session_timeout_s, show_default=True, metavar="SECONDS",
               help="How long a silent worker keeps its partitions before others take them.")
-@click.option("--max-open-generations", type=click.IntRange(1), default=1_000_000, show_default=True,
+@click.option("--max-open-generations", type=click.IntRange(1), default=_DEFAULTS.max_open_generations, show_default=True,
               metavar="N", help="Distinct generations one partition may hold (130-300 B each); the batch that "
               "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.")
-@click.option("--max-message-bytes", type=click.IntRange(1024), default=8 * 1024 * 1024, show_default=True,
+@click.option("--max-message-bytes", type=click.IntRange(1024), default=_DEFAULTS.max_message_bytes, show_default=True,
               metavar="BYTES", help="Larger input messages are dead-lettered as 'too_large'.")
-@click.option("--web-port", type=click.IntRange(0, 65535), default=6066, show_default=True,
+@click.option("--web-port", type=click.IntRange(0, 65535), default=_DEFAULTS.web_port, show_default=True,
               help="HTTP port for health, stats and Prometheus metrics.")
-@click.option("--web-host", default="0.0.0.0", show_default=True, help="HTTP bind address.")
+@click.option("--web-host", default=_DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
-@click.option("--data-dir", default="/tmp/specmeter-worker", show_default=True, help="Faust's local data folder.")
+@click.option("--data-dir", default=_DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              default="info", show_default=True, help="Worker log level.")
+              default=_DEFAULTS.log_level, show_default=True, help="Worker log level.")
 @_one_line_errors
 def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: str, deadletter_topic: str,
            app_id: str, partitions: int, batch_timeout: float, grace: float, session_timeout: float,
@@ -347,7 +350,7 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
 @main.command(epilog=KAFKA_ENV_HELP)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True), metavar="FILE.jsonl")
 @_broker_option
-@click.option("--topic", default="specmeter.records", show_default=True, help="The records topic.")
+@click.option("--topic", default=_DEFAULTS.topics.records, show_default=True, help="The records topic.")
 @_run_id_option
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
               help="Pace the replay (default: as fast as the broker takes it).")
@@ -391,7 +394,7 @@ def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float |
 
 @main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
-@click.option("--topic", default="specmeter.records", show_default=True, help="The records topic.")
+@click.option("--topic", default=_DEFAULTS.topics.records, show_default=True, help="The records topic.")
 @_run_id_option
 @click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
 @click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
@@ -485,7 +488,7 @@ def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches
 
 @main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
-@click.option("--topic", default="specmeter.metrics", show_default=True, help="The metrics topic.")
+@click.option("--topic", default=_DEFAULTS.topics.metrics, show_default=True, help="The metrics topic.")
 @click.option("--json", "as_json", is_flag=True, help="Print each BatchMetrics as a JSON line (for scripts).")
 @click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
 @click.option("--last", type=click.IntRange(0), default=10, show_default=True, metavar="N",

@@ -8,6 +8,7 @@ import msgspec
 
 from specmeter.producers import KafkaSecurity
 from specmeter.producers import plain_bootstrap as bootstrap_servers
+from specmeter.schemas import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
 
 __all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "faust_security_kwargs"]
 
@@ -15,10 +16,10 @@ __all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "faust_security_
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
     """Topic names (defaults of docs/contract.md §4)."""
 
-    records: str = "specmeter.records"
-    partials: str = "specmeter.partials"
-    metrics: str = "specmeter.metrics"
-    deadletter: str = "specmeter.deadletter"
+    records: str = RECORDS_TOPIC
+    partials: str = PARTIALS_TOPIC
+    metrics: str = METRICS_TOPIC
+    deadletter: str = DEADLETTER_TOPIC
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
