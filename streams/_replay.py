@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
