@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import report  # noqa: E402
+from _common import report
 
-from specmeter.schemas import GenerationRecord  # noqa: E402
-from specmeter.streams import BatchState  # noqa: E402
+from specmeter.schemas import GenerationRecord
+from specmeter.streams import BatchState
 
 
 def rss_bytes() -> int:
@@ -34,9 +34,19 @@ def records(n: int) -> list[GenerationRecord]:
     out = []
     for i in range(n):
         session = f"step-000123/sess-{i // 40:07d}"
-        out.append(GenerationRecord(batch_id="huge", session_id=session, generation_id=f"{session}/gen-{i % 40}",
-                                    sample_id=f"traj-{i % 4}", accepted=300 + i % 97, proposed=560 + i % 13,
-                                    verify=140 + i % 7, completion=440 + i % 101, producer_id="w0"))
+        out.append(
+            GenerationRecord(
+                batch_id="huge",
+                session_id=session,
+                generation_id=f"{session}/gen-{i % 40}",
+                sample_id=f"traj-{i % 4}",
+                accepted=300 + i % 97,
+                proposed=560 + i % 13,
+                verify=140 + i % 7,
+                completion=440 + i % 101,
+                producer_id="w0",
+            )
+        )
     return out
 
 
@@ -66,7 +76,7 @@ def main() -> None:
         s = BatchState("huge")
         s.start_journal()
         for i in range(0, len(recs), 500):
-            s.add_many(recs[i:i + 500])
+            s.add_many(recs[i : i + 500])
             s.take_delta(first_offset=i, last_offset=i, last_input_ms=0)
         return s
 
@@ -78,12 +88,15 @@ def main() -> None:
     del ours
     gc.collect()
     released = rss_held - rss_bytes()
-    report(f"dedup state memory ({n:,} open generations, one batch)", [
-        ("plain dict of the keys", f"{base_traced / n:.0f} B/generation allocated, {base_rss / n:.0f} B resident"),
-        ("specmeter dedup state", f"{ours_traced / n:.0f} B/generation allocated, {ours_rss / n:.0f} B resident"),
-        ("ratio (allocated)", f"{ours_traced / base_traced:.2f}x   (goal <= 1.5x)"),
-        ("released after drop", f"{released / max(ours_rss, 1):.0%} of its resident memory"),
-    ])
+    report(
+        f"dedup state memory ({n:,} open generations, one batch)",
+        [
+            ("plain dict of the keys", f"{base_traced / n:.0f} B/generation allocated, {base_rss / n:.0f} B resident"),
+            ("specmeter dedup state", f"{ours_traced / n:.0f} B/generation allocated, {ours_rss / n:.0f} B resident"),
+            ("ratio (allocated)", f"{ours_traced / base_traced:.2f}x   (goal <= 1.5x)"),
+            ("released after drop", f"{released / max(ours_rss, 1):.0%} of its resident memory"),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import broker_address, report  # noqa: E402
-from _pipeline import fleet, preload, run_workers  # noqa: E402
+from _common import broker_address, report
+from _pipeline import fleet, preload, run_workers
 
 
 def main() -> None:
@@ -31,11 +31,14 @@ def main() -> None:
     rates = {}
     for workers in (1, 2):
         rates[workers] = records / run_workers(bootstrap, topic, 8, batches, workers=workers)
-    report(f"scaling ({records:,} records, {batches} batches, 8 partitions)", [
-        ("1 worker", f"{rates[1]:,.0f} records/s"),
-        ("2 workers", f"{rates[2]:,.0f} records/s"),
-        ("ratio 2/1", f"{rates[2] / rates[1]:.2f}x   (baseline: 1 worker, same run)"),
-    ])
+    report(
+        f"scaling ({records:,} records, {batches} batches, 8 partitions)",
+        [
+            ("1 worker", f"{rates[1]:,.0f} records/s"),
+            ("2 workers", f"{rates[2]:,.0f} records/s"),
+            ("ratio 2/1", f"{rates[2] / rates[1]:.2f}x   (baseline: 1 worker, same run)"),
+        ],
+    )
 
 
 if __name__ == "__main__":

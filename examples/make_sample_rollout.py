@@ -16,11 +16,20 @@ import sys
 
 import msgspec
 
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import record_to_builtins
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 encoder = msgspec.json.Encoder()
-for event in synthetic_fleet(FleetSpec(batches=3, sessions_per_batch=16, producers=3, seed=3,
-                                       conflict_rate=0.02, invalid_rate=0.01, drift_per_version=0.1)):
+for event in synthetic_fleet(
+    FleetSpec(
+        batches=3,
+        sessions_per_batch=16,
+        producers=3,
+        seed=3,
+        conflict_rate=0.02,
+        invalid_rate=0.01,
+        drift_per_version=0.1,
+    )
+):
     payload = event.payload if event.kind == "invalid" else record_to_builtins(event.payload)
     sys.stdout.buffer.write(encoder.encode(payload) + b"\n")

@@ -18,8 +18,11 @@ WORKERS = int(os.environ.get("ROLLOUT_WORKERS", "1"))  # how many rollout proces
 
 async def rollout(prompts: list[str], steps: int = 3) -> None:
     sglang = require_sglang()
-    engine = sglang.Engine(model_path=os.environ.get("MODEL", "Qwen/Qwen2.5-0.5B-Instruct"),
-                           speculative_algorithm="NGRAM", speculative_num_draft_tokens=8)
+    engine = sglang.Engine(
+        model_path=os.environ.get("MODEL", "Qwen/Qwen2.5-0.5B-Instruct"),
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=8,
+    )
     settings = PublisherSettings(bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     async with Publisher(settings) as publisher:
         for step in range(steps):

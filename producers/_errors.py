@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["PublisherError", "QueueFullError", "PublisherClosedError", "PublisherNotStartedError",
-           "BrokerUnavailableError", "TopicMissingError"]
+__all__ = [
+    "PublisherError",
+    "QueueFullError",
+    "PublisherClosedError",
+    "PublisherNotStartedError",
+    "BrokerUnavailableError",
+    "TopicMissingError",
+]
 
 
 class PublisherError(Exception):

@@ -40,6 +40,14 @@ def frame_batch(encoded_records: list[bytes], producer_id: str | None, run_id: s
     producer = msgspec.msgpack.encode(producer_id)
     run = (_RUN, msgspec.msgpack.encode(run_id)) if run_id is not None else ()
     return b"".join(
-        (b"\x84" if run else b"\x83", _TYPE, _RECORDS, _array_header(len(encoded_records)), *encoded_records,
-         _PRODUCER, producer, *run)
+        (
+            b"\x84" if run else b"\x83",
+            _TYPE,
+            _RECORDS,
+            _array_header(len(encoded_records)),
+            *encoded_records,
+            _PRODUCER,
+            producer,
+            *run,
+        )
     )

@@ -15,8 +15,14 @@ import msgspec
 
 from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
 
-__all__ = ["SpecCounters", "counters_from_meta_info", "fold_attempts", "normalize_counter", "normalize_weight_version",
-           "ACCEPT_PAIRS"]
+__all__ = [
+    "SpecCounters",
+    "counters_from_meta_info",
+    "fold_attempts",
+    "normalize_counter",
+    "normalize_weight_version",
+    "ACCEPT_PAIRS",
+]
 
 #: (accepted key, proposed key), newest SGLang first.
 ACCEPT_PAIRS: tuple[tuple[str, str], ...] = (
@@ -69,7 +75,7 @@ def normalize_counter(value: Any) -> int | None:
 
 
 def _normalize_histogram(value: Any) -> list[int] | None:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "tolist"):
+    if isinstance(value, (str, bytes)) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
         return None
     if hasattr(value, "tolist") and not isinstance(value, Sequence):  # numpy arrays
         value = value.tolist()

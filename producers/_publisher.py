@@ -141,12 +141,14 @@ class Publisher:
         client = self._producer.client
         try:
             await self._producer.start()
-            response = await client.send(client.get_random_node(),
-                                         MetadataRequest([s.topic], allow_auto_topic_creation=False))
+            response = await client.send(
+                client.get_random_node(), MetadataRequest([s.topic], allow_auto_topic_creation=False)
+            )
         except KafkaError as exc:
             raise BrokerUnavailableError(
                 f"no Kafka broker answers at {bootstrap} ({type(exc).__name__}): check "
-                f"PublisherSettings.bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS) and that the broker runs") from exc
+                f"PublisherSettings.bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
+            ) from exc
         (topic,) = response.topics
         error_code, partitions = topic[0], topic[-1]
         if error_code not in (0, UnknownTopicOrPartitionError.errno):
@@ -155,7 +157,8 @@ class Publisher:
             raise TopicMissingError(
                 f"topic {s.topic!r} does not exist at {bootstrap}: start the worker first "
                 f"(`specmeter worker --partitions N` creates it) or create it with N partitions, or set "
-                f"PublisherSettings.topic to the worker's records topic; the publisher never creates it")
+                f"PublisherSettings.topic to the worker's records topic; the publisher never creates it"
+            )
         return len(partitions)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
@@ -167,9 +170,13 @@ class Publisher:
             return
         try:
             await asyncio.wait_for(self.flush(), timeout_s)
-        except asyncio.TimeoutError:
-            log.error("publisher stop: %d record(s) still unacknowledged after %.0fs: they are lost "
-                      "unless re-published (broker unreachable?)", self._queued, timeout_s)
+        except TimeoutError:
+            log.error(
+                "publisher stop: %d record(s) still unacknowledged after %.0fs: they are lost "
+                "unless re-published (broker unreachable?)",
+                self._queued,
+                timeout_s,
+            )
         finally:
             if self._runner is not None:
                 self._runner.cancel()
@@ -188,8 +195,11 @@ class Publisher:
 
     def __del__(self) -> None:
         if self._started and not self._closed:
-            warnings.warn(f"Publisher {self.settings.producer_id!r} was never stopped: queued records may be lost",
-                          ResourceWarning, stacklevel=1)
+            warnings.warn(
+                f"Publisher {self.settings.producer_id!r} was never stopped: queued records may be lost",
+                ResourceWarning,
+                stacklevel=1,
+            )
 
     @property
     def partitions(self) -> int:
@@ -214,17 +224,20 @@ class Publisher:
         if record.run_id is not None and record.run_id != s.run_id:
             raise PublisherError(
                 f"record of run {record.run_id!r} given to the publisher of run {s.run_id!r}: one Publisher "
-                "publishes one run (PublisherSettings.run_id); the record was not accepted")
+                "publishes one run (PublisherSettings.run_id); the record was not accepted"
+            )
         partition = self._partition_of.get(record.session_id)
         if partition is None:
             partition = self._partition_of[record.session_id] = partition_for_key(
-                record.session_id.encode(), self._partitions)
+                record.session_id.encode(), self._partitions
+            )
         if not s.pack:  # one keyed message per record, as any Kafka client would: it names its own
             if record.producer_id is None or record.run_id != s.run_id:
                 import msgspec
 
-                record = msgspec.structs.replace(record, producer_id=record.producer_id or s.producer_id,
-                                                 run_id=s.run_id)
+                record = msgspec.structs.replace(
+                    record, producer_id=record.producer_id or s.producer_id, run_id=s.run_id
+                )
             self._queued += 1
             self._sent[record.batch_id][partition] += 1
             self._spawn(partition, encode_records_message(record), 1, key=record.session_id.encode())
@@ -352,8 +365,11 @@ class Publisher:
         s = self.settings
         linger = s.linger_ms / 1000
         for partition in [p for p, b in self._buffers.items() if b]:
-            if not force and self._buffer_bytes[partition] < s.max_message_bytes and \
-                    now - self._buffer_since.get(partition, now) < linger:
+            if (
+                not force
+                and self._buffer_bytes[partition] < s.max_message_bytes
+                and now - self._buffer_since.get(partition, now) < linger
+            ):
                 continue
             records = self._buffers.pop(partition)
             self._buffer_bytes.pop(partition, None)
@@ -387,8 +403,13 @@ class Publisher:
                 raise
             except Exception as exc:  # noqa: BLE001 - every send error is retried
                 self.stats["resends"] += 1
-                log.warning("publisher: delivery to partition %d failed (%s: %s); retrying in %.2fs",
-                            partition, type(exc).__name__, exc, backoff)
+                log.warning(
+                    "publisher: delivery to partition %d failed (%s: %s); retrying in %.2fs",
+                    partition,
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self.stats["messages_acked"] += 1

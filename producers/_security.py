@@ -37,15 +37,21 @@ class KafkaSecurity(msgspec.Struct, frozen=True, kw_only=True):
     ssl_cafile: str | None = None
 
     def __repr__(self) -> str:  # never print the password
-        return f"KafkaSecurity(protocol={self.protocol!r}, sasl_mechanism={self.sasl_mechanism!r}, username={self.username!r})"
+        return (
+            f"KafkaSecurity(protocol={self.protocol!r}, sasl_mechanism={self.sasl_mechanism!r}, "
+            f"username={self.username!r})"
+        )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> KafkaSecurity:
         env = dict(os.environ if env is None else env)
-        return cls(protocol=env.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper(),
-                   sasl_mechanism=env.get("KAFKA_SASL_MECHANISM") or None,
-                   username=_secret(env, "KAFKA_SASL_USERNAME"), password=_secret(env, "KAFKA_SASL_PASSWORD"),
-                   ssl_cafile=env.get("KAFKA_SSL_CAFILE") or None)
+        return cls(
+            protocol=env.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper(),
+            sasl_mechanism=env.get("KAFKA_SASL_MECHANISM") or None,
+            username=_secret(env, "KAFKA_SASL_USERNAME"),
+            password=_secret(env, "KAFKA_SASL_PASSWORD"),
+            ssl_cafile=env.get("KAFKA_SSL_CAFILE") or None,
+        )
 
     def ssl_context(self) -> Any:
         if "SSL" not in self.protocol:
@@ -60,8 +66,11 @@ class KafkaSecurity(msgspec.Struct, frozen=True, kw_only=True):
             return {}
         kwargs: dict[str, Any] = {"security_protocol": self.protocol}
         if "SASL" in self.protocol:
-            kwargs.update(sasl_mechanism=self.sasl_mechanism or "PLAIN", sasl_plain_username=self.username,
-                          sasl_plain_password=self.password)
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism or "PLAIN",
+                sasl_plain_username=self.username,
+                sasl_plain_password=self.password,
+            )
         ssl_context = self.ssl_context()
         if ssl_context is not None:
             kwargs["ssl_context"] = ssl_context

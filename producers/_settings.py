@@ -32,14 +32,18 @@ def plain_bootstrap(servers: str) -> str:
         scheme, sep, rest = entry.partition("://")
         if sep:
             if scheme.lower() != "kafka":
-                raise ValueError(f"{entry!r}: give HOST:PORT or kafka://HOST:PORT, not {scheme}:// "
-                                 "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)")
+                raise ValueError(
+                    f"{entry!r}: give HOST:PORT or kafka://HOST:PORT, not {scheme}:// "
+                    "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)"
+                )
             entry = rest.strip().rstrip("/")
         if entry:
             out.append(entry)
     if not out:
-        raise ValueError(f"{servers!r} names no broker: give HOST:PORT (or kafka://HOST:PORT), comma-separated "
-                         "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)")
+        raise ValueError(
+            f"{servers!r} names no broker: give HOST:PORT (or kafka://HOST:PORT), comma-separated "
+            "(bootstrap_servers / KAFKA_BOOTSTRAP_SERVERS)"
+        )
     return ",".join(out)
 
 

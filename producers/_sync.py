@@ -28,8 +28,9 @@ class SyncPublisher:
     Use as a context manager, or call ``stop()`` when done.
     """
 
-    def __init__(self, settings: PublisherSettings | None = None, *, start_timeout_s: float = 60.0,
-                 **overrides: Any) -> None:
+    def __init__(
+        self, settings: PublisherSettings | None = None, *, start_timeout_s: float = 60.0, **overrides: Any
+    ) -> None:
         self._publisher = Publisher(settings, **overrides)
         self.settings = self._publisher.settings
         self._pending: collections.deque[GenerationRecord] = collections.deque()
@@ -72,12 +73,19 @@ class SyncPublisher:
                 if time.monotonic() >= deadline:
                     raise QueueFullError(
                         f"{len(self._pending) + self._publisher.queued} records are waiting for Kafka "
-                        f"(max_queued_records={limit}); is the broker reachable? The record was not accepted.")
+                        f"(max_queued_records={limit}); is the broker reachable? The record was not accepted."
+                    )
                 time.sleep(0.005)
         self._pending.append(record)
 
-    def close_batch(self, batch_id: str, speculative_algorithm: str | None = None, expected_producers: int = 1,
-                    *, timeout_s: float | None = None) -> dict[int, int]:
+    def close_batch(
+        self,
+        batch_id: str,
+        speculative_algorithm: str | None = None,
+        expected_producers: int = 1,
+        *,
+        timeout_s: float | None = None,
+    ) -> dict[int, int]:
         """Flush, wait for acknowledgements, send the batch's markers (see ``Publisher.close_batch``)."""
 
         async def close() -> dict[int, int]:

@@ -69,15 +69,26 @@ def records_from_outputs(
     samples = list(sample_ids) if sample_ids is not None else [None] * len(items)
     hashes = list(state_hashes) if state_hashes is not None else [None] * len(items)
     if not len(sessions) == len(samples) == len(hashes) == len(items):
-        raise ValueError(f"{len(items)} outputs but {len(sessions)} session ids, {len(samples)} sample ids, "
-                         f"{len(hashes)} state hashes")
+        raise ValueError(
+            f"{len(items)} outputs but {len(sessions)} session ids, {len(samples)} sample ids, "
+            f"{len(hashes)} state hashes"
+        )
     records = []
-    for item, session, sample, state_hash in zip(items, sessions, samples, hashes):
+    for item, session, sample, state_hash in zip(items, sessions, samples, hashes, strict=True):
         meta_info = item.get("meta_info")
         if not isinstance(meta_info, Mapping):
             raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
-        records.append(record_from_meta_info(meta_info, batch_id=batch_id, session_id=session, sample_id=sample,
-                                             state_hash=state_hash, producer_id=producer_id, run_id=run_id))
+        records.append(
+            record_from_meta_info(
+                meta_info,
+                batch_id=batch_id,
+                session_id=session,
+                sample_id=sample,
+                state_hash=state_hash,
+                producer_id=producer_id,
+                run_id=run_id,
+            )
+        )
     return records
 
 
@@ -93,9 +104,15 @@ async def publish_outputs(
     """Publish the records of committed outputs, in the publisher's run; returns how
     many. Only publish what your rollout keeps: discarded branches and aborted
     requests are not metrics."""
-    records = records_from_outputs(outputs, batch_id=batch_id, session_ids=session_ids, sample_ids=sample_ids,
-                                   state_hashes=state_hashes, producer_id=publisher.settings.producer_id,
-                                   run_id=publisher.settings.run_id)
+    records = records_from_outputs(
+        outputs,
+        batch_id=batch_id,
+        session_ids=session_ids,
+        sample_ids=sample_ids,
+        state_hashes=state_hashes,
+        producer_id=publisher.settings.producer_id,
+        run_id=publisher.settings.run_id,
+    )
     for record in records:
         await publisher.publish(record)
     return len(records)

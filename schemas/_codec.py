@@ -92,7 +92,7 @@ class _Unreadable:
 _UNREADABLE = _Unreadable()
 
 
-def _id_field(obj: Any, field: str) -> str | None | _Unreadable:
+def _id_field(obj: Any, field: str) -> str | _Unreadable | None:
     """A field of a decoded object as an id: the str, None when absent or null,
     ``_UNREADABLE`` when present with anything else (empty, too long, not a str)."""
     if not isinstance(obj, dict) or obj.get(field) is None:
@@ -111,8 +111,12 @@ def _invalid(raw: bytes, reason: str, detail: str, obj: Any = None, *, envelope_
         run_id = envelope_run
     producer_id = _id_field(obj, "producer_id")
     # anything but a marker (or a whole packed batch) counts as a record of its batch
-    counted = (isinstance(obj, dict) and obj.get("type") not in ("marker", "batch")
-               and isinstance(batch_id, str) and not isinstance(run_id, _Unreadable))
+    counted = (
+        isinstance(obj, dict)
+        and obj.get("type") not in ("marker", "batch")
+        and isinstance(batch_id, str)
+        and not isinstance(run_id, _Unreadable)
+    )
     return InvalidRecord(
         reason=reason,
         detail=detail,
@@ -142,7 +146,9 @@ def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> Deco
     if max_bytes is not None and len(data) > max_bytes:
         return DecodedMessage(
             records=[],
-            invalid=[_invalid(data, "too_large", f"message of {len(data)} bytes exceeds max_message_bytes={max_bytes}")],
+            invalid=[
+                _invalid(data, "too_large", f"message of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
+            ],
         )
     try:
         message = _records_decoder.decode(data)
@@ -159,6 +165,7 @@ def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> Deco
         return DecodedMessage(records=message.records, producer_id=message.producer_id, run_id=run_id)
     if type(message) is GenerationRecord:
         return DecodedMessage(records=[message], producer_id=message.producer_id)
+    assert isinstance(message, BatchMarker)
     return DecodedMessage(records=[], marker=message, producer_id=message.producer_id)
 
 
@@ -175,12 +182,15 @@ def _split_runs(batch: RecordBatch) -> DecodedMessage:
     return DecodedMessage(records=records, invalid=invalid, producer_id=batch.producer_id, run_id=batch.run_id)
 
 
-def _wrong_run(index: int, record: GenerationRecord, raw: bytes, envelope_run: str | None,
-               envelope_producer: str | None) -> InvalidRecord:
+def _wrong_run(
+    index: int, record: GenerationRecord, raw: bytes, envelope_run: str | None, envelope_producer: str | None
+) -> InvalidRecord:
     return InvalidRecord(
         reason="invalid",
-        detail=(f"run_id {_shorten(record.run_id)} differs from the envelope's run_id "
-                f"{_shorten(envelope_run)} - at `$.records[{index}].run_id`"),
+        detail=(
+            f"run_id {_shorten(record.run_id)} differs from the envelope's run_id "
+            f"{_shorten(envelope_run)} - at `$.records[{index}].run_id`"
+        ),
         raw=raw,
         batch_id=record.batch_id,
         producer_id=record.producer_id or envelope_producer,
@@ -213,7 +223,7 @@ def _decode_leniently(data: bytes, whole_error: str) -> DecodedMessage:
         return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", whole_error)])
     records: list[GenerationRecord] = []
     invalid: list[InvalidRecord] = []
-    for index, (raw, element) in enumerate(zip(batch.records, obj["records"])):
+    for index, (raw, element) in enumerate(zip(batch.records, obj["records"], strict=True)):
         try:
             record = _record_decoder.decode(raw)
         except msgspec.MsgspecError as exc:
@@ -250,7 +260,9 @@ def decode_json_line(line: bytes | str) -> GenerationRecord | BatchMarker | Inva
     elif kind == "record":
         target = GenerationRecord
     else:
-        return _invalid(raw, "invalid", f"Unknown message type {kind!r} - at `$.type` (expected 'record' or 'marker')", obj)
+        return _invalid(
+            raw, "invalid", f"Unknown message type {kind!r} - at `$.type` (expected 'record' or 'marker')", obj
+        )
     try:
         return msgspec.convert(obj, type=target)
     except msgspec.ValidationError as exc:

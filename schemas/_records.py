@@ -12,9 +12,7 @@ from ._types import Counter, Histogram, NonEmptyStr, PositiveInt
 __all__ = ["GenerationRecord", "RecordBatch", "BatchMarker", "RecordsMessage"]
 
 
-class GenerationRecord(
-    msgspec.Struct, tag="record", tag_field="type", frozen=True, kw_only=True, omit_defaults=True
-):
+class GenerationRecord(msgspec.Struct, tag="record", tag_field="type", frozen=True, kw_only=True, omit_defaults=True):
     """One committed backend generation, as carried by one exported sample.
 
     ``None`` means unknown and is never the same as 0.
@@ -56,9 +54,7 @@ class RecordBatch(msgspec.Struct, tag="batch", tag_field="type", frozen=True, kw
     run_id: NonEmptyStr | None = None
 
 
-class BatchMarker(
-    msgspec.Struct, tag="marker", tag_field="type", frozen=True, kw_only=True, omit_defaults=True
-):
+class BatchMarker(msgspec.Struct, tag="marker", tag_field="type", frozen=True, kw_only=True, omit_defaults=True):
     """A producer's word that it has sent everything for ``(run_id, batch_id)``.
 
     Sent to every partition of the records topic after the producer's records

@@ -16,8 +16,17 @@ from ._layout import changelog_topics
 __all__ = ["changelog_topics", "read_changelog_partition"]
 
 
-async def _read(broker: str, topic: str, partition: int, start: int | None, end: int | None,
-                visit: Callable[[Any], bool], *, kafka: dict[str, Any] | None, timeout_s: float) -> int:
+async def _read(
+    broker: str,
+    topic: str,
+    partition: int,
+    start: int | None,
+    end: int | None,
+    visit: Callable[[Any], bool],
+    *,
+    kafka: dict[str, Any] | None,
+    timeout_s: float,
+) -> int:
     """Feed the messages of one partition from ``start`` (None: its beginning) up to
     ``end`` (None: its end now) to ``visit`` until it returns False; returns the
     position reached. A standalone consumer, so nothing depends on Faust's."""
@@ -27,9 +36,14 @@ async def _read(broker: str, topic: str, partition: int, start: int | None, end:
     from aiokafka.structs import TopicPartition
 
     tp = TopicPartition(topic, partition)
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
-                                **(kafka or {}))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+        **(kafka or {}),
+    )
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -54,8 +68,9 @@ async def _read(broker: str, topic: str, partition: int, start: int | None, end:
         await consumer.stop()
 
 
-async def read_changelog_partition(broker: str, topic: str, partition: int, *, kafka: dict[str, Any] | None = None,
-                                   timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
+async def read_changelog_partition(
+    broker: str, topic: str, partition: int, *, kafka: dict[str, Any] | None = None, timeout_s: float = 120.0
+) -> list[tuple[bytes, bytes]]:
     """Every live (key, value) of one changelog partition, read to its end (latest value
     per key; tombstones remove keys)."""
     live: dict[bytes, bytes] = {}
@@ -71,9 +86,17 @@ async def read_changelog_partition(broker: str, topic: str, partition: int, *, k
     return list(live.items())
 
 
-async def read_range(broker: str, topic: str, partition: int, start: int, end: int | None = None, *,
-                     kafka: dict[str, Any] | None = None, timeout_s: float = 120.0,
-                     max_messages: int | None = None) -> tuple[list[tuple[int, bytes]], int]:
+async def read_range(
+    broker: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int | None = None,
+    *,
+    kafka: dict[str, Any] | None = None,
+    timeout_s: float = 120.0,
+    max_messages: int | None = None,
+) -> tuple[list[tuple[int, bytes]], int]:
     """Messages of one partition with offsets in [start, end) (end None: the log end now).
 
     Used to fill what Faust's consumer skipped: it is the authority on which

@@ -27,9 +27,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from types import EllipsisType
-from typing import Any
+from typing import Any, TypeGuard
 
 from specmeter.schemas import METRICS_TOPIC, BatchMetrics, decode_metrics
 
@@ -68,7 +68,8 @@ async def _subscribe(consumer: Any, topic: str, wait_s: float) -> list[Any]:
         if time.monotonic() >= deadline:
             raise LookupError(
                 f"metrics topic {topic!r} does not exist on the broker after {wait_s:.0f}s: start a worker "
-                f"(`specmeter worker --metrics-topic {topic}`) or pass the topic it publishes to (topic=...)")
+                f"(`specmeter worker --metrics-topic {topic}`) or pass the topic it publishes to (topic=...)"
+            )
         await asyncio.sleep(0.5)
     consumer.subscribe([topic])
     while not consumer.assignment():  # without a group every partition is assigned once metadata arrives
@@ -89,7 +90,7 @@ def _decode(message: Any) -> BatchMetrics | None:
 async def consume_metrics(
     bootstrap_servers: str,
     *,
-    run_id: str | None | EllipsisType = ...,
+    run_id: str | EllipsisType | None = ...,
     topic: str = DEFAULT_METRICS_TOPIC,
     from_beginning: bool = False,
     stop_at_end: bool = False,
@@ -97,7 +98,7 @@ async def consume_metrics(
     topic_wait_s: float = 30.0,
     remember: int = 100_000,
     kafka: dict[str, Any] | None = None,
-) -> AsyncIterator[BatchMetrics]:
+) -> AsyncGenerator[BatchMetrics, None]:
     """Each batch's newest BatchMetrics from the metrics topic, once (see the module).
 
     Args:
@@ -123,8 +124,13 @@ async def consume_metrics(
     """
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest" if from_beginning else "latest", **(kafka or {}))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        **(kafka or {}),
+    )
     await consumer.start()
     try:
         partitions = await _subscribe(consumer, topic, topic_wait_s)
@@ -135,7 +141,7 @@ async def consume_metrics(
         end = await consumer.end_offsets(partitions)
         newest = _Newest(remember)
 
-        def wanted(m: BatchMetrics | None) -> bool:
+        def wanted(m: BatchMetrics | None) -> TypeGuard[BatchMetrics]:
             return m is not None and (run_id is ... or m.run_id == run_id)
 
         # the backlog: fold repeats and revisions, then yield each batch once

@@ -7,8 +7,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["WorkerCounters", "CLOSE_LATENCY_BUCKETS", "PublishedTotals", "LabelTotals", "PUBLISHED_QUANTITIES",
-           "published_labels"]
+__all__ = [
+    "WorkerCounters",
+    "CLOSE_LATENCY_BUCKETS",
+    "PublishedTotals",
+    "LabelTotals",
+    "PUBLISHED_QUANTITIES",
+    "published_labels",
+]
 
 #: upper bounds (seconds) of the close-latency histogram buckets
 CLOSE_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -58,25 +64,38 @@ class WorkerCounters:
 #: batch, the rest are its attributes.
 PUBLISHED_QUANTITIES: tuple[tuple[str, str, str], ...] = (
     ("batches", "", "Distinct batches published (a batch counts once, whatever its revisions)."),
-    ("paired_accepted_tokens", "spec/paired_accepted_total",
-     "Accepted draft tokens of generations with both accepted and proposed known."),
-    ("paired_proposed_tokens", "spec/paired_proposed_total",
-     "Proposed draft tokens of generations with both accepted and proposed known."),
-    ("paired_completion_tokens", "spec/paired_completion_total",
-     "Completion tokens of generations with both completion and verify known."),
-    ("paired_verify_steps", "spec/paired_verify_total",
-     "Verify steps of generations with both completion and verify known."),
+    (
+        "paired_accepted_tokens",
+        "spec/paired_accepted_total",
+        "Accepted draft tokens of generations with both accepted and proposed known.",
+    ),
+    (
+        "paired_proposed_tokens",
+        "spec/paired_proposed_total",
+        "Proposed draft tokens of generations with both accepted and proposed known.",
+    ),
+    (
+        "paired_completion_tokens",
+        "spec/paired_completion_total",
+        "Completion tokens of generations with both completion and verify known.",
+    ),
+    (
+        "paired_verify_steps",
+        "spec/paired_verify_total",
+        "Verify steps of generations with both completion and verify known.",
+    ),
     ("accepted_tokens", "spec/accepted_total", "Accepted draft tokens, every known value."),
     ("proposed_tokens", "spec/proposed_total", "Proposed draft tokens, every known value."),
     ("completion_tokens", "spec/completion_total", "Completion tokens, every known value."),
     ("verify_steps", "spec/verify_total", "Verify steps, every known value."),
-    ("accept_covered_generations", "spec/accept_covered_count",
-     "Generations with both accepted and proposed known."),
-    ("verify_covered_generations", "spec/verify_covered_count",
-     "Generations with both completion and verify known."),
+    ("accept_covered_generations", "spec/accept_covered_count", "Generations with both accepted and proposed known."),
+    ("verify_covered_generations", "spec/verify_covered_count", "Generations with both completion and verify known."),
     ("generations", "spec/unique_generation_count", "Distinct generations."),
-    ("conflicting_generations", "spec/conflicting_generation_count",
-     "Generations reported with different values (left out of every sum)."),
+    (
+        "conflicting_generations",
+        "spec/conflicting_generation_count",
+        "Generations reported with different values (left out of every sum).",
+    ),
     ("published_records", "record_count", "Records delivered (every delivery, invalid ones included)."),
     ("published_invalid_records", "invalid_record_count", "Invalid records attributed to a batch."),
     ("published_late_records", "late_record_count", "Records applied to a batch after it closed, within grace."),
@@ -89,8 +108,10 @@ _Vector = tuple[int, ...]
 
 def _vector(metrics: Any) -> _Vector:
     m = metrics.metrics
-    return tuple(1 if not source else int(m.get(source, 0)) if source.startswith("spec/")
-                 else int(getattr(metrics, source)) for _, source, _ in PUBLISHED_QUANTITIES)
+    return tuple(
+        1 if not source else int(m.get(source, 0)) if source.startswith("spec/") else int(getattr(metrics, source))
+        for _, source, _ in PUBLISHED_QUANTITIES
+    )
 
 
 def published_labels(metrics: Any) -> Labels:
@@ -166,7 +187,7 @@ class PublishedTotals:
 
     def _add(self, labels: Labels, before: _Vector, after: _Vector) -> None:
         totals = self._label_totals(labels)
-        for i, (old, new) in enumerate(zip(before, after)):
+        for i, (old, new) in enumerate(zip(before, after, strict=True)):
             if new > old:
                 totals.added[i] += new - old
             elif new < old:

@@ -19,8 +19,16 @@ from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidReco
 __all__ = ["parse_dump_line"]
 
 _decoder = msgspec.json.Decoder()
-_IDENTITY = ("batch_id", "session_id", "sample_id", "state_hash", "producer_id", "generation_id", "weight_version",
-             "run_id")
+_IDENTITY = (
+    "batch_id",
+    "session_id",
+    "sample_id",
+    "state_hash",
+    "producer_id",
+    "generation_id",
+    "weight_version",
+    "run_id",
+)
 
 
 def _id_or_none(obj: dict, key: str) -> Any:
@@ -51,6 +59,11 @@ def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | Inval
         # counted in its batch only when its identity reads (a run_id present must be valid)
         run_readable = obj.get("run_id") is None or _id_or_none(obj, "run_id") is not None
         batch_id = _id_or_none(obj, "batch_id") if run_readable else None
-        return InvalidRecord(reason="invalid", detail=f"SGLang output: {exc}", raw=raw, batch_id=batch_id,
-                             producer_id=_id_or_none(obj, "producer_id"),
-                             run_id=_id_or_none(obj, "run_id") if batch_id is not None else None)
+        return InvalidRecord(
+            reason="invalid",
+            detail=f"SGLang output: {exc}",
+            raw=raw,
+            batch_id=batch_id,
+            producer_id=_id_or_none(obj, "producer_id"),
+            run_id=_id_or_none(obj, "run_id") if batch_id is not None else None,
+        )

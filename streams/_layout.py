@@ -171,7 +171,6 @@ class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     overflowed: list[str | tuple[str, str]] = []
 
 
-
 # -- stage 2 -------------------------------------------------------------------------------
 class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
     """Durable stage-2 state of one batch."""

@@ -34,8 +34,13 @@ class LoadSummary:
         return (self.records + self.invalid) / self.seconds if self.seconds else 0.0
 
 
-async def publish_fleet(events: Iterable[FleetEvent], settings: PublisherSettings, *, rate: float | None = None,
-                        on_event: Callable[[FleetEvent], None] | None = None) -> LoadSummary:
+async def publish_fleet(
+    events: Iterable[FleetEvent],
+    settings: PublisherSettings,
+    *,
+    rate: float | None = None,
+    on_event: Callable[[FleetEvent], None] | None = None,
+) -> LoadSummary:
     """Publish every event; ``rate`` paces records per second (None: as fast as possible)."""
     publishers: dict[str, Publisher] = {}
     summary = LoadSummary()
@@ -45,19 +50,22 @@ async def publish_fleet(events: Iterable[FleetEvent], settings: PublisherSetting
             publisher = publishers.get(event.producer_id)
             if publisher is None:
                 publisher = publishers[event.producer_id] = Publisher(
-                    msgspec.structs.replace(settings, producer_id=event.producer_id))
+                    msgspec.structs.replace(settings, producer_id=event.producer_id)
+                )
                 await publisher.start()
             payload = event.payload
             if isinstance(payload, GenerationRecord):
                 await publisher.publish(payload)
                 summary.records += 1
             elif isinstance(payload, BatchMarker):
-                await publisher.close_batch(payload.batch_id, payload.speculative_algorithm,
-                                            payload.expected_producers)
+                await publisher.close_batch(payload.batch_id, payload.speculative_algorithm, payload.expected_producers)
                 summary.markers += 1
             else:
-                publisher.publish_raw(msgspec.msgpack.encode(payload), session_id=payload.get("session_id"),
-                                      batch_id=payload.get("batch_id"))
+                publisher.publish_raw(
+                    msgspec.msgpack.encode(payload),
+                    session_id=payload.get("session_id"),
+                    batch_id=payload.get("batch_id"),
+                )
                 summary.invalid += 1
             if on_event is not None:
                 on_event(event)

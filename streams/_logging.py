@@ -15,7 +15,7 @@ MAX_LOG_CHARS = 4000
 
 
 class _BoundedRecord(logging.LogRecord):
-    def getMessage(self) -> str:  # noqa: N802 - logging's name
+    def getMessage(self) -> str:
         text = super().getMessage()
         if len(text) <= MAX_LOG_CHARS:
             return text

@@ -19,8 +19,15 @@ from specmeter.schemas import (
 from ._exact import expansion_value, merge_expansions
 from ._state import add_histograms
 
-__all__ = ["merge_partials", "batch_metrics_dict", "build_batch_metrics", "missing_records", "is_speculative",
-           "merge_weight_versions", "by_weight_version"]
+__all__ = [
+    "merge_partials",
+    "batch_metrics_dict",
+    "build_batch_metrics",
+    "missing_records",
+    "is_speculative",
+    "merge_weight_versions",
+    "by_weight_version",
+]
 
 _SUMMED = (
     "record_count",
@@ -67,8 +74,11 @@ def _unversioned(p: PartialAggregate) -> list[WeightVersionSums]:
     if unique <= 0:
         return []
     fields = {name: getattr(p, name) for name in _VERSION_SUMMED[1:]}
-    return [WeightVersionSums(weight_version=None, unique_generation_count=unique,
-                              accept_histogram=p.accept_histogram, **fields)]
+    return [
+        WeightVersionSums(
+            weight_version=None, unique_generation_count=unique, accept_histogram=p.accept_histogram, **fields
+        )
+    ]
 
 
 def merge_weight_versions(partials: Sequence[PartialAggregate]) -> list[WeightVersionSums] | None:
@@ -217,8 +227,10 @@ def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | 
     return [
         WeightVersionMetrics(
             weight_version=entry.weight_version,
-            metrics={"spec/unique_generation_count": entry.unique_generation_count,
-                     **_sums_metrics(entry, entry.unique_generation_count)},
+            metrics={
+                "spec/unique_generation_count": entry.unique_generation_count,
+                **_sums_metrics(entry, entry.unique_generation_count),
+            },
             accept_histogram=entry.accept_histogram,
         )
         for entry in merged.weight_versions

@@ -20,8 +20,17 @@ from specmeter.producers import KafkaSecurity
 
 from ._topics import TopicMismatch
 
-__all__ = ["BadSecurity", "BrokerUnreachable", "PartitionMismatch", "PortInUse", "WebHostInvalid", "check_broker", "check_security",
-           "check_web_port", "quiet_kafka_logs"]
+__all__ = [
+    "BadSecurity",
+    "BrokerUnreachable",
+    "PartitionMismatch",
+    "PortInUse",
+    "WebHostInvalid",
+    "check_broker",
+    "check_security",
+    "check_web_port",
+    "quiet_kafka_logs",
+]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 #: what KafkaSecurity can drive: username and password (aiokafka's GSSAPI and
@@ -77,22 +86,32 @@ class WebHostInvalid(OSError):
 def check_security(security: KafkaSecurity) -> None:
     """Raise ``BadSecurity`` for settings aiokafka would reject (or silently misuse)."""
     if security.protocol not in PROTOCOLS:
-        raise BadSecurity(f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
-                          f"{', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}")
+        raise BadSecurity(
+            f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
+            f"{', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}"
+        )
     mechanism = security.sasl_mechanism
     if mechanism is not None and mechanism.upper() not in MECHANISMS:
-        raise BadSecurity(f"KAFKA_SASL_MECHANISM={mechanism!r} is not supported: set it to "
-                          f"{', '.join(MECHANISMS[:-1])} or {MECHANISMS[-1]}")
+        raise BadSecurity(
+            f"KAFKA_SASL_MECHANISM={mechanism!r} is not supported: set it to "
+            f"{', '.join(MECHANISMS[:-1])} or {MECHANISMS[-1]}"
+        )
     if mechanism is not None and "SASL" not in security.protocol:
-        raise BadSecurity(f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={security.protocol} "
-                          "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
-                          "KAFKA_SASL_MECHANISM")
+        raise BadSecurity(
+            f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={security.protocol} "
+            "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
+            "KAFKA_SASL_MECHANISM"
+        )
     if security.ssl_cafile is not None and not os.access(security.ssl_cafile, os.R_OK):
-        raise BadSecurity(f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
-                          "bundle that verifies the brokers")
+        raise BadSecurity(
+            f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
+            "bundle that verifies the brokers"
+        )
     if "SASL" in security.protocol and (not security.username or not security.password):
-        raise BadSecurity(f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
-                          "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)")
+        raise BadSecurity(
+            f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
+            "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)"
+        )
 
 
 class _Tap(logging.Handler):
@@ -124,8 +143,9 @@ def quiet_kafka_logs() -> Iterator[list[str]]:
         logger.propagate = propagate
 
 
-async def check_broker(broker: str, security: KafkaSecurity, *, topic_partitions: dict[str, int] | None = None,
-                       timeout_ms: int = 15_000) -> dict[str, int]:
+async def check_broker(
+    broker: str, security: KafkaSecurity, *, topic_partitions: dict[str, int] | None = None, timeout_ms: int = 15_000
+) -> dict[str, int]:
     """Connect once and close; return the partitions of those ``topic_partitions`` that exist.
 
     Raises:
@@ -137,8 +157,7 @@ async def check_broker(broker: str, security: KafkaSecurity, *, topic_partitions
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms,
-                                **security.aiokafka_kwargs())
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
     found: dict[str, int] = {}
     with quiet_kafka_logs() as messages:
         try:
@@ -154,8 +173,9 @@ async def check_broker(broker: str, security: KafkaSecurity, *, topic_partitions
         finally:
             await admin.close()
     for name, partitions in found.items():
-        if partitions != topic_partitions[name]:
-            raise PartitionMismatch(name, partitions, topic_partitions[name])
+        want = (topic_partitions or {})[name]
+        if partitions != want:
+            raise PartitionMismatch(name, partitions, want)
     return found
 
 

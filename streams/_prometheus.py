@@ -11,8 +11,10 @@ generation labels. Three kinds of series:
   (a late record that turns a key conflicting) goes to the ``_retracted_total``
   twin; the exact value is ``total - retracted``::
 
-      (sum(rate(specmeter_paired_accepted_tokens_total[5m])) - sum(rate(specmeter_paired_accepted_tokens_retracted_total[5m])))
-      / (sum(rate(specmeter_paired_proposed_tokens_total[5m])) - sum(rate(specmeter_paired_proposed_tokens_retracted_total[5m])))
+      (sum(rate(specmeter_paired_accepted_tokens_total[5m]))
+         - sum(rate(specmeter_paired_accepted_tokens_retracted_total[5m])))
+      / (sum(rate(specmeter_paired_proposed_tokens_total[5m]))
+         - sum(rate(specmeter_paired_proposed_tokens_retracted_total[5m])))
 
   is the fleet-wide weighted accept rate. A new label set is shown at 0 on its
   first scrape and with its value from the next one: Prometheus 2 takes a
@@ -46,17 +48,44 @@ UNKNOWN_VERSION = "unknown"
 
 #: latest-batch gauge -> (key of BatchMetrics.metrics, help)
 _BATCH_GAUGES = {
-    "specmeter_batch_accept_rate_ratio": ("spec/accept_rate", "Accepted / proposed draft tokens (paired) of a latest batch."),
-    "specmeter_batch_tokens_per_verify": ("spec/tokens_per_verify", "Completion tokens per verify step (paired) of a latest batch."),
-    "specmeter_batch_accept_coverage_ratio": ("spec/accept_count_coverage", "Share of generations with both accepted and proposed known."),
-    "specmeter_batch_verify_coverage_ratio": ("spec/verify_count_coverage", "Share of generations with both completion and verify known."),
+    "specmeter_batch_accept_rate_ratio": (
+        "spec/accept_rate",
+        "Accepted / proposed draft tokens (paired) of a latest batch.",
+    ),
+    "specmeter_batch_tokens_per_verify": (
+        "spec/tokens_per_verify",
+        "Completion tokens per verify step (paired) of a latest batch.",
+    ),
+    "specmeter_batch_accept_coverage_ratio": (
+        "spec/accept_count_coverage",
+        "Share of generations with both accepted and proposed known.",
+    ),
+    "specmeter_batch_verify_coverage_ratio": (
+        "spec/verify_count_coverage",
+        "Share of generations with both completion and verify known.",
+    ),
     "specmeter_batch_generations": ("spec/unique_generation_count", "Distinct generations of a latest batch."),
-    "specmeter_batch_conflicting_generations": ("spec/conflicting_generation_count", "Generations reported with different values."),
+    "specmeter_batch_conflicting_generations": (
+        "spec/conflicting_generation_count",
+        "Generations reported with different values.",
+    ),
     "specmeter_batch_samples": ("spec/sample_count", "Samples (trajectories) of a latest batch."),
-    "specmeter_batch_paired_accepted_tokens": ("spec/paired_accepted_total", "Accepted draft tokens over generations with a complete accept pair."),
-    "specmeter_batch_paired_proposed_tokens": ("spec/paired_proposed_total", "Proposed draft tokens over generations with a complete accept pair."),
-    "specmeter_batch_paired_completion_tokens": ("spec/paired_completion_total", "Completion tokens over generations with a complete verify pair."),
-    "specmeter_batch_paired_verify_steps": ("spec/paired_verify_total", "Verify steps over generations with a complete verify pair."),
+    "specmeter_batch_paired_accepted_tokens": (
+        "spec/paired_accepted_total",
+        "Accepted draft tokens over generations with a complete accept pair.",
+    ),
+    "specmeter_batch_paired_proposed_tokens": (
+        "spec/paired_proposed_total",
+        "Proposed draft tokens over generations with a complete accept pair.",
+    ),
+    "specmeter_batch_paired_completion_tokens": (
+        "spec/paired_completion_total",
+        "Completion tokens over generations with a complete verify pair.",
+    ),
+    "specmeter_batch_paired_verify_steps": (
+        "spec/paired_verify_total",
+        "Verify steps over generations with a complete verify pair.",
+    ),
 }
 
 #: latest-batch gauge -> (BatchMetrics attribute, help)
@@ -72,21 +101,48 @@ _BATCH_FIELDS = {
 
 #: per-weight-version gauge of the latest batches -> (key of WeightVersionMetrics.metrics, help)
 _VERSION_GAUGES = {
-    "specmeter_weight_version_accept_rate_ratio": ("spec/accept_rate", "Accepted / proposed draft tokens (paired) of one policy version in a latest batch."),
-    "specmeter_weight_version_tokens_per_verify": ("spec/tokens_per_verify", "Completion tokens per verify step (paired) of one policy version in a latest batch."),
-    "specmeter_weight_version_accept_coverage_ratio": ("spec/accept_count_coverage", "Share of one version's generations with both accepted and proposed known."),
-    "specmeter_weight_version_generations": ("spec/unique_generation_count", "Distinct generations of one policy version in a latest batch."),
-    "specmeter_weight_version_paired_accepted_tokens": ("spec/paired_accepted_total", "Accepted draft tokens (paired) of one policy version in a latest batch."),
-    "specmeter_weight_version_paired_proposed_tokens": ("spec/paired_proposed_total", "Proposed draft tokens (paired) of one policy version in a latest batch."),
-    "specmeter_weight_version_paired_completion_tokens": ("spec/paired_completion_total", "Completion tokens (paired) of one policy version in a latest batch."),
-    "specmeter_weight_version_paired_verify_steps": ("spec/paired_verify_total", "Verify steps (paired) of one policy version in a latest batch."),
+    "specmeter_weight_version_accept_rate_ratio": (
+        "spec/accept_rate",
+        "Accepted / proposed draft tokens (paired) of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_tokens_per_verify": (
+        "spec/tokens_per_verify",
+        "Completion tokens per verify step (paired) of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_accept_coverage_ratio": (
+        "spec/accept_count_coverage",
+        "Share of one version's generations with both accepted and proposed known.",
+    ),
+    "specmeter_weight_version_generations": (
+        "spec/unique_generation_count",
+        "Distinct generations of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_paired_accepted_tokens": (
+        "spec/paired_accepted_total",
+        "Accepted draft tokens (paired) of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_paired_proposed_tokens": (
+        "spec/paired_proposed_total",
+        "Proposed draft tokens (paired) of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_paired_completion_tokens": (
+        "spec/paired_completion_total",
+        "Completion tokens (paired) of one policy version in a latest batch.",
+    ),
+    "specmeter_weight_version_paired_verify_steps": (
+        "spec/paired_verify_total",
+        "Verify steps (paired) of one policy version in a latest batch.",
+    ),
 }
 
 #: the worker's own counters: (name, WorkerCounters attribute or shell attribute, help)
 _WORKER_COUNTERS = (
     ("specmeter_messages", "messages", "Records-topic messages applied."),
-    ("specmeter_messages_replayed_skipped", "messages_replayed_skipped",
-     "Messages skipped because the durable state already holds them (redelivery after a crash or rebalance)."),
+    (
+        "specmeter_messages_replayed_skipped",
+        "messages_replayed_skipped",
+        "Messages skipped because the durable state already holds them (redelivery after a crash or rebalance).",
+    ),
     ("specmeter_records_aggregated", "records_aggregated", "Records that added a new occurrence."),
     ("specmeter_records_redelivered", "records_redelivered", "Records whose occurrence was already known."),
     ("specmeter_records_late", "records_late", "Records applied to a closed batch within its grace period."),
@@ -100,17 +156,25 @@ _WORKER_COUNTERS = (
 )
 
 _PUBLISHED_COUNTERS = tuple(
-    name for stem, _, _ in PUBLISHED_QUANTITIES
-    for name in (f"specmeter_{stem}_total", f"specmeter_{stem}_retracted_total"))
+    name
+    for stem, _, _ in PUBLISHED_QUANTITIES
+    for name in (f"specmeter_{stem}_total", f"specmeter_{stem}_retracted_total")
+)
 
 EXPORTED_METRICS = (
     *_PUBLISHED_COUNTERS,
-    *_BATCH_GAUGES, *_BATCH_FIELDS, *_VERSION_GAUGES,
-    "specmeter_batch_acceptance_length_steps", "specmeter_batch_info",
+    *_BATCH_GAUGES,
+    *_BATCH_FIELDS,
+    *_VERSION_GAUGES,
+    "specmeter_batch_acceptance_length_steps",
+    "specmeter_batch_info",
     *(f"{name}_total" for name, _, _ in _WORKER_COUNTERS),
-    "specmeter_offset_gap_fills_total", "specmeter_idle_catch_ups_total",
-    "specmeter_dead_letters_total", "specmeter_batches_closed_total",
-    "specmeter_open_generations", "specmeter_partition_last_event_timestamp_seconds",
+    "specmeter_offset_gap_fills_total",
+    "specmeter_idle_catch_ups_total",
+    "specmeter_dead_letters_total",
+    "specmeter_batches_closed_total",
+    "specmeter_open_generations",
+    "specmeter_partition_last_event_timestamp_seconds",
     "specmeter_batch_close_latency_seconds",
 )
 
@@ -141,41 +205,61 @@ class WorkerCollector:
         c = shell.counters
         for name, attribute, doc in _WORKER_COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(c, attribute))
-        yield CounterMetricFamily("specmeter_offset_gap_fills", "Times offsets skipped by the consumer were read "
-                                  "directly to keep the state exact.", value=shell.gap_fills)
-        yield CounterMetricFamily("specmeter_idle_catch_ups", "Times a partition with unread messages and no "
-                                  "delivery was read directly.", value=shell.idle_catch_ups)
+        yield CounterMetricFamily(
+            "specmeter_offset_gap_fills",
+            "Times offsets skipped by the consumer were read directly to keep the state exact.",
+            value=shell.gap_fills,
+        )
+        yield CounterMetricFamily(
+            "specmeter_idle_catch_ups",
+            "Times a partition with unread messages and no delivery was read directly.",
+            value=shell.idle_catch_ups,
+        )
         dead = CounterMetricFamily("specmeter_dead_letters", "Dead letters by reason.", labels=["reason"])
         for reason, n in sorted(c.dead_letters.items()):
             dead.add_metric([reason], n)
         yield dead
-        closed = CounterMetricFamily("specmeter_batches_closed", "Batch partitions closed, by reason.", labels=["reason"])
+        closed = CounterMetricFamily(
+            "specmeter_batches_closed", "Batch partitions closed, by reason.", labels=["reason"]
+        )
         for reason, n in sorted(c.batches_closed.items()):
             closed.add_metric([reason], n)
         yield closed
-        yield GaugeMetricFamily("specmeter_open_generations", "Distinct generations held in dedup state.",
-                                value=sum(p.open_generations for p in shell.processors.values()))
-        last = GaugeMetricFamily("specmeter_partition_last_event_timestamp_seconds",
-                                 "When each owned records partition last delivered a message (Unix seconds; the "
-                                 "worker's start if none yet). time() minus it is how long the partition is idle.",
-                                 labels=["partition"])
+        yield GaugeMetricFamily(
+            "specmeter_open_generations",
+            "Distinct generations held in dedup state.",
+            value=sum(p.open_generations for p in shell.processors.values()),
+        )
+        last = GaugeMetricFamily(
+            "specmeter_partition_last_event_timestamp_seconds",
+            "When each owned records partition last delivered a message (Unix seconds; the "
+            "worker's start if none yet). time() minus it is how long the partition is idle.",
+            labels=["partition"],
+        )
         for partition in sorted(shell.processors):
             last.add_metric([str(partition)], shell.last_event_at.get(partition, shell.started_at))
         yield last
-        latency = HistogramMetricFamily("specmeter_batch_close_latency_seconds",
-                                        "From a batch's close on its partitions to its publication.")
-        buckets = [(str(b), n) for b, n in zip(CLOSE_LATENCY_BUCKETS, c.close_latency_buckets)]
-        latency.add_metric([], buckets + [("+Inf", c.close_latency_count)], c.close_latency_sum)
+        latency = HistogramMetricFamily(
+            "specmeter_batch_close_latency_seconds", "From a batch's close on its partitions to its publication."
+        )
+        buckets = [(str(b), n) for b, n in zip(CLOSE_LATENCY_BUCKETS, c.close_latency_buckets, strict=True)]
+        latency.add_metric([], [*buckets, ("+Inf", c.close_latency_count)], c.close_latency_sum)
         yield latency
 
     @staticmethod
     def _published(published: PublishedTotals) -> Iterator[Any]:
         for i, (stem, _, doc) in enumerate(PUBLISHED_QUANTITIES):
-            added = CounterMetricFamily(f"specmeter_{stem}", f"{doc} Sum over the revisions this worker published "
-                                        "(each adds its difference from the batch's previous one).",
-                                        labels=["algorithm", "run_id"])
-            retracted = CounterMetricFamily(f"specmeter_{stem}_retracted", f"What later revisions took back from "
-                                            f"specmeter_{stem}_total (subtract it).", labels=["algorithm", "run_id"])
+            added = CounterMetricFamily(
+                f"specmeter_{stem}",
+                f"{doc} Sum over the revisions this worker published "
+                "(each adds its difference from the batch's previous one).",
+                labels=["algorithm", "run_id"],
+            )
+            retracted = CounterMetricFamily(
+                f"specmeter_{stem}_retracted",
+                f"What later revisions took back from specmeter_{stem}_total (subtract it).",
+                labels=["algorithm", "run_id"],
+            )
             for labels, totals in published.totals.items():
                 added.add_metric(list(labels), totals.added[i] if totals.scraped else 0)
                 retracted.add_metric(list(labels), totals.retracted[i] if totals.scraped else 0)
@@ -189,10 +273,15 @@ class WorkerCollector:
         batch = ["run_id", "batch_id", "algorithm"]
         families = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
         fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
-        versions = {name: GaugeMetricFamily(name, doc, labels=[*batch, "weight_version"])
-                    for name, (_, doc) in _VERSION_GAUGES.items()}
-        steps = GaugeMetricFamily("specmeter_batch_acceptance_length_steps",
-                                  "Verify steps of a latest batch that accepted N drafts.", labels=[*batch, "accepted"])
+        versions = {
+            name: GaugeMetricFamily(name, doc, labels=[*batch, "weight_version"])
+            for name, (_, doc) in _VERSION_GAUGES.items()
+        }
+        steps = GaugeMetricFamily(
+            "specmeter_batch_acceptance_length_steps",
+            "Verify steps of a latest batch that accepted N drafts.",
+            labels=[*batch, "accepted"],
+        )
         info = InfoMetricFamily("specmeter_batch", "Identity of a latest published batch.", labels=batch)
         for m in latest:
             algorithm, run_id = published_labels(m)

@@ -61,12 +61,13 @@ async def replay_lines(
             if len(publishers) >= MAX_PRODUCERS:
                 raise RuntimeError(f"more than {MAX_PRODUCERS} (producer_id, run_id) pairs in the dump")
             publisher = publishers[(producer_id, run_id)] = Publisher(
-                msgspec.structs.replace(settings, producer_id=producer_id, run_id=run_id))
+                msgspec.structs.replace(settings, producer_id=producer_id, run_id=run_id)
+            )
             await publisher.start()
         return publisher
 
     try:
-        for number, line in enumerate(lines, start=1):
+        for line in lines:
             if on_line is not None:
                 on_line(len(line))
             if not line.strip():
@@ -85,8 +86,9 @@ async def replay_lines(
                 if item.speculative_algorithm:
                     algorithms[(run, item.batch_id)] = item.speculative_algorithm
                 publisher = await publisher_for(item.producer_id, run)
-                await publisher.close_batch(item.batch_id, item.speculative_algorithm or speculative_algorithm,
-                                            item.expected_producers)
+                await publisher.close_batch(
+                    item.batch_id, item.speculative_algorithm or speculative_algorithm, item.expected_producers
+                )
                 summary.markers += 1
             else:
                 producer = item.producer_id or DEFAULT_PRODUCER
@@ -109,8 +111,8 @@ async def replay_lines(
                 value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
                 session = obj.get("session_id") if isinstance(obj, dict) else None
                 (await publisher_for(producer, run)).publish_raw(
-                    value, session_id=session if isinstance(session, str) and session else None,
-                    batch_id=item.batch_id)
+                    value, session_id=session if isinstance(session, str) and session else None, batch_id=item.batch_id
+                )
                 summary.invalid += 1
             if rate:
                 ahead = (summary.records + summary.invalid) / rate - (time.monotonic() - started)
@@ -119,8 +121,7 @@ async def replay_lines(
         for (_, run), publisher in publishers.items():
             for batch_id in publisher.open_batches():
                 expected = len(batch_producers.get((run, batch_id), ())) or 1
-                await publisher.close_batch(batch_id, algorithms.get((run, batch_id), speculative_algorithm),
-                                            expected)
+                await publisher.close_batch(batch_id, algorithms.get((run, batch_id), speculative_algorithm), expected)
                 summary.batches_closed_at_end += 1
     finally:
         for publisher in publishers.values():

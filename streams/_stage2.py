@@ -46,8 +46,15 @@ class MergeEffects:
 class BatchMerger:
     """Every batch whose partials land on one partition of the partials topic."""
 
-    def __init__(self, partition: int, *, partitions_expected: int, batch_timeout_ms: int, grace_ms: int,
-                 counters: WorkerCounters | None = None) -> None:
+    def __init__(
+        self,
+        partition: int,
+        *,
+        partitions_expected: int,
+        batch_timeout_ms: int,
+        grace_ms: int,
+        counters: WorkerCounters | None = None,
+    ) -> None:
         self.partition = partition
         self.partitions_expected = partitions_expected
         self.batch_timeout_ms = batch_timeout_ms
@@ -79,8 +86,12 @@ class BatchMerger:
                 if digest == entry.published_digest:
                     republish.append(metrics)
                 else:  # cannot happen unless the merge rules changed between versions
-                    log.warning("batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
-                                shorten(entry.batch_id), shorten(entry.run_id), entry.published_revision)
+                    log.warning(
+                        "batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
+                        shorten(entry.batch_id),
+                        shorten(entry.run_id),
+                        entry.published_revision,
+                    )
         return republish
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
@@ -96,8 +107,9 @@ class BatchMerger:
             last = offset
         if last is not None:
             self.checkpoint = last
-            effects.changelog.append((stage2_checkpoint_key(self.partition),
-                                      encode_state(Stage2Checkpoint(offset=last))))
+            effects.changelog.append(
+                (stage2_checkpoint_key(self.partition), encode_state(Stage2Checkpoint(offset=last)))
+            )
         return effects
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
@@ -105,8 +117,9 @@ class BatchMerger:
         key = (partial.run_id, partial.batch_id)
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = MergeEntry(batch_id=partial.batch_id, run_id=partial.run_id,
-                                                   first_seen_ms=now_ms)
+            entry = self.entries[key] = MergeEntry(
+                batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms
+            )
         known = entry.partials.get(partial.partition)
         if known is not None and known.revision >= partial.revision:
             return effects  # a replayed or stale partial
@@ -123,7 +136,9 @@ class BatchMerger:
             if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
                 self._publish(entry, effects)
                 effects.changelog.append((merge_key(self.partition, entry.key), encode_state(entry)))
-            elif entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms:
+            elif (
+                entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms
+            ):
                 del self.entries[entry.key]
                 effects.changelog.append((merge_key(self.partition, entry.key), None))
         return effects

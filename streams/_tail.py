@@ -30,9 +30,17 @@ def _fixed(width: int) -> tuple[tuple[str, int], ...]:
     return _FIXED if width >= _WIDE else tuple(c for c in _FIXED if c[0] != "gens")
 
 
-async def follow_metrics(broker: str, topic: str, on_metrics: Callable[[BatchMetrics], None], *,
-                         from_beginning: bool = False, last: int = 0, max_messages: int | None = None,
-                         timeout_s: float | None = None, kafka: dict | None = None) -> int:
+async def follow_metrics(
+    broker: str,
+    topic: str,
+    on_metrics: Callable[[BatchMetrics], None],
+    *,
+    from_beginning: bool = False,
+    last: int = 0,
+    max_messages: int | None = None,
+    timeout_s: float | None = None,
+    kafka: dict | None = None,
+) -> int:
     """Call ``on_metrics`` for each message until ``max_messages`` or ``timeout_s``; returns the count.
 
     Starts at the topic's beginning (``from_beginning``), else ``last`` messages
@@ -40,8 +48,14 @@ async def follow_metrics(broker: str, topic: str, on_metrics: Callable[[BatchMet
     """
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest" if from_beginning else "latest", **(kafka or {}))
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=broker,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        **(kafka or {}),
+    )
     seen = 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
@@ -92,15 +106,17 @@ def _rate(value: Any) -> str:
 
 def _fit_left(text: str, width: int) -> str:
     """``text``, or its end behind an ellipsis when it is too long."""
-    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
 
 
 def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
     """Accept rate per weight version, oldest first, as many of the newest as fit: ``v7 .75 v8 .71``."""
     if not entries:
         return "-"
-    parts = [f"{_fit_left(e.weight_version or '?', 10)} {_rate(e.metrics.get('spec/accept_rate'))}"
-             for e in sorted(entries, key=lambda e: _natural(e.weight_version))]
+    parts = [
+        f"{_fit_left(e.weight_version or '?', 10)} {_rate(e.metrics.get('spec/accept_rate'))}"
+        for e in sorted(entries, key=lambda e: _natural(e.weight_version))
+    ]
     text = " ".join(parts)
     while len(text) > width and len(parts) > 1:
         parts.pop(0)
@@ -154,9 +170,15 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     full_labels = [m.batch_id if m.run_id is None else f"{m.run_id}/{m.batch_id}" for m in shown]
     full_drifts = [drift_text(m.by_weight_version, 200) for m in shown]
     batch_w, drift_w = _widths(width, full_labels, full_drifts)
-    table = Table(title=title or f"specmeter: latest {len(shown)} batches", box=box.SIMPLE_HEAD, show_edge=False,
-                  pad_edge=False, padding=(0, 1, 0, 0), expand=False,
-                  caption="c/i/l conflicting/invalid/late · ! incomplete · drift: accept rate by version")
+    table = Table(
+        title=title or f"specmeter: latest {len(shown)} batches",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        expand=False,
+        caption="c/i/l conflicting/invalid/late · ! incomplete · drift: accept rate by version",
+    )
     table.add_column("batch", width=batch_w, no_wrap=True, overflow="ellipsis")
     fixed = _fixed(width)
     for name, w in fixed:
@@ -171,29 +193,61 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
 
     for m in shown:
         x = m.metrics
-        problems = "/".join(_count(n) for n in (x.get("spec/conflicting_generation_count", 0),
-                                                m.invalid_record_count, m.late_record_count))
-        cells = {"rev": str(m.revision), "accept": ratio(x.get("spec/accept_rate")),
-                 "tok/v": ratio(x.get("spec/tokens_per_verify")), "cov": share(x.get("spec/accept_count_coverage")),
-                 "gens": _count(x.get("spec/unique_generation_count")), "c/i/l": problems,
-                 "close": m.close_reason if m.complete else f"{m.close_reason[:7]}!"}
-        table.add_row(batch_label(m, batch_w), *(cells[name] for name, _ in fixed),
-                      drift_text(m.by_weight_version, drift_w), style=None if m.complete else "yellow")
+        problems = "/".join(
+            _count(n)
+            for n in (x.get("spec/conflicting_generation_count", 0), m.invalid_record_count, m.late_record_count)
+        )
+        cells = {
+            "rev": str(m.revision),
+            "accept": ratio(x.get("spec/accept_rate")),
+            "tok/v": ratio(x.get("spec/tokens_per_verify")),
+            "cov": share(x.get("spec/accept_count_coverage")),
+            "gens": _count(x.get("spec/unique_generation_count")),
+            "c/i/l": problems,
+            "close": m.close_reason if m.complete else f"{m.close_reason[:7]}!",
+        }
+        table.add_row(
+            batch_label(m, batch_w),
+            *(cells[name] for name, _ in fixed),
+            drift_text(m.by_weight_version, drift_w),
+            style=None if m.complete else "yellow",
+        )
     return table
 
 
-def run_tail(broker: str, topic: str, *, as_json: bool, from_beginning: bool, rows: int, last: int,
-             max_messages: int | None, timeout_s: float | None, kafka: dict | None = None) -> int:
+def run_tail(
+    broker: str,
+    topic: str,
+    *,
+    as_json: bool,
+    from_beginning: bool,
+    rows: int,
+    last: int,
+    max_messages: int | None,
+    timeout_s: float | None,
+    kafka: dict | None = None,
+) -> int:
     """Follow ``topic`` until a limit or Ctrl-C; a terminal gets a live table, a pipe the final one."""
 
     def follow(on_metrics: Callable[[BatchMetrics], None]) -> int:
         try:
-            return asyncio.run(follow_metrics(broker, topic, on_metrics, from_beginning=from_beginning, last=last,
-                                              max_messages=max_messages, timeout_s=timeout_s, kafka=kafka))
+            return asyncio.run(
+                follow_metrics(
+                    broker,
+                    topic,
+                    on_metrics,
+                    from_beginning=from_beginning,
+                    last=last,
+                    max_messages=max_messages,
+                    timeout_s=timeout_s,
+                    kafka=kafka,
+                )
+            )
         except KeyboardInterrupt:  # Ctrl-C is how a tail ends
             return -1
 
     if as_json:
+
         def emit(m: BatchMetrics) -> None:
             sys.stdout.buffer.write(encode_metrics(m) + b"\n")
             sys.stdout.flush()
@@ -214,14 +268,16 @@ def run_tail(broker: str, topic: str, *, as_json: bool, from_beginning: bool, ro
         latest[key] = m if previous is None or m.revision >= previous.revision else previous
 
     def table() -> Any:
-        return metrics_table(latest, rows, console.width, title=f"specmeter tail {topic}: latest "
-                             f"{min(rows, len(latest))} batches")
+        return metrics_table(
+            latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
+        )
 
     if not console.is_terminal:  # piped: no animation, the final table once, ending with a newline
         follow(keep)
         console.print(table())
         return seen
     with Live(table(), refresh_per_second=4, console=console) as live:
+
         def update(m: BatchMetrics) -> None:
             keep(m)
             live.update(table())

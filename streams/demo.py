@@ -42,8 +42,10 @@ def _start_broker(console) -> tuple[str, bool]:
         except ValueError as exc:
             raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
     if not BROKER.exists():
-        raise click.ClickException("no local broker script here (an installed package, not a checkout): set "
-                                   "KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT")
+        raise click.ClickException(
+            "no local broker script here (an installed package, not a checkout): set "
+            "KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
+        )
     was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
     with console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
         proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True)
@@ -60,9 +62,11 @@ def _check_broker(broker: str) -> None:
     try:  # the demo's own clients use no security (it runs on a local broker)
         asyncio.run(check_broker(broker, KafkaSecurity()))
     except BrokerUnreachable as exc:
-        raise click.ClickException(f"no Kafka broker answers at {broker}: set KAFKA_BOOTSTRAP_SERVERS to a running "
-                                   "broker's HOST:PORT, or unset it to start the local one "
-                                   f"({'; '.join(exc.reasons)[:200]})") from None
+        raise click.ClickException(
+            f"no Kafka broker answers at {broker}: set KAFKA_BOOTSTRAP_SERVERS to a running "
+            "broker's HOST:PORT, or unset it to start the local one "
+            f"({'; '.join(exc.reasons)[:200]})"
+        ) from None
 
 
 def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) -> dict:
@@ -94,21 +98,47 @@ def _table(results: list, offline: dict):
 
     from ._tail import drift_text
 
-    table = Table(title="specmeter: per-batch speculative decoding metrics (from the stream)",
-                  caption="drift: accept rate per weight version (policy drift away from the draft model)")
-    for column in ("batch", "accept rate", "tokens/verify", "accept cov.", "verify cov.", "generations",
-                   "samples", "conflicts", "invalid", "complete", "= offline", "drift"):
-        table.add_column(column, justify="left" if column in ("batch", "drift") else "right",
-                         no_wrap=column in ("batch", "drift"), overflow="ellipsis")
+    table = Table(
+        title="specmeter: per-batch speculative decoding metrics (from the stream)",
+        caption="drift: accept rate per weight version (policy drift away from the draft model)",
+    )
+    for column in (
+        "batch",
+        "accept rate",
+        "tokens/verify",
+        "accept cov.",
+        "verify cov.",
+        "generations",
+        "samples",
+        "conflicts",
+        "invalid",
+        "complete",
+        "= offline",
+        "drift",
+    ):
+        table.add_column(
+            column,
+            justify="left" if column in ("batch", "drift") else "right",
+            no_wrap=column in ("batch", "drift"),
+            overflow="ellipsis",
+        )
     for m in results:
         x = m.metrics
         fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
-        table.add_row(m.batch_id, fmt(x.get("spec/accept_rate")), fmt(x.get("spec/tokens_per_verify")),
-                      fmt(x.get("spec/accept_count_coverage")), fmt(x.get("spec/verify_count_coverage")),
-                      fmt(x.get("spec/unique_generation_count")), fmt(x.get("spec/sample_count")),
-                      fmt(x.get("spec/conflicting_generation_count")), str(m.invalid_record_count),
-                      "yes" if m.complete else "no", "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-                      drift_text(m.by_weight_version, 32))
+        table.add_row(
+            m.batch_id,
+            fmt(x.get("spec/accept_rate")),
+            fmt(x.get("spec/tokens_per_verify")),
+            fmt(x.get("spec/accept_count_coverage")),
+            fmt(x.get("spec/verify_count_coverage")),
+            fmt(x.get("spec/unique_generation_count")),
+            fmt(x.get("spec/sample_count")),
+            fmt(x.get("spec/conflicting_generation_count")),
+            str(m.invalid_record_count),
+            "yes" if m.complete else "no",
+            "yes" if offline.get(m.batch_id) == m.metrics else "NO",
+            drift_text(m.by_weight_version, 32),
+        )
     return table
 
 
@@ -117,12 +147,14 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
     a worker's HTTP side."""
     lines = ["next (the commands are in .venv/bin; `source .venv/bin/activate` puts them on your PATH):"]
     if not broker_running:
-        lines += ["  # the demo stopped the broker it started; bring it back (or run the demo with --keep-broker)",
-                  "  deploy/kafka/broker start"]
+        lines += [
+            "  # the demo stopped the broker it started; bring it back (or run the demo with --keep-broker)",
+            "  deploy/kafka/broker start",
+        ]
     lines += [
         "  # this demo's batches again, with the drift view (accept rate per weight version)",
         f"  specmeter tail --broker {broker} --topic {metrics_topic} --from-beginning",
-        "  # a worker with its HTTP server, its Prometheus metrics, a synthetic fleet with policy drift, the live table",
+        "  # a worker with its HTTP server and Prometheus metrics, a synthetic fleet with drift, the live table",
         f"  specmeter worker --broker {broker} --web-port 6066 &",
         "  curl -s localhost:6066/metrics | grep '^specmeter_'",
         f"  specmeter loadgen --broker {broker} --batches 20 --rate 5000",
@@ -132,8 +164,13 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--dump", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=SAMPLE,
-              show_default=True, help="Rollout dump to feed the worker.")
+@click.option(
+    "--dump",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=SAMPLE,
+    show_default=True,
+    help="Rollout dump to feed the worker.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print BatchMetrics JSON lines instead of a table.")
 @click.option("--timeout", type=float, default=180.0, show_default=True, help="Give up after this many seconds.")
 @click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
@@ -142,10 +179,10 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     from rich.console import Console
 
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._dump import parse_dump_line
-    from specmeter.streams._replay import replay_lines
     from specmeter.schemas import encode_metrics
     from specmeter.streams import OfflineAggregator
+    from specmeter.streams._dump import parse_dump_line
+    from specmeter.streams._replay import replay_lines
     from specmeter.streams._topics import ensure_topics
     from specmeter.streams.settings import TopicNames, WorkerSettings
 
@@ -154,15 +191,39 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     console.print(f"broker: [bold]{broker}[/]")
     _check_broker(broker)
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    topics = TopicNames(records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics",
-                        deadletter=f"{run}.deadletter")
+    topics = TopicNames(
+        records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics", deadletter=f"{run}.deadletter"
+    )
     settings = WorkerSettings(broker=broker, app_id=run, topics=topics, partitions=4, batch_timeout_s=20.0)
     asyncio.run(ensure_topics(settings))
     log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
-    args = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", broker, "--app-id", run,
-            "--records-topic", topics.records, "--partials-topic", topics.partials, "--metrics-topic",
-            topics.metrics, "--deadletter-topic", topics.deadletter, "--partitions", "4", "--batch-timeout", "20",
-            "--session-timeout", "10", "--no-web", "--data-dir", tempfile.mkdtemp(prefix="specmeter-demo-")]
+    args = [
+        sys.executable,
+        "-m",
+        "specmeter.streams.cli",
+        "worker",
+        "--broker",
+        broker,
+        "--app-id",
+        run,
+        "--records-topic",
+        topics.records,
+        "--partials-topic",
+        topics.partials,
+        "--metrics-topic",
+        topics.metrics,
+        "--deadletter-topic",
+        topics.deadletter,
+        "--partitions",
+        "4",
+        "--batch-timeout",
+        "20",
+        "--session-timeout",
+        "10",
+        "--no-web",
+        "--data-dir",
+        tempfile.mkdtemp(prefix="specmeter-demo-"),
+    ]
     worker = None
     succeeded = False
     click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
@@ -176,10 +237,13 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
                 time.sleep(0.2)
         console.print(f"worker: ready (app id [bold]{run}[/])")
         with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
-            summary = asyncio.run(replay_lines(lines, PublisherSettings(bootstrap_servers=broker,
-                                                                        topic=topics.records)))
-        console.print(f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
-                      f"from {summary.producers} producers")
+            summary = asyncio.run(
+                replay_lines(lines, PublisherSettings(bootstrap_servers=broker, topic=topics.records))
+            )
+        console.print(
+            f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
+            f"from {summary.producers} producers"
+        )
         offline = OfflineAggregator(parse=parse_dump_line)
         with dump.open("rb") as lines:
             offline.feed_lines(lines)

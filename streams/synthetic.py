@@ -103,7 +103,7 @@ class FleetEvent:
 def _templates(rng: random.Random, algorithm: str | None, n: int, factor: float = 1.0) -> list[tuple]:
     """A pool of (accepted, proposed, verify, completion, histogram) from a per-step model;
     ``factor`` scales the per-draft acceptance probability (policy drift)."""
-    pool = []
+    pool: list[tuple[int | None, int | None, int | None, int, list[int] | None]] = []
     for _ in range(n):
         target = max(8, min(4096, int(rng.lognormvariate(5.3, 0.8))))
         if algorithm is None:
@@ -147,8 +147,9 @@ class _Pools:
         if pool is None:
             s = self.spec
             rng = random.Random(f"{s.seed}/{staleness}")
-            pool = self.pools[staleness] = _templates(rng, s.algorithm, s.template_pool,
-                                                      (1 - s.drift_per_version) ** staleness)
+            pool = self.pools[staleness] = _templates(
+                rng, s.algorithm, s.template_pool, (1 - s.drift_per_version) ** staleness
+            )
         return pool
 
 
@@ -157,7 +158,7 @@ def _session_version(rng: random.Random, spec: FleetSpec, batch: int) -> int:
     each older one half as often as the next newer."""
     current = spec.policy_version(batch)
     lags = range(min(spec.stale_versions, current) + 1)
-    return current - rng.choices(lags, weights=[2.0 ** -lag for lag in lags])[0]
+    return current - rng.choices(lags, weights=[2.0**-lag for lag in lags])[0]
 
 
 def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
@@ -181,34 +182,70 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
             ancestors = [(f"{session}/gen-{j}", rng.choice(pool)) for j in range(shared)]
             for t in range(samples):
                 sample_id = f"traj-{t}" if samples > 1 else None
-                own = [(f"{session}/traj-{t}/gen-{j}", rng.choice(pool))
-                       for j in range(rng.randint(1, max(1, spec.max_turns - shared)))]
+                own = [
+                    (f"{session}/traj-{t}/gen-{j}", rng.choice(pool))
+                    for j in range(rng.randint(1, max(1, spec.max_turns - shared)))
+                ]
                 for generation_id, value in ancestors + own:
                     if rng.random() < spec.invalid_rate:
-                        out.append(FleetEvent("invalid", producer, batch_id, {
-                            "type": "record", "batch_id": batch_id, "session_id": session,
-                            "generation_id": generation_id, "sample_id": sample_id, "accepted": -1,
-                            "producer_id": producer, "weight_version": weight_version, "run_id": run_id}))
+                        out.append(
+                            FleetEvent(
+                                "invalid",
+                                producer,
+                                batch_id,
+                                {
+                                    "type": "record",
+                                    "batch_id": batch_id,
+                                    "session_id": session,
+                                    "generation_id": generation_id,
+                                    "sample_id": sample_id,
+                                    "accepted": -1,
+                                    "producer_id": producer,
+                                    "weight_version": weight_version,
+                                    "run_id": run_id,
+                                },
+                            )
+                        )
                         continue
                     if rng.random() < spec.missing_rate:
                         value = _with_missing(rng, value)
                     accepted, proposed, verify, completion, histogram = value
                     record = GenerationRecord(
-                        batch_id=batch_id, session_id=session, generation_id=generation_id, sample_id=sample_id,
-                        accepted=accepted, proposed=proposed, verify=verify, completion=completion,
-                        accept_histogram=histogram, producer_id=producer, weight_version=weight_version,
-                        run_id=run_id)
+                        batch_id=batch_id,
+                        session_id=session,
+                        generation_id=generation_id,
+                        sample_id=sample_id,
+                        accepted=accepted,
+                        proposed=proposed,
+                        verify=verify,
+                        completion=completion,
+                        accept_histogram=histogram,
+                        producer_id=producer,
+                        weight_version=weight_version,
+                        run_id=run_id,
+                    )
                     out.append(FleetEvent("record", producer, batch_id, record))
                     if rng.random() < spec.redelivery_rate:
                         again = record
                         if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
                             again = GenerationRecord(
-                                batch_id=batch_id, session_id=session, generation_id=generation_id,
-                                sample_id=sample_id, accepted=(accepted or 0) + 1, proposed=proposed,
-                                verify=verify, completion=completion, accept_histogram=histogram,
-                                producer_id=producer, weight_version=weight_version, run_id=run_id)
+                                batch_id=batch_id,
+                                session_id=session,
+                                generation_id=generation_id,
+                                sample_id=sample_id,
+                                accepted=(accepted or 0) + 1,
+                                proposed=proposed,
+                                verify=verify,
+                                completion=completion,
+                                accept_histogram=histogram,
+                                producer_id=producer,
+                                weight_version=weight_version,
+                                run_id=run_id,
+                            )
                         # a redelivery lands later in the same producer's stream
-                        out.insert(rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again))
+                        out.insert(
+                            rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again)
+                        )
         # interleave producers as a fleet would
         queues = [list(reversed(events)) for events in per_producer.values() if events]
         while queues:
@@ -218,6 +255,16 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                 queues.remove(queue)
         for producer in producers:
             sent = sum(1 for _ in per_producer[producer])
-            yield FleetEvent("marker", producer, batch_id, BatchMarker(
-                batch_id=batch_id, producer_id=producer, records_sent=sent,
-                speculative_algorithm=spec.algorithm, expected_producers=spec.producers, run_id=run_id))
+            yield FleetEvent(
+                "marker",
+                producer,
+                batch_id,
+                BatchMarker(
+                    batch_id=batch_id,
+                    producer_id=producer,
+                    records_sent=sent,
+                    speculative_algorithm=spec.algorithm,
+                    expected_producers=spec.producers,
+                    run_id=run_id,
+                ),
+            )

@@ -46,7 +46,9 @@ def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
     enabled = case["enabled"] if multi else {DEFAULT_BATCH: case["enabled"]}
     for batch_id, algorithm in enabled.items():
         if algorithm is not None:
-            lines.append({"type": "marker", "batch_id": batch_id, "producer_id": "golden", "speculative_algorithm": algorithm})
+            lines.append(
+                {"type": "marker", "batch_id": batch_id, "producer_id": "golden", "speculative_algorithm": algorithm}
+            )
     return lines
 
 
@@ -66,8 +68,9 @@ def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any
     }
 
 
-def assert_by_weight_version_equal(actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None,
-                                   where: str = "") -> None:
+def assert_by_weight_version_equal(
+    actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, where: str = ""
+) -> None:
     """Same entries in the same order; each entry's metrics compare like metrics."""
     if expected is None or actual is None:
         assert actual == expected, f"{where}: by_weight_version {actual!r} != {expected!r}"
@@ -75,7 +78,7 @@ def assert_by_weight_version_equal(actual: list[dict[str, Any]] | None, expected
     got_versions = [e["weight_version"] for e in actual]
     want_versions = [e["weight_version"] for e in expected]
     assert got_versions == want_versions, f"{where}: versions {got_versions} != {want_versions}"
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         assert got["accept_histogram"] == want["accept_histogram"], f"{where}/{want['weight_version']}: histogram"
         assert_metrics_equal(got["metrics"], want["metrics"], f"{where}/{want['weight_version']}")
 

@@ -26,13 +26,13 @@ def _docker_answers(timeout_s: float = 2.0) -> bool:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
         if host.startswith("unix://"):
-            path = host[len("unix://"):]
+            path = host[len("unix://") :]
             if not os.path.exists(path):
                 return False
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             address: object = path
         elif host.startswith("tcp://"):
-            name, _, port = host[len("tcp://"):].rstrip("/").partition(":")
+            name, _, port = host[len("tcp://") :].rstrip("/").partition(":")
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             address = (name, int(port or 2375))
         else:
@@ -99,8 +99,9 @@ class PrivateBroker:
         self.env = {**os.environ, "SPECMETER_KAFKA_DIR": str(state_dir), "SPECMETER_KAFKA_HEAP": "512m", **env}
 
     def _run(self, *args: str, timeout: float = 300) -> str:
-        proc = subprocess.run([str(BROKER_SCRIPT), *args], capture_output=True, text=True, env=self.env,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [str(BROKER_SCRIPT), *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
         if proc.returncode != 0:
             raise NoBroker(f"deploy/kafka/broker {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
         return proc.stdout

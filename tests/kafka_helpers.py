@@ -10,14 +10,16 @@ from specmeter.streams._topics import create_topic
 __all__ = ["create_topic", "read_topic"]
 
 
-async def read_topic(bootstrap: str, topic: str, *, until: Any = None, timeout_s: float = 30.0,
-                     idle_s: float | None = None) -> list:
+async def read_topic(
+    bootstrap: str, topic: str, *, until: Any = None, timeout_s: float = 30.0, idle_s: float | None = None
+) -> list:
     """Every message of ``topic`` from the beginning (no group), until ``until(messages)``
     is true, ``idle_s`` passes without a new message, or the timeout."""
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
+    )
     await consumer.start()
     out: list = []
     loop = asyncio.get_running_loop()

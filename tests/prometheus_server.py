@@ -31,8 +31,10 @@ class PrometheusServer:
     def __init__(self, targets: list[str], *, scrape_interval_s: float = 1.0, binary: str | None = None) -> None:
         self.binary = binary or find_tool("prometheus")
         if self.binary is None:
-            raise FileNotFoundError("prometheus not found: `deploy/dev test` unpacks it from Debian's prometheus "
-                                    "package into .venv/bin (or install the prometheus package)")
+            raise FileNotFoundError(
+                "prometheus not found: `deploy/dev test` unpacks it from Debian's prometheus "
+                "package into .venv/bin (or install the prometheus package)"
+            )
         self.targets = targets
         self.scrape_interval_s = scrape_interval_s
         self.port = free_port()
@@ -46,20 +48,31 @@ class PrometheusServer:
 
     def config(self) -> str:
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
-        return json.dumps({  # JSON is YAML
-            "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
-            "scrape_configs": [{"job_name": "specmeter", "metrics_path": "/metrics",
-                                "static_configs": [{"targets": self.targets}]}],
-        }, indent=2)
+        return json.dumps(
+            {  # JSON is YAML
+                "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+                "scrape_configs": [
+                    {"job_name": "specmeter", "metrics_path": "/metrics", "static_configs": [{"targets": self.targets}]}
+                ],
+            },
+            indent=2,
+        )
 
     def start(self, timeout_s: float = 30.0) -> PrometheusServer:
         config = self.dir / "prometheus.yml"
         config.write_text(self.config())
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    self.binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1h",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -100,8 +113,9 @@ class PrometheusServer:
     # -- the HTTP API -------------------------------------------------------------------
     def api(self, path: str, **params: Any) -> Any:
         """``data`` of a GET on ``/api/v1/<path>``; raises PrometheusError on an error answer."""
-        query = urllib.parse.urlencode([(k, v) for k, vs in params.items()
-                                        for v in (vs if isinstance(vs, list) else [vs]) if v is not None])
+        query = urllib.parse.urlencode(
+            [(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, list) else [vs]) if v is not None]
+        )
         try:
             with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=30) as response:
                 body = json.loads(response.read())

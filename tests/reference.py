@@ -11,9 +11,15 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
     keys = {}
     for r in records:
         keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
-            (r["state_hash"], r["accepted"], r["proposed"], r["verify"], r["completion"],
-             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
-             r.get("weight_version"))
+            (
+                r["state_hash"],
+                r["accepted"],
+                r["proposed"],
+                r["verify"],
+                r["completion"],
+                tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
+                r.get("weight_version"),
+            )
         )
     G = set(keys)
     C = {k for k, values in keys.items() if len(values) > 1}
@@ -23,8 +29,14 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
     )
     if not speculative:
         return {}
+
     def sample_of(r):
-        return ("s", r["session_id"], r["sample_id"]) if r["sample_id"] is not None else ("g", r["session_id"], r["generation_id"])
+        return (
+            ("s", r["session_id"], r["sample_id"])
+            if r["sample_id"] is not None
+            else ("g", r["session_id"], r["generation_id"])
+        )
+
     occurrences = {(sample_of(r), r["generation_id"]) for r in records}
     samples = {o[0] for o in occurrences}
     total = lambda i: sum(v[i] for v in clean.values() if v[i] is not None)  # noqa: E731
@@ -60,8 +72,10 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
             session = sample[1]
             v = clean[(session, gen)]
             folds.setdefault(sample, []).append(v)
+
         def fold(values, i):
             return None if any(v[i] is None for v in values) else sum(v[i] for v in values)
+
         acc = [(fold(vs, 1), fold(vs, 2)) for vs in folds.values()]
         ln = [(fold(vs, 4), fold(vs, 3)) for vs in folds.values()]
         if all(a is not None and p for a, p in acc):
@@ -104,12 +118,20 @@ def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm:
     keys: dict = {}
     for r in records:
         keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
-            (r["state_hash"], r["accepted"], r["proposed"], r["verify"], r["completion"],
-             tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
-             r.get("weight_version")))
+            (
+                r["state_hash"],
+                r["accepted"],
+                r["proposed"],
+                r["verify"],
+                r["completion"],
+                tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
+                r.get("weight_version"),
+            )
+        )
     clean = [next(iter(v)) for v in keys.values() if len(v) == 1]
     speculative = bool(marker_algorithm) or any(
-        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records)
+        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records
+    )
     known = {v[6] for v in clean if v[6] is not None}
     if not speculative or not known or len(known) > 64:
         return None

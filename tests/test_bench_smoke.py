@@ -17,7 +17,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_benchmark_runs_at_smoke_size(script, kafka_bootstrap):
-    proc = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ratio" in proc.stdout

@@ -21,14 +21,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_aggregate_reports_bad_lines_and_keeps_going(tmp_path):
     dump = tmp_path / "dump.jsonl"
-    dump.write_text("\n".join([
-        json.dumps({"batch_id": "b1", "session_id": "s", "generation_id": "g1", "accepted": 1, "proposed": 2}),
-        "{not json",
-        json.dumps({"batch_id": "b1", "session_id": "s", "generation_id": "g2", "accepted": -3}),
-        "",
-        json.dumps({"batch_id": "", "session_id": "s", "generation_id": "g3"}),
-        json.dumps({"type": "marker", "batch_id": "b1", "producer_id": "p", "speculative_algorithm": "NGRAM"}),
-    ]) + "\n")
+    dump.write_text(
+        "\n".join(
+            [
+                json.dumps({"batch_id": "b1", "session_id": "s", "generation_id": "g1", "accepted": 1, "proposed": 2}),
+                "{not json",
+                json.dumps({"batch_id": "b1", "session_id": "s", "generation_id": "g2", "accepted": -3}),
+                "",
+                json.dumps({"batch_id": "", "session_id": "s", "generation_id": "g3"}),
+                json.dumps({"type": "marker", "batch_id": "b1", "producer_id": "p", "speculative_algorithm": "NGRAM"}),
+            ]
+        )
+        + "\n"
+    )
     result = CliRunner().invoke(main, ["aggregate", str(dump)])
     assert result.exit_code == 0, result.output
     (line,) = result.stdout.strip().splitlines()
@@ -42,9 +47,21 @@ def test_aggregate_reports_bad_lines_and_keeps_going(tmp_path):
 
 
 def test_aggregate_reads_stdin_and_sglang_outputs():
-    lines = [json.dumps({"meta_info": {"id": "r1", "spec_accept_token_num": 3, "spec_draft_token_num": 4,
-                                       "spec_verify_ct": 2, "completion_tokens": 5},
-                         "batch_id": "b", "session_id": "s"})]
+    lines = [
+        json.dumps(
+            {
+                "meta_info": {
+                    "id": "r1",
+                    "spec_accept_token_num": 3,
+                    "spec_draft_token_num": 4,
+                    "spec_verify_ct": 2,
+                    "completion_tokens": 5,
+                },
+                "batch_id": "b",
+                "session_id": "s",
+            }
+        )
+    ]
     result = CliRunner().invoke(main, ["aggregate", "-"], input="\n".join(lines) + "\n")
     assert result.exit_code == 0
     metrics = json.loads(result.stdout)["metrics"]
@@ -60,8 +77,11 @@ def test_help_explains(command):
 
 @pytest.mark.slow
 def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("specmeter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
@@ -72,9 +92,11 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}
-    code = ("import specmeter.schemas, specmeter.producers, specmeter.streams, sys;"
-            "assert 'sglang' not in sys.modules and 'faust' not in sys.modules;"
-            "print(specmeter.streams.__file__)")
+    code = (
+        "import specmeter.schemas, specmeter.producers, specmeter.streams, sys;"
+        "assert 'sglang' not in sys.modules and 'faust' not in sys.modules;"
+        "print(specmeter.streams.__file__)"
+    )
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith(str(site)), out.stdout
     assert "specmeter/streams/data/sample_rollout.jsonl" in names  # the demo's sample ships with it
@@ -84,14 +106,23 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
 @pytest.mark.kafka
 def test_the_demo_runs_from_an_installed_wheel(tmp_path, kafka_bootstrap):
     """Outside a checkout: the sample comes from the package, the broker from the environment."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("specmeter-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {**os.environ, "PYTHONPATH": str(site), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
-    out = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "step-00000" in out.stdout and " NO " not in out.stdout  # every batch equals the offline result
     assert "specmeter tail --broker" in out.stderr  # what to try next
@@ -99,16 +130,25 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path, kafka_bootstrap):
 
 # -- day-one polish ----------------------------------------------------------------
 
-KAFKA_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME",
-             "KAFKA_SASL_PASSWORD_FILE", "KAFKA_SSL_CAFILE")
+KAFKA_ENV = (
+    "KAFKA_BOOTSTRAP_SERVERS",
+    "KAFKA_SECURITY_PROTOCOL",
+    "KAFKA_SASL_MECHANISM",
+    "KAFKA_SASL_USERNAME",
+    "KAFKA_SASL_PASSWORD_FILE",
+    "KAFKA_SSL_CAFILE",
+)
 
 
-@pytest.mark.parametrize(("command", "own"), [
-    ("worker", ("SPECMETER_WORKER_PARTITIONS", "SPECMETER_WORKER_WEB_PORT", "SPECMETER_WORKER_APP_ID")),
-    ("replay", ("SPECMETER_RUN_ID", "SPECMETER_REPLAY_TOPIC")),
-    ("loadgen", ("SPECMETER_RUN_ID", "SPECMETER_LOADGEN_BATCHES", "SPECMETER_LOADGEN_SEED")),
-    ("tail", ("SPECMETER_TAIL_TOPIC", "SPECMETER_TAIL_LAST")),
-])
+@pytest.mark.parametrize(
+    ("command", "own"),
+    [
+        ("worker", ("SPECMETER_WORKER_PARTITIONS", "SPECMETER_WORKER_WEB_PORT", "SPECMETER_WORKER_APP_ID")),
+        ("replay", ("SPECMETER_RUN_ID", "SPECMETER_REPLAY_TOPIC")),
+        ("loadgen", ("SPECMETER_RUN_ID", "SPECMETER_LOADGEN_BATCHES", "SPECMETER_LOADGEN_SEED")),
+        ("tail", ("SPECMETER_TAIL_TOPIC", "SPECMETER_TAIL_LAST")),
+    ],
+)
 def test_help_lists_the_environment_each_command_reads(command, own):
     result = CliRunner().invoke(main, [command, "--help"], terminal_width=120)
     assert result.exit_code == 0
@@ -125,8 +165,22 @@ def test_every_loadgen_option_explains_itself():
 
 def test_loadgen_algorithm_is_case_insensitive(tmp_path):
     dump = tmp_path / "dump.jsonl"
-    result = CliRunner().invoke(main, ["loadgen", "--algorithm", "eagle3", "--batches", "1", "--sessions-per-batch",
-                                       "2", "--producers", "1", "--dump", str(dump)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "loadgen",
+            "--algorithm",
+            "eagle3",
+            "--batches",
+            "1",
+            "--sessions-per-batch",
+            "2",
+            "--producers",
+            "1",
+            "--dump",
+            str(dump),
+        ],
+    )
     assert result.exit_code == 0, result.output
     markers = [json.loads(line) for line in dump.read_text().splitlines() if '"marker"' in line]
     assert markers and all(m["speculative_algorithm"] == "EAGLE3" for m in markers)
@@ -173,9 +227,10 @@ def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
     monkeypatch.setattr(cli, "_preflight", lambda *a, **k: None)
     monkeypatch.setattr(loadgen_module, "publish_fleet", captured.publish_fleet)
     monkeypatch.setattr(replay_module, "replay_lines", captured.replay_lines)
-    args, env = (([], {"SPECMETER_RUN_ID": "run-42"}) if from_env else (["--run-id", "run-42"], {}))
-    result = CliRunner().invoke(main, ["loadgen", *args, "--batches", "1", "--sessions-per-batch", "2",
-                                       "--no-progress"], env=env)
+    args, env = ([], {"SPECMETER_RUN_ID": "run-42"}) if from_env else (["--run-id", "run-42"], {})
+    result = CliRunner().invoke(
+        main, ["loadgen", *args, "--batches", "1", "--sessions-per-batch", "2", "--no-progress"], env=env
+    )
     assert result.exit_code == 0, result.output
     assert captured.settings.run_id == "run-42"
     assert {e.payload.run_id for e in captured.events if not isinstance(e.payload, dict)} == {"run-42"}
@@ -195,8 +250,9 @@ def test_run_id_must_be_a_real_id():
 
 def test_loadgen_dump_carries_the_run_and_weight_versions(tmp_path):
     dump = tmp_path / "dump.jsonl"
-    result = CliRunner().invoke(main, ["loadgen", "--run-id", "attempt-2", "--batches", "2", "--sessions-per-batch",
-                                       "10", "--dump", str(dump)])
+    result = CliRunner().invoke(
+        main, ["loadgen", "--run-id", "attempt-2", "--batches", "2", "--sessions-per-batch", "10", "--dump", str(dump)]
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in dump.read_text().splitlines()]
     assert all(line["run_id"] == "attempt-2" for line in lines)
@@ -229,8 +285,13 @@ def test_demo_says_what_to_try_next():
 
 
 def _specmeter(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 @pytest.mark.kafka
@@ -243,13 +304,33 @@ def test_replay_publishes_lines_without_a_run_in_the_run_given(kafka_bootstrap, 
 
     records = new_topic(partitions=2, prefix="replay-run")
     dump = tmp_path / "dump.jsonl"
-    dump.write_text("\n".join(json.dumps(line) for line in [
-        {"batch_id": "b", "session_id": "s1", "generation_id": "g1", "accepted": 1, "proposed": 2},
-        {"batch_id": "b", "session_id": "s2", "generation_id": "g2", "accepted": 1, "proposed": 2,
-         "run_id": "named-in-the-dump"},
-    ]) + "\n")
-    proc = _specmeter("replay", str(dump), "--broker", kafka_bootstrap, "--topic", records, "--no-progress",
-                      env={"SPECMETER_RUN_ID": "attempt-2"})
+    dump.write_text(
+        "\n".join(
+            json.dumps(line)
+            for line in [
+                {"batch_id": "b", "session_id": "s1", "generation_id": "g1", "accepted": 1, "proposed": 2},
+                {
+                    "batch_id": "b",
+                    "session_id": "s2",
+                    "generation_id": "g2",
+                    "accepted": 1,
+                    "proposed": 2,
+                    "run_id": "named-in-the-dump",
+                },
+            ]
+        )
+        + "\n"
+    )
+    proc = _specmeter(
+        "replay",
+        str(dump),
+        "--broker",
+        kafka_bootstrap,
+        "--topic",
+        records,
+        "--no-progress",
+        env={"SPECMETER_RUN_ID": "attempt-2"},
+    )
     assert proc.returncode == 0, proc.stderr
     messages = asyncio.run(read_topic(kafka_bootstrap, records, idle_s=2.0, timeout_s=30))
     runs = {(r.session_id, r.run_id) for m in messages for r in decode_records_message(m.value).records}
@@ -259,8 +340,13 @@ def test_replay_publishes_lines_without_a_run_in_the_run_given(kafka_bootstrap, 
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
-    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"], capture_output=True,
-                          text=True, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (log_line,) = [line for line in proc.stderr.splitlines() if line.startswith("worker log: ")]
     assert Path(log_line.removeprefix("worker log: ")).is_file()

@@ -31,13 +31,20 @@ COMMANDS = {
 }
 
 
-def specmeter(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-              timeout: float = 90) -> subprocess.CompletedProcess:
+def specmeter(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess:
     """The real command, with none of this shell's KAFKA_*/SPECMETER_* settings unless given."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, text=True,
-                          env=environ, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -63,8 +70,13 @@ def test_nothing_listening_at_the_broker_address(command, scheme):
     port = free_port()
     proc = specmeter(*COMMANDS[command], "--broker", f"{scheme}127.0.0.1:{port}")
     # the address as the clients use it (Faust's kafka:// form stripped), and what to set
-    assert_one_line_error(proc, f"no Kafka broker answers at 127.0.0.1:{port}", "connection refused", "--broker",
-                          "KAFKA_BOOTSTRAP_SERVERS")
+    assert_one_line_error(
+        proc,
+        f"no Kafka broker answers at 127.0.0.1:{port}",
+        "connection refused",
+        "--broker",
+        "KAFKA_BOOTSTRAP_SERVERS",
+    )
     assert "kafka://" not in proc.stderr
 
 
@@ -92,15 +104,33 @@ def test_a_bad_sasl_mechanism_is_named_before_anything_connects(command, protoco
     assert "hunter2-secret" not in proc.stderr, "no secret in the message"
 
 
-@pytest.mark.parametrize(("env", "needles"), [
-    ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, ("KAFKA_SECURITY_PROTOCOL='TLS'", "SASL_SSL")),
-    ({"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "PLAIN", "KAFKA_SSL_CAFILE": "/nonexistent"},
-     ("KAFKA_SSL_CAFILE=/nonexistent",)),
-    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN"},
-     ("KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD")),
-    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN", "KAFKA_SASL_USERNAME": "u",
-      "KAFKA_SASL_PASSWORD_FILE": "/nonexistent/password"}, ("/nonexistent/password", "KAFKA_SASL_PASSWORD_FILE")),
-])
+@pytest.mark.parametrize(
+    ("env", "needles"),
+    [
+        ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, ("KAFKA_SECURITY_PROTOCOL='TLS'", "SASL_SSL")),
+        (
+            {
+                "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "KAFKA_SASL_MECHANISM": "PLAIN",
+                "KAFKA_SSL_CAFILE": "/nonexistent",
+            },
+            ("KAFKA_SSL_CAFILE=/nonexistent",),
+        ),
+        (
+            {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN"},
+            ("KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"),
+        ),
+        (
+            {
+                "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "KAFKA_SASL_MECHANISM": "PLAIN",
+                "KAFKA_SASL_USERNAME": "u",
+                "KAFKA_SASL_PASSWORD_FILE": "/nonexistent/password",
+            },
+            ("/nonexistent/password", "KAFKA_SASL_PASSWORD_FILE"),
+        ),
+    ],
+)
 def test_other_security_mistakes_are_one_line(env, needles):
     proc = specmeter("tail", "--broker", f"127.0.0.1:{free_port()}", env=env)
     assert_one_line_error(proc, *needles)
@@ -111,12 +141,15 @@ def test_a_scheme_other_than_kafka_is_a_usage_error():
     assert proc.returncode == 2 and "kafka://HOST:PORT" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("127.0.0.1:9092", "127.0.0.1:9092"),
-    ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
-    ("KAFKA://a:1, kafka://b:2/", "a:1,b:2"),
-    (" a:1 ,b:2,", "a:1,b:2"),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:9092", "127.0.0.1:9092"),
+        ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
+        ("KAFKA://a:1, kafka://b:2/", "a:1,b:2"),
+        (" a:1 ,b:2,", "a:1,b:2"),
+    ],
+)
 def test_bootstrap_servers_accepts_fausts_form(value, expected):
     assert bootstrap_servers(value) == expected
 
@@ -138,8 +171,17 @@ def test_web_port_in_use(kafka_bootstrap, unique_name):
         taken.listen()
         port = taken.getsockname()[1]
         # the default --web-host 0.0.0.0 collides with a listener on 127.0.0.1 as well
-        proc = specmeter("worker", "--broker", kafka_bootstrap, "--app-id", name, "--records-topic",
-                         f"{name}.records", "--web-port", str(port))
+        proc = specmeter(
+            "worker",
+            "--broker",
+            kafka_bootstrap,
+            "--app-id",
+            name,
+            "--records-topic",
+            f"{name}.records",
+            "--web-port",
+            str(port),
+        )
     assert_one_line_error(proc, f"web port {port}", "in use", "--web-port", "SPECMETER_WORKER_WEB_PORT", "--no-web")
 
 
@@ -150,10 +192,23 @@ def test_records_topic_with_another_partition_count(kafka_bootstrap, new_topic, 
 
     records = new_topic(partitions=2, prefix="mismatch")
     partials = unique_name("mismatch-partials")
-    proc = specmeter("worker", "--broker", scheme + kafka_bootstrap, "--records-topic", records, "--partitions", "4",
-                     "--partials-topic", partials, "--app-id", unique_name("mismatch"), "--no-web")
-    assert_one_line_error(proc, f"{records!r} has 2 partitions", "--partitions 4", "--partitions 2",
-                          "SPECMETER_WORKER_PARTITIONS=2")
+    proc = specmeter(
+        "worker",
+        "--broker",
+        scheme + kafka_bootstrap,
+        "--records-topic",
+        records,
+        "--partitions",
+        "4",
+        "--partials-topic",
+        partials,
+        "--app-id",
+        unique_name("mismatch"),
+        "--no-web",
+    )
+    assert_one_line_error(
+        proc, f"{records!r} has 2 partitions", "--partitions 4", "--partitions 2", "SPECMETER_WORKER_PARTITIONS=2"
+    )
 
     async def topics() -> list[str]:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -169,14 +224,25 @@ def test_records_topic_with_another_partition_count(kafka_bootstrap, new_topic, 
 @pytest.mark.kafka
 def test_kafka_scheme_is_accepted_by_the_publishing_and_reading_commands(kafka_bootstrap, new_topic):
     records = new_topic(partitions=2, prefix="scheme")
-    for command in (["loadgen", "--topic", records, "--batches", "1", "--sessions-per-batch", "3", "--no-progress"],
-                    ["replay", SAMPLE, "--topic", records, "--no-progress"],
-                    ["tail", "--topic", records, "--json", "--last", "0", "--timeout", "1"]):
+    for command in (
+        ["loadgen", "--topic", records, "--batches", "1", "--sessions-per-batch", "3", "--no-progress"],
+        ["replay", SAMPLE, "--topic", records, "--no-progress"],
+        ["tail", "--topic", records, "--json", "--last", "0", "--timeout", "1"],
+    ):
         proc = specmeter(*command, "--broker", f"kafka://{kafka_bootstrap}")
         assert proc.returncode == 0, proc.stderr
         assert not any(noise in proc.stderr for noise in NOISE), proc.stderr
-    proc = specmeter("loadgen", "--topic", records, "--batches", "1", "--sessions-per-batch", "3", "--no-progress",
-                     env={"KAFKA_BOOTSTRAP_SERVERS": f"kafka://{kafka_bootstrap}"})
+    proc = specmeter(
+        "loadgen",
+        "--topic",
+        records,
+        "--batches",
+        "1",
+        "--sessions-per-batch",
+        "3",
+        "--no-progress",
+        env={"KAFKA_BOOTSTRAP_SERVERS": f"kafka://{kafka_bootstrap}"},
+    )
     assert proc.returncode == 0, proc.stderr
 
 

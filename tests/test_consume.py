@@ -14,11 +14,24 @@ from specmeter.streams import consume_metrics, consume_metrics_sync, metrics_sca
 
 
 def metrics(batch_id: str, revision: int, run_id: str | None = "run-a", accepted: int = 1) -> BatchMetrics:
-    return BatchMetrics(batch_id=batch_id, revision=revision, close_reason="markers", closed_at=1.0,
-                        speculative=True, complete=True, partitions_reported=1, partitions_expected=1,
-                        record_count=1, invalid_record_count=0, missing_record_count=0, late_record_count=0,
-                        accept_histogram=None, metrics={"spec/paired_accepted_total": accepted},
-                        speculative_algorithm="EAGLE3", run_id=run_id)
+    return BatchMetrics(
+        batch_id=batch_id,
+        revision=revision,
+        close_reason="markers",
+        closed_at=1.0,
+        speculative=True,
+        complete=True,
+        partitions_reported=1,
+        partitions_expected=1,
+        record_count=1,
+        invalid_record_count=0,
+        missing_record_count=0,
+        late_record_count=0,
+        accept_histogram=None,
+        metrics={"spec/paired_accepted_total": accepted},
+        speculative_algorithm="EAGLE3",
+        run_id=run_id,
+    )
 
 
 async def publish(bootstrap: str, topic: str, items: list[BatchMetrics | bytes]) -> None:
@@ -41,9 +54,20 @@ def seen(items: list[BatchMetrics]) -> list[tuple[str | None, str, int]]:
 
 #: what the worker may publish: repeats (after a crash), revisions, a second run
 #: reusing batch ids (a restart from a checkpoint), a foreign message
-HISTORY = [metrics("step-1", 0), metrics("step-1", 0), metrics("step-2", 0), metrics("step-1", 1, accepted=5),
-           metrics("step-1", 0), b"not json", metrics("step-1", 0, run_id="run-b"), metrics("step-3", 0),
-           metrics("step-2", 0), metrics("step-3", 2, accepted=9), metrics("step-3", 1), metrics("step-9", 0, run_id=None)]
+HISTORY = [
+    metrics("step-1", 0),
+    metrics("step-1", 0),
+    metrics("step-2", 0),
+    metrics("step-1", 1, accepted=5),
+    metrics("step-1", 0),
+    b"not json",
+    metrics("step-1", 0, run_id="run-b"),
+    metrics("step-3", 0),
+    metrics("step-2", 0),
+    metrics("step-3", 2, accepted=9),
+    metrics("step-3", 1),
+    metrics("step-9", 0, run_id=None),
+]
 
 
 @pytest.mark.kafka
@@ -52,14 +76,18 @@ def test_backlog_yields_each_batch_once_at_its_newest_revision(kafka_bootstrap, 
     asyncio.run(publish(kafka_bootstrap, topic, HISTORY))
 
     async def read(**kwargs) -> list[BatchMetrics]:
-        async with contextlib.aclosing(consume_metrics(kafka_bootstrap, topic=topic, from_beginning=True,
-                                                       stop_at_end=True, **kwargs)) as stream:
+        async with contextlib.aclosing(
+            consume_metrics(kafka_bootstrap, topic=topic, from_beginning=True, stop_at_end=True, **kwargs)
+        ) as stream:
             return [m async for m in stream]
 
     run_a = asyncio.run(read(run_id="run-a"))
     assert sorted(seen(run_a)) == [("run-a", "step-1", 1), ("run-a", "step-2", 0), ("run-a", "step-3", 2)]
-    assert {m.batch_id: m.metrics["spec/paired_accepted_total"] for m in run_a} == {"step-1": 5, "step-2": 1,
-                                                                                    "step-3": 9}
+    assert {m.batch_id: m.metrics["spec/paired_accepted_total"] for m in run_a} == {
+        "step-1": 5,
+        "step-2": 1,
+        "step-3": 9,
+    }
     assert seen(asyncio.run(read(run_id="run-b"))) == [("run-b", "step-1", 0)]
     assert seen(asyncio.run(read(run_id=None))) == [(None, "step-9", 0)]
     assert len(asyncio.run(read())) == 5, "every run: 3 + 1 + 1 batches"
@@ -69,8 +97,9 @@ def test_backlog_yields_each_batch_once_at_its_newest_revision(kafka_bootstrap, 
 def test_a_single_partition_backlog_keeps_first_appearance_order(kafka_bootstrap, new_topic):
     topic = new_topic(partitions=1)
     asyncio.run(publish(kafka_bootstrap, topic, HISTORY))
-    got = list(consume_metrics_sync(kafka_bootstrap, topic=topic, run_id="run-a", from_beginning=True,
-                                    stop_at_end=True))
+    got = list(
+        consume_metrics_sync(kafka_bootstrap, topic=topic, run_id="run-a", from_beginning=True, stop_at_end=True)
+    )
     assert seen(got) == [("run-a", "step-1", 1), ("run-a", "step-2", 0), ("run-a", "step-3", 2)]
 
 
@@ -83,8 +112,9 @@ def test_live_messages_yield_new_batches_and_newer_revisions_only(kafka_bootstra
         got: list[BatchMetrics] = []
 
         async def follow() -> None:
-            async with contextlib.aclosing(consume_metrics(kafka_bootstrap, topic=topic, run_id="run-a",
-                                                           idle_timeout_s=3.0)) as stream:
+            async with contextlib.aclosing(
+                consume_metrics(kafka_bootstrap, topic=topic, run_id="run-a", idle_timeout_s=3.0)
+            ) as stream:
                 async for m in stream:
                     got.append(m)
 
@@ -97,8 +127,13 @@ def test_live_messages_yield_new_batches_and_newer_revisions_only(kafka_bootstra
     got = asyncio.run(scenario())
     # in topic order: step-1 r0, step-2 r0, step-1 r1 (an update), step-3 r0, step-3 r2 (an update);
     # never a repeat, an older revision or another run
-    assert seen(got) == [("run-a", "step-1", 0), ("run-a", "step-2", 0), ("run-a", "step-1", 1),
-                         ("run-a", "step-3", 0), ("run-a", "step-3", 2)]
+    assert seen(got) == [
+        ("run-a", "step-1", 0),
+        ("run-a", "step-2", 0),
+        ("run-a", "step-1", 1),
+        ("run-a", "step-3", 0),
+        ("run-a", "step-3", 2),
+    ]
 
 
 @pytest.mark.kafka
@@ -152,15 +187,30 @@ def test_a_missing_topic_is_a_clear_error(kafka_bootstrap, unique_name):
 
 
 def test_metrics_scalars_flattens_a_batch_for_a_logger():
-    m = BatchMetrics(batch_id="step-7", revision=1, close_reason="markers", closed_at=1.0, speculative=True,
-                     complete=True, partitions_reported=1, partitions_expected=1, record_count=9,
-                     invalid_record_count=1, missing_record_count=0, late_record_count=2, accept_histogram=None,
-                     metrics={"spec/accept_rate": 0.75, "spec/paired_accepted_total": 12},
-                     by_weight_version=[
-                         WeightVersionMetrics(weight_version="v3", metrics={"spec/accept_rate": 0.5}, accept_histogram=None),
-                         WeightVersionMetrics(weight_version=None, metrics={"spec/accept_rate": 1.0,
-                                                                            "spec/tokens_per_verify": 2.0},
-                                              accept_histogram=None)])
+    m = BatchMetrics(
+        batch_id="step-7",
+        revision=1,
+        close_reason="markers",
+        closed_at=1.0,
+        speculative=True,
+        complete=True,
+        partitions_reported=1,
+        partitions_expected=1,
+        record_count=9,
+        invalid_record_count=1,
+        missing_record_count=0,
+        late_record_count=2,
+        accept_histogram=None,
+        metrics={"spec/accept_rate": 0.75, "spec/paired_accepted_total": 12},
+        by_weight_version=[
+            WeightVersionMetrics(weight_version="v3", metrics={"spec/accept_rate": 0.5}, accept_histogram=None),
+            WeightVersionMetrics(
+                weight_version=None,
+                metrics={"spec/accept_rate": 1.0, "spec/tokens_per_verify": 2.0},
+                accept_histogram=None,
+            ),
+        ],
+    )
     scalars = metrics_scalars(m)
     assert scalars["specmeter/accept_rate"] == 0.75
     assert scalars["specmeter/paired_accepted_total"] == 12.0
@@ -195,8 +245,16 @@ class _Recorder:
 def test_the_wandb_and_tensorboard_examples_log_each_batch_at_its_step(kafka_bootstrap, new_topic):
     topic = new_topic(partitions=1)
     asyncio.run(publish(kafka_bootstrap, topic, HISTORY))
-    read = lambda: consume_metrics_sync(kafka_bootstrap, topic=topic, run_id="run-a",  # noqa: E731
-                                        from_beginning=True, stop_at_end=True)
+
+    def read():
+        return consume_metrics_sync(
+            kafka_bootstrap,
+            topic=topic,
+            run_id="run-a",
+            from_beginning=True,
+            stop_at_end=True,
+        )
+
     run = _Recorder()
     assert _example("wandb_metrics").follow(read(), run) == 3
     logs = [args[0] for name, args, _ in run.calls if name == "log"]

@@ -24,9 +24,9 @@ import msgspec
 import pytest
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMetrics, GenerationRecord
 from specmeter.streams._prometheus import UNKNOWN_VERSION
+from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
 from .kafka_helpers import create_topic
 from .prometheus_server import PrometheusServer
@@ -67,7 +67,9 @@ def with_versions(events: list[FleetEvent]) -> list[FleetEvent]:
     for e in events:
         if e.kind == "record":
             version = VERSIONS[zlib.crc32(e.payload.session_id.encode()) % len(VERSIONS)]
-            e = FleetEvent(e.kind, e.producer_id, e.batch_id, msgspec.structs.replace(e.payload, weight_version=version))
+            e = FleetEvent(
+                e.kind, e.producer_id, e.batch_id, msgspec.structs.replace(e.payload, weight_version=version)
+            )
         out.append(e)
     return out
 
@@ -79,8 +81,13 @@ def dashboard_targets() -> list[tuple[str, str]]:
 
 def substitute(expr: str, *, run: str, algorithm: str, window: str) -> str:
     """Grafana's template variables, as Grafana would expand them for one run and algorithm."""
-    values = {"run": re.escape(run), "algorithm": re.escape(algorithm), "__rate_interval": window,
-              "__range": window, "__interval": f"{int(SCRAPE_S)}s"}
+    values = {
+        "run": re.escape(run),
+        "algorithm": re.escape(algorithm),
+        "__rate_interval": window,
+        "__range": window,
+        "__interval": f"{int(SCRAPE_S)}s",
+    }
     out = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values[m.group(1) or m.group(2)], expr)
     assert "$" not in out, out
     return out
@@ -93,11 +100,19 @@ def late_records(events: list[FleetEvent], conflicting_in: str, new_in: str) -> 
     records = [e.payload for e in events if e.kind == "record"]
     for r in records:
         values[(r.batch_id, r.session_id, r.generation_id)].add(msgspec.json.encode(r))
-    clean = next(r for r in records if r.batch_id == conflicting_in and r.accepted and r.proposed
-                 and len(values[(r.batch_id, r.session_id, r.generation_id)]) == 1)
+    clean = next(
+        r
+        for r in records
+        if r.batch_id == conflicting_in
+        and r.accepted
+        and r.proposed
+        and len(values[(r.batch_id, r.session_id, r.generation_id)]) == 1
+    )
     grown = next(r for r in records if r.batch_id == new_in and r.accepted is not None and r.proposed)
-    return [msgspec.structs.replace(clean, accepted=clean.accepted - 1, producer_id="late"),
-            msgspec.structs.replace(grown, generation_id=grown.generation_id + "/late", producer_id="late")]
+    return [
+        msgspec.structs.replace(clean, accepted=clean.accepted - 1, producer_id="late"),
+        msgspec.structs.replace(grown, generation_id=grown.generation_id + "/late", producer_id="late"),
+    ]
 
 
 async def publish_late(bootstrap: str, topic: str, records: list[GenerationRecord]) -> None:
@@ -122,8 +137,12 @@ def wait_split(ports: list[int], partitions: int, timeout_s: float = 60.0) -> No
             owned = [set(stats(port)["partitions"]) for port in ports]
         except OSError:
             owned = []
-        if owned and all(owned) and set().union(*owned) == set(range(partitions)) and \
-                sum(map(len, owned)) == partitions:
+        if (
+            owned
+            and all(owned)
+            and set().union(*owned) == set(range(partitions))
+            and sum(map(len, owned)) == partitions
+        ):
             return
         time.sleep(0.5)
     raise TimeoutError(f"partitions not split between the workers in {timeout_s}s: {owned}")
@@ -161,8 +180,15 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         assert time.monotonic() < deadline, "prometheus does not reach both workers"
         time.sleep(0.2)
 
-    events = with_versions(list(synthetic_fleet(FleetSpec(
-        batches=6, sessions_per_batch=12, producers=2, seed=13, conflict_rate=0.05, batch_prefix="dash-"))))
+    events = with_versions(
+        list(
+            synthetic_fleet(
+                FleetSpec(
+                    batches=6, sessions_per_batch=12, producers=2, seed=13, conflict_rate=0.05, batch_prefix="dash-"
+                )
+            )
+        )
+    )
     by_batch: dict[str, list[FleetEvent]] = defaultdict(list)
     for e in events:
         by_batch[e.batch_id].append(e)
@@ -170,8 +196,11 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     # in waves, a few scrapes apart: a counter series is born at its first batch, so
     # the later waves are what rate() sees growing
     for i, wave in enumerate((batches[0:2], batches[2:4], batches[4:6])):
-        asyncio.run(publish_events(d.bootstrap, d.topics.records, [e for b in wave for e in by_batch[b]],
-                                   junk=JUNK if i == 0 else ()))
+        asyncio.run(
+            publish_events(
+                d.bootstrap, d.topics.records, [e for b in wave for e in by_batch[b]], junk=JUNK if i == 0 else ()
+            )
+        )
         wait_complete(d, set(wave), timeout_s=60)
         time.sleep(2 * SCRAPE_S)
     late = late_records(events, conflicting_in=batches[0], new_in=batches[1])
@@ -185,8 +214,10 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     latest = latest_by_batch(published)
     assert set(latest) == set(batches) and revised(published), d.log_tail()
     first = {m.batch_id: m for m in published if m.revision == 0}
-    assert latest[batches[0]].metrics["spec/paired_accepted_total"] < first[batches[0]].metrics[
-        "spec/paired_accepted_total"], "the late conflicting record takes counters back"
+    assert (
+        latest[batches[0]].metrics["spec/paired_accepted_total"]
+        < first[batches[0]].metrics["spec/paired_accepted_total"]
+    ), "the late conflicting record takes counters back"
 
     # 1. the counters add up, exactly: total - retracted over both workers equals the
     # sum over every batch's latest revision in the topic (polled: the last scrape of
@@ -194,8 +225,9 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     expected = {stem: sum(f(m) for m in latest.values()) for stem, f in EXACT.items()}
 
     def fleet_counters() -> dict[str, float]:
-        return {stem: prom.value(f"sum(specmeter_{stem}_total) - sum(specmeter_{stem}_retracted_total)")
-                for stem in EXACT}
+        return {
+            stem: prom.value(f"sum(specmeter_{stem}_total) - sum(specmeter_{stem}_retracted_total)") for stem in EXACT
+        }
 
     got: dict[str, float] = {}
     deadline = time.monotonic() + 20
@@ -238,8 +270,10 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         return total
 
     assert {stem: grown(stem) for stem in EXACT} == expected
-    for title, num, den in (("Accept rate (weighted: rate of sums)", "paired_accepted_tokens", "paired_proposed_tokens"),
-                            ("Tokens per verify step (rate of sums)", "paired_completion_tokens", "paired_verify_steps")):
+    for title, num, den in (
+        ("Accept rate (weighted: rate of sums)", "paired_accepted_tokens", "paired_proposed_tokens"),
+        ("Tokens per verify step (rate of sums)", "paired_completion_tokens", "paired_verify_steps"),
+    ):
         [series] = panel(title)
         assert series["metric"] == {"algorithm": algorithm}
         assert float(series["value"][1]) == pytest.approx(expected[num] / expected[den], rel=0.02), title
@@ -252,8 +286,10 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     assert table == {b: m.metrics["spec/accept_rate"] for b, m in latest.items()}
     revisions = {r["metric"]["batch_id"]: float(r["value"][1]) for r in panel("Latest batches", 5)}
     assert revisions == {b: m.revision for b, m in latest.items()}
-    heatmap = {int(r["metric"]["accepted"]): float(r["value"][1])
-               for r in panel("Acceptance length (drafts accepted per verify step, latest batches)")}
+    heatmap = {
+        int(r["metric"]["accepted"]): float(r["value"][1])
+        for r in panel("Acceptance length (drafts accepted per verify step, latest batches)")
+    }
     bins: dict[int, int] = defaultdict(int)
     for m in latest.values():
         for i, n in enumerate(m.accept_histogram or ()):
@@ -276,10 +312,14 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
                 per_batch[(b, version)] = entry.metrics["spec/accept_rate"]
             sums[version][0] += entry.metrics["spec/paired_accepted_total"]
             sums[version][1] += entry.metrics["spec/paired_proposed_total"]
-    assert {v for v in sums} == {UNKNOWN_VERSION, "v1", "v2", "v3"}
-    table = {(r["metric"]["batch_id"], r["metric"]["weight_version"]): float(r["value"][1])
-             for r in panel("Accept rate by weight version, per latest batch")}
+    assert set(sums) == {UNKNOWN_VERSION, "v1", "v2", "v3"}
+    table = {
+        (r["metric"]["batch_id"], r["metric"]["weight_version"]): float(r["value"][1])
+        for r in panel("Accept rate by weight version, per latest batch")
+    }
     assert table == per_batch
-    drift = {r["metric"]["weight_version"]: float(r["value"][1])
-             for r in panel("Policy drift: accept rate by weight version (latest batches)")}
+    drift = {
+        r["metric"]["weight_version"]: float(r["value"][1])
+        for r in panel("Policy drift: accept rate by weight version (latest batches)")
+    }
     assert drift == pytest.approx({v: a / p for v, (a, p) in sums.items() if p}, rel=1e-12)

@@ -11,14 +11,24 @@ import jsonschema
 import pytest
 import yaml
 
-from specmeter.streams._prometheus import EXPORTED_METRICS
-from specmeter.streams._prometheus import _BATCH_FIELDS, _BATCH_GAUGES, _PUBLISHED_COUNTERS, _VERSION_GAUGES
-
-#: series of published batches (they carry run_id and algorithm labels)
-PUBLISHED = (*_PUBLISHED_COUNTERS, *_BATCH_GAUGES, *_BATCH_FIELDS, *_VERSION_GAUGES,
-             "specmeter_batch_acceptance_length_steps")
+from specmeter.streams._prometheus import (
+    _BATCH_FIELDS,
+    _BATCH_GAUGES,
+    _PUBLISHED_COUNTERS,
+    _VERSION_GAUGES,
+    EXPORTED_METRICS,
+)
 
 from .tools import find_tool
+
+#: series of published batches (they carry run_id and algorithm labels)
+PUBLISHED = (
+    *_PUBLISHED_COUNTERS,
+    *_BATCH_GAUGES,
+    *_BATCH_FIELDS,
+    *_VERSION_GAUGES,
+    "specmeter_batch_acceptance_length_steps",
+)
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -33,7 +43,10 @@ def test_compose_file_matches_the_compose_spec():
     errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose)]
     assert not errors, errors
     assert {"kafka", "worker", "loadgen", "prometheus", "grafana"} <= set(compose["services"])
-    broken = {**compose, "services": {**compose["services"], "worker": {**compose["services"]["worker"], "ports": 6066}}}
+    broken = {
+        **compose,
+        "services": {**compose["services"], "worker": {**compose["services"]["worker"], "ports": 6066}},
+    }
     assert list(validator.iter_errors(broken)), "the validator must be able to fail"
 
 
@@ -52,9 +65,13 @@ def _image_names() -> dict[str, str]:
     readme = re.search(r"docker build -f deploy/Dockerfile -t (\S+) \.", (DEPLOY.parent / "README.md").read_text())
     services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
     deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
-    return {"Dockerfile": dockerfile and dockerfile.group(1), "README": readme and readme.group(1),
-            "compose worker": services["worker"].get("image"), "compose loadgen": services["loadgen"].get("image"),
-            "k8s": deployment["spec"]["template"]["spec"]["containers"][0]["image"]}
+    return {
+        "Dockerfile": dockerfile and dockerfile.group(1),
+        "README": readme and readme.group(1),
+        "compose worker": services["worker"].get("image"),
+        "compose loadgen": services["loadgen"].get("image"),
+        "k8s": deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+    }
 
 
 def test_one_image_name_everywhere_tagged_with_the_package_version():
@@ -71,17 +88,30 @@ def _ignored(path: str, patterns: list[str]) -> bool:
     parts = path.split("/")
     for pattern in patterns:
         pattern = pattern.removeprefix("**/")
-        if any(fnmatch.fnmatch("/".join(parts[i:j]), pattern)
-               for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)):
+        if any(
+            fnmatch.fnmatch("/".join(parts[i:j]), pattern)
+            for i in range(len(parts))
+            for j in range(i + 1, len(parts) + 1)
+        ):
             return True
     return False
 
 
 def test_dockerignore_keeps_environments_and_history_out_of_the_build_context():
-    patterns = [line.strip() for line in (DEPLOY.parent / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    for heavy in (".venv/bin/python", ".kafka/kafka_2.13-4.1.1/libs/kafka.jar", ".git/objects/ab/cd", "build/lib/x.py",
-                  "streams/__pycache__/app.cpython-311.pyc", ".pytest_cache/v/x", ".hypothesis/examples/x"):
+    patterns = [
+        line.strip()
+        for line in (DEPLOY.parent / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for heavy in (
+        ".venv/bin/python",
+        ".kafka/kafka_2.13-4.1.1/libs/kafka.jar",
+        ".git/objects/ab/cd",
+        "build/lib/x.py",
+        "streams/__pycache__/app.cpython-311.pyc",
+        ".pytest_cache/v/x",
+        ".hypothesis/examples/x",
+    ):
         assert _ignored(heavy, patterns), f"{heavy} would be sent to the Docker daemon"
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (DEPLOY / "Dockerfile").read_text(), re.M)
     sources = [src for line in copied for src in line.split()]
@@ -104,9 +134,14 @@ def _worker_pod() -> dict:
 
 
 def test_kubernetes_manifests_validate():
-    manifests = [str(p) for p in _applied_manifests()] + sorted(str(p) for p in (DEPLOY / "k8s" / "examples").glob("*.yaml"))
-    proc = subprocess.run([find_tool("kubernetes-validate") or "kubernetes-validate", "--strict", *manifests],
-                          capture_output=True, text=True)
+    manifests = [str(p) for p in _applied_manifests()] + sorted(
+        str(p) for p in (DEPLOY / "k8s" / "examples").glob("*.yaml")
+    )
+    proc = subprocess.run(
+        [find_tool("kubernetes-validate") or "kubernetes-validate", "--strict", *manifests],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
     assert deployment["spec"]["replicas"] <= int(_config()["SPECMETER_WORKER_PARTITIONS"])
@@ -149,8 +184,12 @@ def test_memory_requests_and_limits_follow_the_open_generation_bound():
     assert request <= _bytes(resources["requests"]["memory"]) < 1.5 * request, resources
     assert limit <= _bytes(resources["limits"]["memory"]) < 1.5 * limit, resources
     deploying = (DEPLOY.parent / "README.md").read_text().split("## Deploying", 1)[1].split("\n## ", 1)[0]
-    for figure in (f"{BYTES_PER_GENERATION} B", f"{max_open:,}", resources["requests"]["memory"],
-                   resources["limits"]["memory"]):
+    for figure in (
+        f"{BYTES_PER_GENERATION} B",
+        f"{max_open:,}",
+        resources["requests"]["memory"],
+        resources["limits"]["memory"],
+    ):
         assert figure in deploying, f"README's Deploying section should state {figure!r}"
 
 
@@ -170,10 +209,15 @@ def test_pod_monitor_and_scrape_config_match_the_pod_annotations():
     # annotation-based discovery without the Operator: simulate its relabeling on this pod
     config = yaml.safe_load((DEPLOY / "prometheus" / "kubernetes.yml").read_text())
     [job] = config["scrape_configs"]
-    meta = {"__address__": "10.1.2.3:8080", "__metrics_path__": "/metrics",
-            **{f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v
-               for k, v in pod["metadata"]["labels"].items()},
-            **{f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v for k, v in annotations.items()}}
+    meta = {
+        "__address__": "10.1.2.3:8080",
+        "__metrics_path__": "/metrics",
+        **{
+            f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v
+            for k, v in pod["metadata"]["labels"].items()
+        },
+        **{f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v for k, v in annotations.items()},
+    }
     for rule in job["relabel_configs"]:
         value = ";".join(meta.get(label, "") for label in rule["source_labels"])
         match = re.fullmatch(rule.get("regex", "(.*)"), value)
@@ -213,7 +257,7 @@ def test_dockerfile_passes_hadolint():
 
 
 def _metric_names(expr: str) -> set[str]:
-    return {m for m in re.findall(r"\b(specmeter_[a-z0-9_]+)", expr)}
+    return set(re.findall(r"\b(specmeter_[a-z0-9_]+)", expr))
 
 
 def _base(name: str) -> str:
@@ -255,8 +299,9 @@ def test_dashboard_picks_its_data_source_and_filters_by_run_and_algorithm():
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
             published = _metric_names(target["expr"]) & set(PUBLISHED)
             if published:  # a series of published batches: filtered by the variables
-                assert 'run_id=~"$run"' in target["expr"] and 'algorithm=~"$algorithm"' in target["expr"], \
+                assert 'run_id=~"$run"' in target["expr"] and 'algorithm=~"$algorithm"' in target["expr"], (
                     f"{panel['title']}: {target['expr']}"
+                )
         if panel["type"] == "table":
             assert all(t["instant"] and not t.get("range") for t in panel["targets"]), panel["title"]
         assert panel.get("fieldConfig", {}).get("defaults", {}).get("unit"), f"{panel['title']}: no unit"

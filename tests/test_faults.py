@@ -37,8 +37,17 @@ def _crash_plan(seed: int, kills: int) -> list[tuple[str, int]]:
     rnd = random.Random(seed)
     points = list(CRASH_POINTS) + rnd.choices(CRASH_POINTS, k=kills - len(CRASH_POINTS))
     rnd.shuffle(points)
-    return [(p, rnd.randint(1, 3) if p in ("stage1-processed", "stage1-changelog") else
-             rnd.randint(1, 2) if p == "stage1-partials" else 1) for p in points]
+    return [
+        (
+            p,
+            rnd.randint(1, 3)
+            if p in ("stage1-processed", "stage1-changelog")
+            else rnd.randint(1, 2)
+            if p == "stage1-partials"
+            else 1,
+        )
+        for p in points
+    ]
 
 
 @pytest.mark.timeout(900)
@@ -53,7 +62,7 @@ def test_sigkill_at_seeded_crash_points_changes_nothing(deployment):
     for event in events:
         slices.setdefault(event.batch_id, []).append(event)
     reached = []
-    for (point, n), part in zip(plan, slices.values()):
+    for (point, n), part in zip(plan, slices.values(), strict=False):
         started = time.monotonic()
         worker = deployment.start_worker(env={"SPECMETER_CRASH_AT": f"{point}:{n}"})
         asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, part))
@@ -66,8 +75,10 @@ def test_sigkill_at_seeded_crash_points_changes_nothing(deployment):
         hit = f"crash point {point} reached" in deployment.logs[-1].read_text(errors="replace")
         if hit:
             reached.append(point)
-        print(f"{point}:{n} {'reached' if hit else 'not reached, killed from outside'} "
-              f"after {time.monotonic() - started:.1f}s")
+        print(
+            f"{point}:{n} {'reached' if hit else 'not reached, killed from outside'} "
+            f"after {time.monotonic() - started:.1f}s"
+        )
     assert set(reached) == set(CRASH_POINTS), f"points never reached: {set(CRASH_POINTS) - set(reached)}"
     assert len(reached) >= 8, f"only {len(reached)} of {len(plan)} crash points reached: {reached}"
     deployment.start_worker()
@@ -81,21 +92,48 @@ def hostile_messages(seed: int) -> list[bytes]:
     truncated msgpack, a huge string, deep nesting, wrong types, negative and huge
     counters, unknown tags, a broken marker."""
     rnd = random.Random(seed)
-    good = msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s", "generation_id": "g",
-                                   "accepted": 3, "proposed": 8, "verify": 3, "completion": 6, "producer_id": "evil"})
+    good = msgspec.msgpack.encode(
+        {
+            "type": "record",
+            "batch_id": "hostile",
+            "session_id": "s",
+            "generation_id": "g",
+            "accepted": 3,
+            "proposed": 8,
+            "verify": 3,
+            "completion": 6,
+            "producer_id": "evil",
+        }
+    )
     out = [rnd.randbytes(rnd.randint(1, 400)) for _ in range(40)]
-    out += [good[:rnd.randint(1, len(good) - 1)] for _ in range(20)]
-    out.append(msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s" * 300_000,
-                                       "generation_id": "g"}))  # over --max-message-bytes
+    out += [good[: rnd.randint(1, len(good) - 1)] for _ in range(20)]
+    out.append(
+        msgspec.msgpack.encode(
+            {"type": "record", "batch_id": "hostile", "session_id": "s" * 300_000, "generation_id": "g"}
+        )
+    )  # over --max-message-bytes
     out.append(b"\x91" * 50_000 + b"\xc0")  # 50k nested arrays
     out.append(b"\x81\xa1a" * 20_000 + b"\xc0")  # 20k nested maps
-    for field, value in (("session_id", 7), ("accepted", -5), ("proposed", 2**64 - 1), ("verify", "three"),
-                         ("accept_histogram", [1, -1]), ("completion", 1.5), ("generation_id", None)):
-        out.append(msgspec.msgpack.encode({"type": "record", "batch_id": "hostile", "session_id": "s",
-                                           "generation_id": "g", field: value}))
+    for field, value in (
+        ("session_id", 7),
+        ("accepted", -5),
+        ("proposed", 2**64 - 1),
+        ("verify", "three"),
+        ("accept_histogram", [1, -1]),
+        ("completion", 1.5),
+        ("generation_id", None),
+    ):
+        out.append(
+            msgspec.msgpack.encode(
+                {"type": "record", "batch_id": "hostile", "session_id": "s", "generation_id": "g", field: value}
+            )
+        )
     out.append(msgspec.msgpack.encode({"type": "nonsuch", "batch_id": "hostile"}))
-    out.append(msgspec.msgpack.encode({"type": "marker", "batch_id": "hostile", "producer_id": "evil",
-                                       "expected_producers": "all"}))
+    out.append(
+        msgspec.msgpack.encode(
+            {"type": "marker", "batch_id": "hostile", "producer_id": "evil", "expected_producers": "all"}
+        )
+    )
     out.append(msgspec.msgpack.encode([1, 2, 3]))
     return out
 
@@ -125,30 +163,48 @@ def test_hostile_input_at_a_running_worker_is_dead_lettered_and_nothing_else_cha
         else:
             assert message in by_raw, message[:60]
     # the invalid records that named batch "hostile" are counted there (it closes on timeout)
-    hostile_batch = [m for m in deployment.metrics(until=lambda ms: any(m.batch_id == "hostile" for m in ms),
-                                                   timeout_s=60) if m.batch_id == "hostile"]
+    hostile_batch = [
+        m
+        for m in deployment.metrics(until=lambda ms: any(m.batch_id == "hostile" for m in ms), timeout_s=60)
+        if m.batch_id == "hostile"
+    ]
     assert hostile_batch and hostile_batch[-1].close_reason == "timeout"
-    assert_conserved(produced_records(events) + len(hostile), published + hostile_batch,
-                     deployment.dead_letters())
+    assert_conserved(produced_records(events) + len(hostile), published + hostile_batch, deployment.dead_letters())
 
 
 def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
     """One batch floods 40k unique generations past a 5k limit and never closes;
     it is published early as incomplete, its later records are dead-lettered as
     overflow, a normal batch beside it is exact, and every record is accounted for."""
-    from specmeter.streams.synthetic import FleetEvent
     from specmeter.schemas import GenerationRecord
+    from specmeter.streams.synthetic import FleetEvent
 
-    flood = [FleetEvent("record", "p-flood", "flood", GenerationRecord(
-        batch_id="flood", session_id=f"s{i}", generation_id="g", accepted=i % 5, proposed=8, verify=3,
-        completion=(i % 5) + 3, producer_id="p-flood")) for i in range(40_000)]
+    flood = [
+        FleetEvent(
+            "record",
+            "p-flood",
+            "flood",
+            GenerationRecord(
+                batch_id="flood",
+                session_id=f"s{i}",
+                generation_id="g",
+                accepted=i % 5,
+                proposed=8,
+                verify=3,
+                completion=(i % 5) + 3,
+                producer_id="p-flood",
+            ),
+        )
+        for i in range(40_000)
+    ]
     events = fleet_events(seed=42, batches=1, sessions=12)
     worker = deployment.start_worker("--max-open-generations", "5000")
     deployment.wait_ready(worker)
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, flood + events))
     published = wait_complete(deployment, {e.batch_id for e in events})
-    flooded = deployment.metrics(until=lambda ms: any(m.batch_id == "flood" and m.partitions_reported == 4
-                                                      for m in ms), timeout_s=60)
+    flooded = deployment.metrics(
+        until=lambda ms: any(m.batch_id == "flood" and m.partitions_reported == 4 for m in ms), timeout_s=60
+    )
     latest = latest_by_batch(flooded)["flood"]
     assert latest.close_reason == "incomplete" and not latest.complete, latest
     assert latest.record_count <= 4 * 5000  # each partition cut at its limit
@@ -180,8 +236,8 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
     queue bound, then refuse at once (publish_nowait) or wait (publish); nothing
     accepted is lost and the metrics are exact."""
     from specmeter.producers import Publisher, PublisherSettings, QueueFullError
-    from specmeter.streams._loadgen import publish_fleet
     from specmeter.schemas import GenerationRecord, decode_records_message
+    from specmeter.streams._loadgen import publish_fleet
 
     from .kafka_helpers import create_topic, read_topic
     from .worker_harness import Deployment
@@ -209,16 +265,24 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
         async def probe() -> dict[str, int]:
             """publish_nowait during the outage: accepted up to the bound, then refused at once."""
             counts = {"accepted": 0, "refused": 0, "slowest_ms": 0}
-            settings = PublisherSettings(bootstrap_servers=bootstrap, topic=probe_topic, producer_id="probe",
-                                         max_queued_records=50, linger_ms=5)
+            settings = PublisherSettings(
+                bootstrap_servers=bootstrap, topic=probe_topic, producer_id="probe", max_queued_records=50, linger_ms=5
+            )
             async with Publisher(settings) as pub:
                 while "down" not in outage:
                     await asyncio.sleep(0.05)
                 for i in range(200):
                     t = time.perf_counter()
                     try:
-                        pub.publish_nowait(GenerationRecord(batch_id="probe", session_id=f"s{i}", generation_id="g",
-                                                            completion=1, producer_id="probe"))
+                        pub.publish_nowait(
+                            GenerationRecord(
+                                batch_id="probe",
+                                session_id=f"s{i}",
+                                generation_id="g",
+                                completion=1,
+                                producer_id="probe",
+                            )
+                        )
                         counts["accepted"] += 1
                     except QueueFullError:
                         counts["refused"] += 1
@@ -230,9 +294,17 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
             return counts
 
         async def run() -> dict[str, int]:
-            fleet = publish_fleet(events, PublisherSettings(bootstrap_servers=bootstrap, topic=d.topics.records,
-                                                            max_queued_records=300, queue_full_timeout_s=120,
-                                                            linger_ms=5), rate=300)
+            fleet = publish_fleet(
+                events,
+                PublisherSettings(
+                    bootstrap_servers=bootstrap,
+                    topic=d.topics.records,
+                    max_queued_records=300,
+                    queue_full_timeout_s=120,
+                    linger_ms=5,
+                ),
+                rate=300,
+            )
             _, counts, _ = await asyncio.gather(outage_then_back(), probe(), fleet)
             return counts
 

@@ -92,8 +92,9 @@ def test_every_golden_case_through_the_stream(kafka_bootstrap):
             assert m.accept_histogram == want["accept_histogram"], where
             assert_metrics_equal(m.metrics, want["metrics"], where)
             if "by_weight_version" in want:
-                assert_by_weight_version_equal(msgspec.to_builtins(m.by_weight_version), want["by_weight_version"],
-                                               where)
+                assert_by_weight_version_equal(
+                    msgspec.to_builtins(m.by_weight_version), want["by_weight_version"], where
+                )
         assert worker.poll() is None
     finally:
         d.close()

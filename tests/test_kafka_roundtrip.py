@@ -21,10 +21,24 @@ def test_records_and_marker_roundtrip(kafka_bootstrap, new_topic, unique_name):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     topic = new_topic(partitions=4)
-    record = GenerationRecord(batch_id="b1", session_id="s1", generation_id="g1", accepted=3, proposed=4,
-                              verify=2, completion=7, accept_histogram=[0, 1, 1], producer_id="p0")
-    packed = RecordBatch(records=[record, GenerationRecord(batch_id="b1", session_id="s1", generation_id="g2",
-                                                           sample_id="t1", completion=5)], producer_id="p0")
+    record = GenerationRecord(
+        batch_id="b1",
+        session_id="s1",
+        generation_id="g1",
+        accepted=3,
+        proposed=4,
+        verify=2,
+        completion=7,
+        accept_histogram=[0, 1, 1],
+        producer_id="p0",
+    )
+    packed = RecordBatch(
+        records=[
+            record,
+            GenerationRecord(batch_id="b1", session_id="s1", generation_id="g2", sample_id="t1", completion=5),
+        ],
+        producer_id="p0",
+    )
     marker = BatchMarker(batch_id="b1", producer_id="p0", records_sent=3, speculative_algorithm="EAGLE3")
     sent = [record, packed, marker]
 
@@ -36,8 +50,13 @@ def test_records_and_marker_roundtrip(kafka_bootstrap, new_topic, unique_name):
                 await producer.send_and_wait(topic, encode_records_message(message), key=b"s1")
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=unique_name("g"),
-                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_bootstrap,
+            group_id=unique_name("g"),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
         await consumer.start()
         received = []
         try:

@@ -14,7 +14,6 @@ from specmeter.producers import (
     record_from_attempts,
     record_from_meta_info,
 )
-
 from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
 
 from .fixtures.sglang_meta_info import ABORTED_BEFORE_RUN, RESUMED, SGLANG_OUTPUTS
@@ -63,8 +62,12 @@ def test_resumed_generation_folds_attempts():
 
 
 def test_fold_unknown_in_any_attempt_is_unknown():
-    folded = fold_attempts([SpecCounters(accepted=1, proposed=2, verify=1, completion=3, accept_histogram=[1]),
-                            SpecCounters(accepted=None, proposed=4, verify=2, completion=5)])
+    folded = fold_attempts(
+        [
+            SpecCounters(accepted=1, proposed=2, verify=1, completion=3, accept_histogram=[1]),
+            SpecCounters(accepted=None, proposed=4, verify=2, completion=5),
+        ]
+    )
     assert _tuple(folded) == (None, 6, 3, 8, None)
     assert _tuple(fold_attempts([])) == (None, None, None, None, None)
 
@@ -79,12 +82,35 @@ class _NumpyLikeInt:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(5, 5), (0, 0), (5.0, 5), ("07", 7), (_NumpyLikeInt(9), 9), (True, None), (False, None), (-1, None),
-     (1.5, None), (float("nan"), None), (float("inf"), None), ("", None), (" 3", None), ("٣", None), ("x", None),
-     (None, None), ([1], None), (2**63, None), ("9" * 30, None), (2**63 - 1, None),
-     (MAX_COUNTER, MAX_COUNTER), (MAX_COUNTER + 1, None), (float(MAX_COUNTER), MAX_COUNTER),
-     (float(MAX_COUNTER + 1), None), (str(MAX_COUNTER), MAX_COUNTER), (str(MAX_COUNTER + 1), None),
-     (_NumpyLikeInt(MAX_COUNTER + 1), None)],
+    [
+        (5, 5),
+        (0, 0),
+        (5.0, 5),
+        ("07", 7),
+        (_NumpyLikeInt(9), 9),
+        (True, None),
+        (False, None),
+        (-1, None),
+        (1.5, None),
+        (float("nan"), None),
+        (float("inf"), None),
+        ("", None),
+        (" 3", None),
+        ("٣", None),
+        ("x", None),
+        (None, None),
+        ([1], None),
+        (2**63, None),
+        ("9" * 30, None),
+        (2**63 - 1, None),
+        (MAX_COUNTER, MAX_COUNTER),
+        (MAX_COUNTER + 1, None),
+        (float(MAX_COUNTER), MAX_COUNTER),
+        (float(MAX_COUNTER + 1), None),
+        (str(MAX_COUNTER), MAX_COUNTER),
+        (str(MAX_COUNTER + 1), None),
+        (_NumpyLikeInt(MAX_COUNTER + 1), None),
+    ],
 )
 def test_value_normalisation(value, expected):
     """Kept up to the wire limit MAX_COUNTER = 2^32 - 1, unknown past it."""
@@ -93,9 +119,22 @@ def test_value_normalisation(value, expected):
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("v12", "v12"), ("default", "default"), (12, "12"), (0, "0"), (_NumpyLikeInt(7), "7"), ("", None),
-     ("v" * MAX_ID, "v" * MAX_ID), ("v" * (MAX_ID + 1), None), (-1, None), (True, None), (1.0, None),
-     (None, None), (["v1"], None), (b"v1", None)],
+    [
+        ("v12", "v12"),
+        ("default", "default"),
+        (12, "12"),
+        (0, "0"),
+        (_NumpyLikeInt(7), "7"),
+        ("", None),
+        ("v" * MAX_ID, "v" * MAX_ID),
+        ("v" * (MAX_ID + 1), None),
+        (-1, None),
+        (True, None),
+        (1.0, None),
+        (None, None),
+        (["v1"], None),
+        (b"v1", None),
+    ],
 )
 def test_weight_version_normalisation(value, expected):
     assert normalize_weight_version(value) == expected
@@ -110,8 +149,12 @@ def test_histogram_past_the_bin_limit_is_unknown():
 
 def test_fold_past_the_counter_limit_is_unknown_and_versions_must_agree():
     half = MAX_COUNTER // 2 + 1
-    folded = fold_attempts([SpecCounters(accepted=half, proposed=1, accept_histogram=[half], weight_version="v3"),
-                            SpecCounters(accepted=half, proposed=2, accept_histogram=[half], weight_version="v3")])
+    folded = fold_attempts(
+        [
+            SpecCounters(accepted=half, proposed=1, accept_histogram=[half], weight_version="v3"),
+            SpecCounters(accepted=half, proposed=2, accept_histogram=[half], weight_version="v3"),
+        ]
+    )
     assert (folded.accepted, folded.proposed, folded.accept_histogram, folded.weight_version) == (None, 3, None, "v3")
     mixed = fold_attempts([SpecCounters(weight_version="v3"), SpecCounters(weight_version="v4")])
     assert mixed.weight_version is None
@@ -153,8 +196,12 @@ def test_dump_lines_of_sglang_outputs_carry_version_and_run():
 
     from specmeter.streams._dump import parse_dump_line
 
-    line = {"meta_info": {"id": "r1", "weight_version": 12, "spec_verify_ct": 1}, "batch_id": "b",
-            "session_id": "s", "run_id": "attempt-2"}
+    line = {
+        "meta_info": {"id": "r1", "weight_version": 12, "spec_verify_ct": 1},
+        "batch_id": "b",
+        "session_id": "s",
+        "run_id": "attempt-2",
+    }
     record = parse_dump_line(json.dumps(line))
     assert (record.weight_version, record.run_id) == ("12", "attempt-2")
     bad = parse_dump_line(json.dumps({**line, "session_id": ""}))

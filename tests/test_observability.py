@@ -27,8 +27,9 @@ def fed_worker(kafka_bootstrap):
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
     port = free_port()
     worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")
-    events = list(synthetic_fleet(FleetSpec(batches=2, sessions_per_batch=20, producers=2, seed=21,
-                                            batch_prefix="obs-")))
+    events = list(
+        synthetic_fleet(FleetSpec(batches=2, sessions_per_batch=20, producers=2, seed=21, batch_prefix="obs-"))
+    )
     try:
         d.wait_ready(worker)
         asyncio.run(publish_events(kafka_bootstrap, d.topics.records, events))
@@ -64,18 +65,20 @@ def _counter(families: dict, stem: str) -> float:
 
 
 def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
-    d, port, published, events = fed_worker
+    _d, port, published, events = fed_worker
     latest = latest_by_batch(published)
     families = _scrape(port, lambda f: "specmeter_batches" in f and _counter(f, "batches") == len(latest))
     body = families.pop("__body__")
     # counters of published batches: each batch's latest revision, summed, exactly
-    for stem, key in (("paired_accepted_tokens", "spec/paired_accepted_total"),
-                      ("paired_proposed_tokens", "spec/paired_proposed_total"),
-                      ("paired_completion_tokens", "spec/paired_completion_total"),
-                      ("paired_verify_steps", "spec/paired_verify_total"),
-                      ("accepted_tokens", "spec/accepted_total"),
-                      ("accept_covered_generations", "spec/accept_covered_count"),
-                      ("generations", "spec/unique_generation_count")):
+    for stem, key in (
+        ("paired_accepted_tokens", "spec/paired_accepted_total"),
+        ("paired_proposed_tokens", "spec/paired_proposed_total"),
+        ("paired_completion_tokens", "spec/paired_completion_total"),
+        ("paired_verify_steps", "spec/paired_verify_total"),
+        ("accepted_tokens", "spec/accepted_total"),
+        ("accept_covered_generations", "spec/accept_covered_count"),
+        ("generations", "spec/unique_generation_count"),
+    ):
         assert _counter(families, stem) == sum(m.metrics[key] for m in latest.values()), stem
     assert _counter(families, "published_records") == sum(m.record_count for m in latest.values())
     assert {s.labels["algorithm"] for s in families["specmeter_batches"].samples} == {"EAGLE3"}
@@ -84,8 +87,10 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
     assert gauges and set(gauges) <= set(latest)
     for batch_id, sample in gauges.items():
         assert sample.value == latest[batch_id].metrics["spec/accept_rate"]
-    value = lambda name, batch_id: next(s.value for s in families[name].samples  # noqa: E731
-                                        if s.labels["batch_id"] == batch_id)
+
+    def value(name, batch_id):
+        return next(s.value for s in families[name].samples if s.labels["batch_id"] == batch_id)
+
     for batch_id in gauges:
         m = latest[batch_id]
         assert value("specmeter_batch_tokens_per_verify", batch_id) == m.metrics["spec/tokens_per_verify"]
@@ -101,7 +106,9 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
     counted = sum(worker(f"specmeter_records_{k}") for k in ("aggregated", "redelivered", "late", "dead_lettered"))
     assert counted == records + invalid, "every record is aggregated, redelivered, late or dead-lettered"
     assert families["specmeter_batch_close_latency_seconds"].samples, "close latency histogram"
-    last_event = {s.labels["partition"]: s.value for s in families["specmeter_partition_last_event_timestamp_seconds"].samples}
+    last_event = {
+        s.labels["partition"]: s.value for s in families["specmeter_partition_last_event_timestamp_seconds"].samples
+    }
     assert set(last_event) == {"0", "1", "2", "3"}
     assert all(time.time() - 600 < t <= time.time() for t in last_event.values()), last_event
     assert "process_resident_memory_bytes" in families and "python_info" in families
@@ -115,10 +122,28 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
 
 
 def test_tail_json_from_beginning(fed_worker):
-    d, port, published, events = fed_worker
-    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.cli", "tail", "--broker", d.bootstrap,
-                           "--topic", d.topics.metrics, "--json", "--from-beginning", "--max-messages",
-                           str(len(published)), "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    d, _port, published, _events = fed_worker
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specmeter.streams.cli",
+            "tail",
+            "--broker",
+            d.bootstrap,
+            "--topic",
+            d.topics.metrics,
+            "--json",
+            "--from-beginning",
+            "--max-messages",
+            str(len(published)),
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(lines) == len(published)
@@ -129,9 +154,24 @@ def test_tail_json_from_beginning(fed_worker):
 
 
 def test_tail_table_renders(fed_worker):
-    d, port, published, events = fed_worker
-    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.cli", "tail", "--broker", d.bootstrap,
-                           "--topic", d.topics.metrics, "--from-beginning", "--timeout", "3"],
-                          capture_output=True, text=True, timeout=60)
+    d, _port, _published, _events = fed_worker
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specmeter.streams.cli",
+            "tail",
+            "--broker",
+            d.bootstrap,
+            "--topic",
+            d.topics.metrics,
+            "--from-beginning",
+            "--timeout",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "obs-00000" in proc.stdout and "accept rate" in proc.stdout

@@ -24,13 +24,16 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True,
-                          timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, timeout=300, **kwargs
+    )
 
 
 def _wait_complete(d: Deployment, batches: set[str]):
-    published = d.metrics(until=lambda ms: batches <= set(latest_by_batch(ms)) and all(
-        latest_by_batch(ms)[b].complete for b in batches), timeout_s=120)
+    published = d.metrics(
+        until=lambda ms: batches <= set(latest_by_batch(ms)) and all(latest_by_batch(ms)[b].complete for b in batches),
+        timeout_s=120,
+    )
     latest = latest_by_batch(published)
     assert batches <= set(latest), d.log_tail()
     assert all(latest[b].complete for b in batches), [latest[b] for b in batches if not latest[b].complete]
@@ -43,9 +46,28 @@ def test_loadgen_expect_is_what_the_worker_publishes(kafka_bootstrap, tmp_path):
     try:
         d.wait_ready(d.start_worker())
         expect = tmp_path / "expect.jsonl"
-        proc = _cli("loadgen", "--broker", kafka_bootstrap, "--topic", d.topics.records, "--producers", "3",
-                    "--batches", "3", "--sessions-per-batch", "40", "--algorithm", "NGRAM", "--invalid-rate",
-                    "0.01", "--seed", "5", "--expect", str(expect), "--no-progress")
+        proc = _cli(
+            "loadgen",
+            "--broker",
+            kafka_bootstrap,
+            "--topic",
+            d.topics.records,
+            "--producers",
+            "3",
+            "--batches",
+            "3",
+            "--sessions-per-batch",
+            "40",
+            "--algorithm",
+            "NGRAM",
+            "--invalid-rate",
+            "0.01",
+            "--seed",
+            "5",
+            "--expect",
+            str(expect),
+            "--no-progress",
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         expected = {m["batch_id"]: m for m in map(json.loads, expect.read_text().splitlines())}
         latest = _wait_complete(d, set(expected))
@@ -62,21 +84,45 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
     from .fixtures.sglang_meta_info import RESUMED, SGLANG_OUTPUTS
 
     lines = []
-    for i, (version, (meta_info, _)) in enumerate(sorted(SGLANG_OUTPUTS.items())):
-        lines.append({"meta_info": dict(meta_info, id=f"req-{i}"), "batch_id": "replay-b1",
-                      "session_id": f"sess-{i % 2}", "sample_id": "t0", "producer_id": "w0"})
+    for i, (_version, (meta_info, _)) in enumerate(sorted(SGLANG_OUTPUTS.items())):
+        lines.append(
+            {
+                "meta_info": dict(meta_info, id=f"req-{i}"),
+                "batch_id": "replay-b1",
+                "session_id": f"sess-{i % 2}",
+                "sample_id": "t0",
+                "producer_id": "w0",
+            }
+        )
     lines.append({"attempts": RESUMED[0], "batch_id": "replay-b1", "session_id": "sess-9", "producer_id": "w1"})
-    lines.append({"batch_id": "replay-b1", "session_id": "sess-0", "generation_id": "req-0", "sample_id": "t1",
-                  "accepted": 1, "producer_id": "w1"})  # conflicts with req-0 of the 0.5.11 output
+    lines.append(
+        {
+            "batch_id": "replay-b1",
+            "session_id": "sess-0",
+            "generation_id": "req-0",
+            "sample_id": "t1",
+            "accepted": 1,
+            "producer_id": "w1",
+        }
+    )  # conflicts with req-0 of the 0.5.11 output
     lines.append({"batch_id": "replay-b2", "session_id": "s", "generation_id": "g", "accepted": -1})  # invalid
     lines.append({"batch_id": "replay-b2", "session_id": "s", "generation_id": "g2", "accepted": 2, "proposed": 3})
-    lines.append({"type": "marker", "batch_id": "replay-b1", "producer_id": "w0", "speculative_algorithm": "EAGLE3",
-                  "expected_producers": 2})
+    lines.append(
+        {
+            "type": "marker",
+            "batch_id": "replay-b1",
+            "producer_id": "w0",
+            "speculative_algorithm": "EAGLE3",
+            "expected_producers": 2,
+        }
+    )
     dump = tmp_path / "dump.jsonl"
     dump.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    offline = {json.loads(line)["batch_id"]: json.loads(line) for line in
-               _cli("aggregate", "-q", str(dump)).stdout.decode().splitlines()}
+    offline = {
+        json.loads(line)["batch_id"]: json.loads(line)
+        for line in _cli("aggregate", "-q", str(dump)).stdout.decode().splitlines()
+    }
     d = Deployment(kafka_bootstrap)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
     try:
@@ -103,14 +149,22 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
     assert start.returncode == 0, start.stderr
     address = start.stdout.strip().splitlines()[-1]
     topic = unique_name("away")
-    records = [GenerationRecord(batch_id="b", session_id=f"s{i % 7}", generation_id=f"g{i}", completion=i)
-               for i in range(120)]
+    records = [
+        GenerationRecord(batch_id="b", session_id=f"s{i % 7}", generation_id=f"g{i}", completion=i) for i in range(120)
+    ]
 
     async def run() -> None:
         await create_topic(address, topic, 2)
-        settings = PublisherSettings(bootstrap_servers=address, topic=topic, producer_id="p-away",
-                                     max_queued_records=50, queue_full_timeout_s=1.0, request_timeout_ms=3000,
-                                     retry_backoff_ms=200, linger_ms=5)
+        settings = PublisherSettings(
+            bootstrap_servers=address,
+            topic=topic,
+            producer_id="p-away",
+            max_queued_records=50,
+            queue_full_timeout_s=1.0,
+            request_timeout_ms=3000,
+            retry_backoff_ms=200,
+            linger_ms=5,
+        )
         async with Publisher(settings) as publisher:
             for record in records[:20]:
                 publisher.publish_nowait(record)
@@ -126,8 +180,9 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
             with pytest.raises(QueueFullError):
                 await publisher.publish(records[70])
             assert 0.9 < time.monotonic() - t0 < 5
-            restart = await asyncio.to_thread(subprocess.run, [*broker, "start"], env=env, capture_output=True,
-                                              text=True, timeout=300)
+            restart = await asyncio.to_thread(
+                subprocess.run, [*broker, "start"], env=env, capture_output=True, text=True, timeout=300
+            )
             assert restart.returncode == 0, restart.stderr
             assert restart.stdout.strip().splitlines()[-1] == address, "same address after a restart"
             await asyncio.wait_for(publisher.flush(), 120)
@@ -138,8 +193,14 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
 
     try:
         asyncio.run(run())
-        messages = asyncio.run(read_topic(address, topic, until=lambda ms: sum(
-            1 for m in ms if decode_records_message(m.value).marker) == 2, timeout_s=60))
+        messages = asyncio.run(
+            read_topic(
+                address,
+                topic,
+                until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 2,
+                timeout_s=60,
+            )
+        )
         got = {r.generation_id for m in messages for r in decode_records_message(m.value).records}
         assert got == {r.generation_id for r in records}, "every accepted record arrived"
     finally:

@@ -36,9 +36,18 @@ def test_publish_before_start_says_what_to_do():
 
 
 def _records(batch_id: str, sessions: int, per_session: int) -> list[GenerationRecord]:
-    return [GenerationRecord(batch_id=batch_id, session_id=f"session-{s}", generation_id=f"g{g}",
-                             accepted=g, proposed=g + 1, producer_id="p-test")
-            for s in range(sessions) for g in range(per_session)]
+    return [
+        GenerationRecord(
+            batch_id=batch_id,
+            session_id=f"session-{s}",
+            generation_id=f"g{g}",
+            accepted=g,
+            proposed=g + 1,
+            producer_id="p-test",
+        )
+        for s in range(sessions)
+        for g in range(per_session)
+    ]
 
 
 @pytest.mark.kafka
@@ -51,19 +60,21 @@ def test_records_land_where_kafka_partitioner_puts_their_key_and_markers_follow(
 
     async def run():
         await create_topic(kafka_bootstrap, topic, 4)
-        settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p-test",
-                                     pack=pack, max_message_bytes=2048)
+        settings = PublisherSettings(
+            bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p-test", pack=pack, max_message_bytes=2048
+        )
         async with Publisher(settings) as publisher:
             for record in records:
                 publisher.publish_nowait(record)
             sent = await publisher.close_batch("b1", speculative_algorithm="NGRAM", expected_producers=2)
-        messages = await read_topic(kafka_bootstrap, topic, until=lambda m: sum(
-            1 for x in m if decode_records_message(x.value).marker) == 4)
+        messages = await read_topic(
+            kafka_bootstrap, topic, until=lambda m: sum(1 for x in m if decode_records_message(x.value).marker) == 4
+        )
         return sent, messages
 
     sent, messages = asyncio.run(run())
     partitioner = DefaultPartitioner()
-    seen_per_partition = {p: 0 for p in range(4)}
+    seen_per_partition = dict.fromkeys(range(4), 0)
     marker_offsets = {}
     for message in messages:
         decoded = decode_records_message(message.value)
@@ -96,11 +107,15 @@ def test_sync_facade(kafka_bootstrap, unique_name):
             pub.publish(record)
         sent = pub.close_batch("b2", expected_producers=1)
     assert sum(sent.values()) == len(records)
-    messages = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda m: len(
-        [x for x in m if decode_records_message(x.value).marker]) == 2))
+    messages = asyncio.run(
+        read_topic(
+            kafka_bootstrap, topic, until=lambda m: len([x for x in m if decode_records_message(x.value).marker]) == 2
+        )
+    )
     got = [r for m in messages for r in decode_records_message(m.value).records]
     assert sorted(got, key=lambda r: (r.session_id, r.generation_id)) == sorted(
-        records, key=lambda r: (r.session_id, r.generation_id))
+        records, key=lambda r: (r.session_id, r.generation_id)
+    )
 
 
 @pytest.mark.kafka
@@ -111,14 +126,18 @@ def test_sync_facade_publishes_in_its_run(kafka_bootstrap, unique_name, pack):
     topic = unique_name("records")
     asyncio.run(create_topic(kafka_bootstrap, topic, 2))
     records = [GenerationRecord(batch_id="b3", session_id=f"s{i}", generation_id="g", completion=i) for i in range(6)]
-    settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p-sync", run_id="r2",
-                                 pack=pack)
+    settings = PublisherSettings(
+        bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p-sync", run_id="r2", pack=pack
+    )
     with SyncPublisher(settings) as pub:
         for record in records:
             pub.publish(record)
         pub.close_batch("b3")
-    messages = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda m: len(
-        [x for x in m if decode_records_message(x.value).marker]) == 2))
+    messages = asyncio.run(
+        read_topic(
+            kafka_bootstrap, topic, until=lambda m: len([x for x in m if decode_records_message(x.value).marker]) == 2
+        )
+    )
     decoded = [decode_records_message(m.value) for m in messages]
     got = [(r.run_id or d.run_id, r.producer_id or d.producer_id) for d in decoded for r in d.records]
     assert got == [("r2", "p-sync")] * len(records)

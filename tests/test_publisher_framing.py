@@ -17,18 +17,22 @@ from specmeter.schemas import MAX_ID, GenerationRecord, RecordBatch, decode_reco
 
 from .kafka_helpers import create_topic, read_topic
 
-RECORDS = [GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id=f"g{i}", accepted=i, proposed=i + 1)
-           for i in range(40)]
+RECORDS = [
+    GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id=f"g{i}", accepted=i, proposed=i + 1)
+    for i in range(40)
+]
 
 
 @pytest.mark.parametrize("count", [0, 1, 15, 16, 40])
-@pytest.mark.parametrize(("producer_id", "run_id"), [
-    ("w", None), ("w", "attempt-2"), ("p" * MAX_ID, "r" * MAX_ID), (None, None)])
+@pytest.mark.parametrize(
+    ("producer_id", "run_id"), [("w", None), ("w", "attempt-2"), ("p" * MAX_ID, "r" * MAX_ID), (None, None)]
+)
 def test_frame_is_the_record_batch_and_its_overhead_is_exact_or_less(count, producer_id, run_id):
     encoded = [encode_records_message(r) for r in RECORDS[:count]]
     framed = frame_batch(encoded, producer_id, run_id)
     assert msgspec.msgpack.decode(framed, type=RecordBatch) == RecordBatch(
-        records=RECORDS[:count], producer_id=producer_id, run_id=run_id)
+        records=RECORDS[:count], producer_id=producer_id, run_id=run_id
+    )
     assert len(framed) - sum(map(len, encoded)) <= frame_overhead(producer_id, run_id)
     decoded = decode_records_message(framed)
     assert (decoded.producer_id, decoded.run_id, len(decoded.records)) == (producer_id, run_id, count)
@@ -40,19 +44,29 @@ def test_packed_messages_stay_within_max_message_bytes_with_the_longest_ids(kafk
     and run ids a packed message overshot ``max_message_bytes`` by about 2 KiB."""
     topic = unique_name("records")
     limit = 4096
-    records = [GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i:04d}", accepted=i, proposed=i)
-               for i in range(400)]
+    records = [
+        GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i:04d}", accepted=i, proposed=i)
+        for i in range(400)
+    ]
 
     async def run():
         await create_topic(kafka_bootstrap, topic, 1)
-        settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="p" * MAX_ID,
-                                     run_id="r" * MAX_ID, max_message_bytes=limit)
+        settings = PublisherSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic=topic,
+            producer_id="p" * MAX_ID,
+            run_id="r" * MAX_ID,
+            max_message_bytes=limit,
+        )
         async with Publisher(settings) as publisher:
             for record in records:
                 publisher.publish_nowait(record)
             await publisher.flush()
-        return await read_topic(kafka_bootstrap, topic, until=lambda ms: sum(
-            len(decode_records_message(m.value).records) for m in ms) >= len(records))
+        return await read_topic(
+            kafka_bootstrap,
+            topic,
+            until=lambda ms: sum(len(decode_records_message(m.value).records) for m in ms) >= len(records),
+        )
 
     messages = asyncio.run(run())
     assert sum(len(decode_records_message(m.value).records) for m in messages) == len(records)
@@ -72,8 +86,9 @@ def test_start_against_a_broker_that_never_answers_fails_in_bounded_time(recwarn
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        publisher = Publisher(PublisherSettings(bootstrap_servers=f"127.0.0.1:{port}", topic="t",
-                                                request_timeout_ms=1500))
+        publisher = Publisher(
+            PublisherSettings(bootstrap_servers=f"127.0.0.1:{port}", topic="t", request_timeout_ms=1500)
+        )
         t0 = time.monotonic()
         try:
             with pytest.raises(BrokerUnavailableError, match=f"no Kafka broker answers at 127.0.0.1:{port}") as info:

@@ -15,8 +15,8 @@ from specmeter.producers import (
     PublisherError,
     PublisherSettings,
     TopicMissingError,
+    plain_bootstrap,
 )
-from specmeter.producers import plain_bootstrap
 from specmeter.schemas import BatchMarker, GenerationRecord, decode_records_message
 
 from .kafka_helpers import create_topic, read_topic
@@ -28,12 +28,15 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("given", "plain"), [
-    ("127.0.0.1:9092", "127.0.0.1:9092"),
-    ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
-    ("kafka://a:1, kafka://b:2/", "a:1,b:2"),
-    ("KAFKA://a:1,b:2", "a:1,b:2"),
-])
+@pytest.mark.parametrize(
+    ("given", "plain"),
+    [
+        ("127.0.0.1:9092", "127.0.0.1:9092"),
+        ("kafka://127.0.0.1:9092", "127.0.0.1:9092"),
+        ("kafka://a:1, kafka://b:2/", "a:1,b:2"),
+        ("KAFKA://a:1,b:2", "a:1,b:2"),
+    ],
+)
 def test_faust_style_addresses_are_accepted(given, plain):
     assert plain_bootstrap(given) == plain
 
@@ -84,24 +87,30 @@ def test_the_publisher_never_creates_the_records_topic(kafka_bootstrap, unique_n
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
 def test_records_and_markers_name_the_publishers_producer_and_run(kafka_bootstrap, unique_name, pack):
     topic = unique_name("records")
-    records = [GenerationRecord(batch_id="step-1", session_id=f"s{i}", generation_id="g", accepted=1, proposed=2)
-               for i in range(12)]
+    records = [
+        GenerationRecord(batch_id="step-1", session_id=f"s{i}", generation_id="g", accepted=1, proposed=2)
+        for i in range(12)
+    ]
 
     async def run():
         await create_topic(kafka_bootstrap, topic, 4)
-        settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="worker-7",
-                                     run_id="attempt-2", pack=pack)
+        settings = PublisherSettings(
+            bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="worker-7", run_id="attempt-2", pack=pack
+        )
         async with Publisher(settings) as publisher:
             for record in records:
                 publisher.publish_nowait(record)
             with pytest.raises(PublisherError, match="one Publisher publishes one run"):
-                publisher.publish_nowait(GenerationRecord(batch_id="step-1", session_id="s", generation_id="x",
-                                                          run_id="attempt-1"))
+                publisher.publish_nowait(
+                    GenerationRecord(batch_id="step-1", session_id="s", generation_id="x", run_id="attempt-1")
+                )
             await publisher.close_batch("step-1", speculative_algorithm="EAGLE")
         # markers follow every record's acknowledgement: once all four are read, so is the rest
-        return await read_topic(kafka_bootstrap, topic,
-                                until=lambda ms: sum(decode_records_message(m.value).marker is not None
-                                                     for m in ms) >= 4)
+        return await read_topic(
+            kafka_bootstrap,
+            topic,
+            until=lambda ms: sum(decode_records_message(m.value).marker is not None for m in ms) >= 4,
+        )
 
     messages = asyncio.run(run())
     markers, seen = [], 0

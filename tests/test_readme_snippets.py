@@ -20,7 +20,7 @@ def readme_section(title: str) -> str:
     text = README.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def python_blocks(section: str) -> list[str]:
@@ -46,25 +46,31 @@ def test_the_readme_producer_snippet_gives_complete_batches(deployment, pack):
     deployment.wait_ready(worker)
 
     async def rollout_worker(index: int) -> None:
-        code = (snippet.replace('"kafka:9092"', repr(deployment.bootstrap))
-                .replace('"rollout-worker-3"', repr(f"rollout-worker-{index}"))
-                .replace("PublisherSettings(", f"PublisherSettings(topic={deployment.topics.records!r}, pack={pack}, ",
-                         1))
-        outputs = [{"text": "...", "meta_info": {**meta_info, "id": f"w{index}-{version}"}}
-                   for version, (meta_info, _) in SGLANG_OUTPUTS.items()]
+        code = (
+            snippet.replace('"kafka:9092"', repr(deployment.bootstrap))
+            .replace('"rollout-worker-3"', repr(f"rollout-worker-{index}"))
+            .replace("PublisherSettings(", f"PublisherSettings(topic={deployment.topics.records!r}, pack={pack}, ", 1)
+        )
+        outputs = [
+            {"text": "...", "meta_info": {**meta_info, "id": f"w{index}-{version}"}}
+            for version, (meta_info, _) in SGLANG_OUTPUTS.items()
+        ]
         namespace = {"outputs": outputs, "step": 12, "session": f"session-{index}", "trajectory": "t0"}
-        exec(f"async def _main():\n{textwrap.indent(code, '    ')}", namespace)  # noqa: S102 - the README's own code
+        exec(f"async def _main():\n{textwrap.indent(code, '    ')}", namespace)
         await namespace["_main"]()
 
     async def fleet() -> None:
         await asyncio.gather(*(rollout_worker(i) for i in range(8)))
 
     asyncio.run(fleet())
-    published = deployment.metrics(until=lambda ms: any(m.batch_id == "step-12" and m.complete for m in ms),
-                                   timeout_s=60)
+    published = deployment.metrics(
+        until=lambda ms: any(m.batch_id == "step-12" and m.complete for m in ms), timeout_s=60
+    )
     complete = [m for m in published if m.batch_id == "step-12" and m.complete]
-    assert complete, ("no complete revision of step-12; published: "
-                      f"{[(m.revision, m.close_reason, m.missing_record_count) for m in published]}")
+    assert complete, (
+        "no complete revision of step-12; published: "
+        f"{[(m.revision, m.close_reason, m.missing_record_count) for m in published]}"
+    )
     batch = complete[-1]
     assert batch.run_id == "grpo-7-attempt-2"
     assert batch.missing_record_count == 0 and batch.close_reason == "markers"

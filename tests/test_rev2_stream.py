@@ -27,22 +27,49 @@ async def _send(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> N
         await producer.stop()
 
 
-def _records_of(run_id: str | None, batch_id: str, sessions: int, accepted: int, partitions: int,
-                producer: str = "trainer-0", extra_sent: dict[int, int] | None = None) -> list[tuple[int, bytes]]:
+def _records_of(
+    run_id: str | None,
+    batch_id: str,
+    sessions: int,
+    accepted: int,
+    partitions: int,
+    producer: str = "trainer-0",
+    extra_sent: dict[int, int] | None = None,
+) -> list[tuple[int, bytes]]:
     """One packed message per partition, as the publisher sends them, and a marker to each."""
     by_partition: dict[int, list[GenerationRecord]] = {}
     for i in range(sessions):
         session = f"sess-{i}"
-        record = GenerationRecord(batch_id=batch_id, session_id=session, generation_id="g", accepted=accepted,
-                                  proposed=4, verify=1, completion=5, weight_version=f"v{i % 2}")
+        record = GenerationRecord(
+            batch_id=batch_id,
+            session_id=session,
+            generation_id="g",
+            accepted=accepted,
+            proposed=4,
+            verify=1,
+            completion=5,
+            weight_version=f"v{i % 2}",
+        )
         by_partition.setdefault(partition_for_key(session.encode(), partitions), []).append(record)
-    items = [(p, encode_records_message(RecordBatch(records=rs, producer_id=producer, run_id=run_id)))
-             for p, rs in by_partition.items()]
-    items += [(p, encode_records_message(BatchMarker(batch_id=batch_id, producer_id=producer, run_id=run_id,
-                                                     records_sent=len(by_partition.get(p, []))
-                                                     + (extra_sent or {}).get(p, 0),
-                                                     speculative_algorithm="EAGLE")))
-              for p in range(partitions)]
+    items = [
+        (p, encode_records_message(RecordBatch(records=rs, producer_id=producer, run_id=run_id)))
+        for p, rs in by_partition.items()
+    ]
+    items += [
+        (
+            p,
+            encode_records_message(
+                BatchMarker(
+                    batch_id=batch_id,
+                    producer_id=producer,
+                    run_id=run_id,
+                    records_sent=len(by_partition.get(p, [])) + (extra_sent or {}).get(p, 0),
+                    speculative_algorithm="EAGLE",
+                )
+            ),
+        )
+        for p in range(partitions)
+    ]
     return items
 
 
@@ -59,19 +86,30 @@ def test_a_restarted_run_gets_its_own_batches(deployment):
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     parts = deployment.partitions
-    asyncio.run(_send(deployment.bootstrap, deployment.topics.records,
-                      _records_of("attempt-1", "step-1", 12, accepted=1, partitions=parts)))
+    asyncio.run(
+        _send(
+            deployment.bootstrap,
+            deployment.topics.records,
+            _records_of("attempt-1", "step-1", 12, accepted=1, partitions=parts),
+        )
+    )
 
     def has(*keys):
         return lambda ms: set(keys) <= {(m.run_id, m.batch_id) for m in ms if m.complete}
 
     deployment.metrics(until=has(("attempt-1", "step-1")), timeout_s=60)
     # the job restarts from a checkpoint and regenerates step-1 (and a default-run step-1 too)
-    asyncio.run(_send(deployment.bootstrap, deployment.topics.records,
-                      _records_of("attempt-2", "step-1", 8, accepted=3, partitions=parts)
-                      + _records_of(None, "step-1", 4, accepted=2, partitions=parts)))
-    published = deployment.metrics(until=has(("attempt-1", "step-1"), ("attempt-2", "step-1"), (None, "step-1")),
-                                   timeout_s=60)
+    asyncio.run(
+        _send(
+            deployment.bootstrap,
+            deployment.topics.records,
+            _records_of("attempt-2", "step-1", 8, accepted=3, partitions=parts)
+            + _records_of(None, "step-1", 4, accepted=2, partitions=parts),
+        )
+    )
+    published = deployment.metrics(
+        until=has(("attempt-1", "step-1"), ("attempt-2", "step-1"), (None, "step-1")), timeout_s=60
+    )
     latest = _latest(published)
     one, two, default = latest[("attempt-1", "step-1")], latest[("attempt-2", "step-1")], latest[(None, "step-1")]
     assert one.revision == 0 and one.late_record_count == 0  # never touched by the new attempt
@@ -92,11 +130,28 @@ def test_limits_hold_at_ingress_and_every_output_is_bounded(deployment):
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     parts = deployment.partitions
-    huge = {"type": "record", "batch_id": "b" * 1_000_000, "session_id": "s", "generation_id": "g",
-            "accepted": 1, "proposed": 2}
-    near_max = [{"type": "record", "batch_id": "step-2", "session_id": "sess-0", "generation_id": f"x{i}",
-                 "accepted": 2**63 - 1, "proposed": 2**63 - 1, "verify": 2**63 - 1, "completion": 2**63 - 1,
-                 "producer_id": "trainer-0"} for i in range(3)]
+    huge = {
+        "type": "record",
+        "batch_id": "b" * 1_000_000,
+        "session_id": "s",
+        "generation_id": "g",
+        "accepted": 1,
+        "proposed": 2,
+    }
+    near_max = [
+        {
+            "type": "record",
+            "batch_id": "step-2",
+            "session_id": "sess-0",
+            "generation_id": f"x{i}",
+            "accepted": 2**63 - 1,
+            "proposed": 2**63 - 1,
+            "verify": 2**63 - 1,
+            "completion": 2**63 - 1,
+            "producer_id": "trainer-0",
+        }
+        for i in range(3)
+    ]
     bad_marker = {"type": "marker", "batch_id": "step-2" + "x" * MAX_ID, "producer_id": "trainer-0"}
     session_partition = partition_for_key(b"sess-0", parts)
     hostile = [(0, msgspec.msgpack.encode(huge))]
@@ -105,15 +160,17 @@ def test_limits_hold_at_ingress_and_every_output_is_bounded(deployment):
     # the three invalid records count in the producer's marker: it sent them
     ordinary = _records_of(None, "step-2", 12, accepted=1, partitions=parts, extra_sent={session_partition: 3})
     asyncio.run(_send(deployment.bootstrap, deployment.topics.records, hostile + ordinary))
-    published = deployment.metrics(until=lambda ms: any(m.batch_id == "step-2" and m.complete for m in ms),
-                                   timeout_s=60)
+    published = deployment.metrics(
+        until=lambda ms: any(m.batch_id == "step-2" and m.complete for m in ms), timeout_s=60
+    )
     (step2,) = [m for m in _latest(published).values() if m.batch_id == "step-2"]
     assert step2.record_count == 12 + 3 and step2.invalid_record_count == 3  # the markers count nowhere
     assert step2.metrics["spec/accepted_total"] == 12 and step2.missing_record_count == 0
     assert all(len(m.batch_id) <= MAX_ID for m in published)
     letters = deployment.dead_letters(idle_s=2.0)
     assert sorted((d.reason, str(d.batch_id)) for d in letters) == sorted(
-        [("invalid", "None")] * (1 + parts) + [("invalid", "step-2")] * 3)
+        [("invalid", "None")] * (1 + parts) + [("invalid", "step-2")] * 3
+    )
     assert all(len(d.raw) <= 256 * 1024 for d in letters)
     assert worker.poll() is None
     log = deployment.log_tail(chars=10_000_000)
@@ -131,16 +188,29 @@ def test_an_output_the_broker_refuses_stops_the_worker_with_a_clear_error(deploy
         admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap)
         await admin.start()
         try:
-            await admin.create_topics([NewTopic(deployment.topics.metrics, num_partitions=1, replication_factor=1,
-                                                topic_configs={"max.message.bytes": "200"})])
+            await admin.create_topics(
+                [
+                    NewTopic(
+                        deployment.topics.metrics,
+                        num_partitions=1,
+                        replication_factor=1,
+                        topic_configs={"max.message.bytes": "200"},
+                    )
+                ]
+            )
         finally:
             await admin.close()
 
     asyncio.run(tiny_metrics_topic())
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
-    asyncio.run(_send(deployment.bootstrap, deployment.topics.records,
-                      _records_of(None, "step-1", 4, accepted=1, partitions=deployment.partitions)))
+    asyncio.run(
+        _send(
+            deployment.bootstrap,
+            deployment.topics.records,
+            _records_of(None, "step-1", 4, accepted=1, partitions=deployment.partitions),
+        )
+    )
     try:
         code = worker.wait(90)
     except subprocess.TimeoutExpired:
@@ -166,13 +236,14 @@ def test_the_topics_the_worker_writes_accept_its_largest_outputs(deployment):
         await admin.start()
         try:
             responses = await admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in written])
+                [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in written]
+            )
         finally:
             await admin.close()
         out = {}
         for response in responses:
-            for _, _, _, name, configs in response.resources:
-                out.update({name: value for key, value, *_ in configs if key == "max.message.bytes"})
+            for _, _, _, topic, configs in response.resources:
+                out.update((topic, value) for key, value, *_rest in configs if key == "max.message.bytes")
         return out
 
     assert asyncio.run(limits()) == {name: str(16 * 1024 * 1024) for name in written}

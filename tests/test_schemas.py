@@ -46,23 +46,35 @@ def test_encoded_bytes_are_pinned():
 def test_records_topic_roundtrip(message):
     decoded = decode_records_message(encode_records_message(message))
     assert not decoded.invalid
-    assert (decoded.marker or decoded.records[0]) == (message.records[0] if isinstance(message, RecordBatch) else message)
+    assert (decoded.marker or decoded.records[0]) == (
+        message.records[0] if isinstance(message, RecordBatch) else message
+    )
 
 
 @pytest.mark.parametrize(
     ("obj", "expected"),
     [
-        ({"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "accepted": -1},
-         "Expected `int` >= 0 - at `$.accepted`"),
-        ({"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "verify": "3"},
-         "Expected `int | null`, got `str` - at `$.verify`"),
-        ({"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "proposed": True},
-         "Expected `int | null`, got `bool` - at `$.proposed`"),
-        ({"type": "record", "batch_id": "b", "session_id": "", "generation_id": "g"},
-         "Expected `str` of length >= 1 - at `$.session_id`"),
+        (
+            {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "accepted": -1},
+            "Expected `int` >= 0 - at `$.accepted`",
+        ),
+        (
+            {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "verify": "3"},
+            "Expected `int | null`, got `str` - at `$.verify`",
+        ),
+        (
+            {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "proposed": True},
+            "Expected `int | null`, got `bool` - at `$.proposed`",
+        ),
+        (
+            {"type": "record", "batch_id": "b", "session_id": "", "generation_id": "g"},
+            "Expected `str` of length >= 1 - at `$.session_id`",
+        ),
         ({"type": "record", "batch_id": "b", "session_id": "s"}, "Object missing required field `generation_id`"),
-        ({"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "completion": 1.5},
-         "got `float` - at `$.completion`"),
+        (
+            {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "completion": 1.5},
+            "got `float` - at `$.completion`",
+        ),
         ({"type": "nonsense", "batch_id": "b"}, "Invalid value 'nonsense' - at `$.type`"),
     ],
 )
@@ -88,8 +100,10 @@ def test_truncated_msgpack_is_undecodable():
 
 
 def test_one_bad_record_in_a_packed_batch_costs_only_that_record():
-    good = [msgspec.structs.asdict(RECORD) | {"type": "record"}, {"type": "record", "batch_id": "b", "session_id": "s",
-                                                                  "generation_id": "g2", "completion": 4}]
+    good = [
+        msgspec.structs.asdict(RECORD) | {"type": "record"},
+        {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g2", "completion": 4},
+    ]
     bad = {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g3", "accepted": -5}
     data = msgspec.msgpack.encode({"type": "batch", "producer_id": "p7", "records": [good[0], bad, good[1]]})
     decoded = decode_records_message(data)
@@ -109,7 +123,8 @@ def test_size_limit_rejects_whole_message():
 def test_json_line_kinds():
     assert isinstance(decode_json_line('{"type": "marker", "batch_id": "b", "producer_id": "p"}'), BatchMarker)
     assert decode_json_line('{"batch_id": "b", "session_id": "s", "generation_id": "g"}') == GenerationRecord(
-        batch_id="b", session_id="s", generation_id="g")
+        batch_id="b", session_id="s", generation_id="g"
+    )
     assert decode_json_line("[1, 2]").reason == "invalid"
     assert decode_json_line("{oops").reason == "undecodable"
 
@@ -119,11 +134,24 @@ def test_partial_metrics_and_dead_letter_roundtrip():
     state.add(RECORD)
     partial = state.partial(partition=3)
     assert decode_partial(encode_partial(partial)) == partial
-    metrics = BatchMetrics(batch_id="b", revision=0, close_reason="markers", closed_at=1.5, speculative=True,
-                           complete=True, partitions_reported=1, partitions_expected=1, record_count=1,
-                           invalid_record_count=0, missing_record_count=0, late_record_count=0,
-                           accept_histogram=None, metrics={"spec/accept_rate": 0.5, "spec/sample_count": 1})
+    metrics = BatchMetrics(
+        batch_id="b",
+        revision=0,
+        close_reason="markers",
+        closed_at=1.5,
+        speculative=True,
+        complete=True,
+        partitions_reported=1,
+        partitions_expected=1,
+        record_count=1,
+        invalid_record_count=0,
+        missing_record_count=0,
+        late_record_count=0,
+        accept_histogram=None,
+        metrics={"spec/accept_rate": 0.5, "spec/sample_count": 1},
+    )
     assert decode_metrics(encode_metrics(metrics)) == metrics
-    letter = DeadLetter(reason="invalid", detail="x", raw=b"\x00\xff", source_topic="t", source_partition=1,
-                        source_offset=7)
+    letter = DeadLetter(
+        reason="invalid", detail="x", raw=b"\x00\xff", source_topic="t", source_partition=1, source_offset=7
+    )
     assert decode_dead_letter(encode_dead_letter(letter)) == letter

@@ -25,17 +25,23 @@ def test_single_output_dict():
 def test_batch_and_parallel_samples():
     # two prompts, n = 2: SGLang returns prompt-major lists of dicts
     outputs = [_output("0.5.9", f"r{i}") for i in range(4)]
-    records = records_from_outputs(outputs, batch_id="b", session_ids=["s0", "s0", "s1", "s1"],
-                                   sample_ids=["t0", "t1", "t0", "t1"])
+    records = records_from_outputs(
+        outputs, batch_id="b", session_ids=["s0", "s0", "s1", "s1"], sample_ids=["t0", "t1", "t0", "t1"]
+    )
     assert [(r.session_id, r.sample_id, r.generation_id) for r in records] == [
-        ("s0", "t0", "r0"), ("s0", "t1", "r1"), ("s1", "t0", "r2"), ("s1", "t1", "r3")]
+        ("s0", "t0", "r0"),
+        ("s0", "t1", "r1"),
+        ("s1", "t0", "r2"),
+        ("s1", "t1", "r3"),
+    ]
     assert all(r.accept_histogram == [6, 9, 11, 14] for r in records)
 
 
 def test_mismatched_lengths_and_missing_meta_info_are_clear():
     with pytest.raises(ValueError, match="2 outputs but 3 session ids"):
-        records_from_outputs([_output("0.5.4", "a"), _output("0.5.4", "b")], batch_id="b",
-                             session_ids=["s0", "s1", "s2"])
+        records_from_outputs(
+            [_output("0.5.4", "a"), _output("0.5.4", "b")], batch_id="b", session_ids=["s0", "s1", "s2"]
+        )
     with pytest.raises(ValueError, match="meta_info"):
         records_from_outputs({"text": "x"}, batch_id="b", session_ids="s")
 
@@ -47,11 +53,17 @@ def test_adapter_does_not_import_sglang():
 def test_run_and_weight_version_reach_every_record():
     """run_id is the caller's (a publisher's run); weight_version is each output's own
     ``meta_info["weight_version"]``."""
-    outputs = [_output("0.5.12", "r0"), {"meta_info": {**_output("0.5.12", "r1")["meta_info"], "weight_version": 7}},
-               {"meta_info": {k: v for k, v in _output("0.5.12", "r2")["meta_info"].items() if k != "weight_version"}}]
+    outputs = [
+        _output("0.5.12", "r0"),
+        {"meta_info": {**_output("0.5.12", "r1")["meta_info"], "weight_version": 7}},
+        {"meta_info": {k: v for k, v in _output("0.5.12", "r2")["meta_info"].items() if k != "weight_version"}},
+    ]
     records = records_from_outputs(outputs, batch_id="b", session_ids="s", run_id="attempt-2")
     assert [(r.run_id, r.weight_version) for r in records] == [
-        ("attempt-2", "step-000120"), ("attempt-2", "7"), ("attempt-2", None)]
+        ("attempt-2", "step-000120"),
+        ("attempt-2", "7"),
+        ("attempt-2", None),
+    ]
     assert records_from_outputs(outputs[:1], batch_id="b", session_ids="s")[0].run_id is None
 
 
@@ -69,14 +81,19 @@ def test_publish_outputs_publishes_in_the_publishers_run(kafka_bootstrap, unique
 
     async def run():
         await create_topic(kafka_bootstrap, topic, 2)
-        settings = PublisherSettings(bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="w3",
-                                     run_id="attempt-2")
+        settings = PublisherSettings(
+            bootstrap_servers=kafka_bootstrap, topic=topic, producer_id="w3", run_id="attempt-2"
+        )
         async with Publisher(settings) as publisher:
-            n = await publish_outputs(publisher, [_output("0.5.9", "r0"), _output("0.5.9", "r1")], batch_id="b",
-                                      session_ids=["s0", "s1"])
+            n = await publish_outputs(
+                publisher, [_output("0.5.9", "r0"), _output("0.5.9", "r1")], batch_id="b", session_ids=["s0", "s1"]
+            )
             await publisher.close_batch("b")
-        messages = await read_topic(kafka_bootstrap, topic, until=lambda ms: sum(
-            decode_records_message(m.value).marker is not None for m in ms) == 2)
+        messages = await read_topic(
+            kafka_bootstrap,
+            topic,
+            until=lambda ms: sum(decode_records_message(m.value).marker is not None for m in ms) == 2,
+        )
         return n, [decode_records_message(m.value) for m in messages]
 
     n, decoded = asyncio.run(run())

@@ -14,11 +14,26 @@ def _merger() -> BatchMerger:
     return BatchMerger(0, partitions_expected=2, batch_timeout_ms=TIMEOUT_MS, grace_ms=GRACE_MS)
 
 
-def _partial(partition: int, accepted: int, *, revision: int = 0, batch: str = "b", run: str | None = None,
-             reason: str = "markers"):
+def _partial(
+    partition: int,
+    accepted: int,
+    *,
+    revision: int = 0,
+    batch: str = "b",
+    run: str | None = None,
+    reason: str = "markers",
+):
     state = BatchState(batch, run)
-    state.add(GenerationRecord(batch_id=batch, session_id=f"s{partition}", generation_id="g", accepted=accepted,
-                               proposed=10, weight_version="v1"))
+    state.add(
+        GenerationRecord(
+            batch_id=batch,
+            session_id=f"s{partition}",
+            generation_id="g",
+            accepted=accepted,
+            proposed=10,
+            weight_version="v1",
+        )
+    )
     return state.partial(partition=partition, revision=revision, close_reason=reason, closed_at_ms=100)
 
 
@@ -62,8 +77,9 @@ def test_timeout_publishes_incomplete_and_the_missing_partition_completes_it():
 
 def test_runs_merge_apart_even_with_equal_batch_ids():
     m = _merger()
-    out = m.process([(0, _partial(0, 3, run="r1")), (1, _partial(0, 1)), (2, _partial(1, 4, run="r1"))],
-                    now_ms=0).published
+    out = m.process(
+        [(0, _partial(0, 3, run="r1")), (1, _partial(0, 1)), (2, _partial(1, 4, run="r1"))], now_ms=0
+    ).published
     assert [(x.run_id, x.metrics["spec/accepted_total"]) for x in out] == [("r1", 7)]
     assert set(m.entries) == {("r1", "b"), (None, "b")}
 

@@ -62,9 +62,9 @@ def test_second_worker_joins_mid_stream(deployment):
     third = len(events) // 3
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[:third]))
     second = deployment.start_worker()
-    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[third:2 * third]))
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[third : 2 * third]))
     deployment.wait_ready(second)
-    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[2 * third:]))
+    asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events[2 * third :]))
     published = wait_complete(deployment, {e.batch_id for e in events})
     assert_matches_offline(published, events)
     assert_conserved(produced_records(events), published, deployment.dead_letters())
@@ -89,8 +89,6 @@ def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
     from specmeter.schemas import GenerationRecord
     from specmeter.streams import OfflineAggregator
 
-
-
     d = Deployment(kafka_bootstrap, batch_timeout_s=2.0, grace_s=8.0)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
     try:
@@ -98,9 +96,16 @@ def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
         d.wait_ready(worker)
 
         def record(session: str, generation: str, accepted: int) -> GenerationRecord:
-            return GenerationRecord(batch_id="lonely", session_id=session, generation_id=generation,
-                                    accepted=accepted, proposed=10, verify=4, completion=accepted + 4,
-                                    producer_id="p0")
+            return GenerationRecord(
+                batch_id="lonely",
+                session_id=session,
+                generation_id=generation,
+                accepted=accepted,
+                proposed=10,
+                verify=4,
+                completion=accepted + 4,
+                producer_id="p0",
+            )
 
         from specmeter.streams.synthetic import FleetEvent
 
@@ -147,9 +152,13 @@ def test_readme_main_job(kafka_bootstrap):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "specmeter.streams.demo", "--json", "--timeout", "120"],
-                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.demo", "--json", "--timeout", "120"],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     batches = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [b["batch_id"] for b in batches] == ["step-00000", "step-00001", "step-00002"]
@@ -164,8 +173,12 @@ def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
     from specmeter.streams.settings import TopicNames, WorkerSettings
 
     name = f"topics-{time.time_ns()}"
-    topics = TopicNames(records=f"{name}.records", partials=f"{name}.partials", metrics=f"{name}.metrics",
-                        deadletter=f"{name}.deadletter")
+    topics = TopicNames(
+        records=f"{name}.records",
+        partials=f"{name}.partials",
+        metrics=f"{name}.metrics",
+        deadletter=f"{name}.deadletter",
+    )
     settings = WorkerSettings(broker=kafka_bootstrap, app_id=name, topics=topics, partitions=6)
     made = asyncio.run(ensure_topics(settings))
     for topic in (topics.records, topics.partials, *changelog_topics(name)):

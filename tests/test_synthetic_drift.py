@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMarker, GenerationRecord
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,8 +46,17 @@ def _number(version: str) -> int:
     return int(version[1:])
 
 
-SPEC = FleetSpec(batches=16, sessions_per_batch=300, producers=2, seed=3, invalid_rate=0.0, conflict_rate=0.0,
-                 draft_refresh_batches=8, stale_versions=3, drift_per_version=0.08)
+SPEC = FleetSpec(
+    batches=16,
+    sessions_per_batch=300,
+    producers=2,
+    seed=3,
+    invalid_rate=0.0,
+    conflict_rate=0.0,
+    draft_refresh_batches=8,
+    stale_versions=3,
+    drift_per_version=0.08,
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +95,7 @@ def test_acceptance_trends_down_between_draft_refreshes_and_recovers_at_each(rec
     rates = [_batch_rate(records, f"step-{b:05d}") for b in range(SPEC.batches)]
     refresh = SPEC.draft_refresh_batches
     for start in range(0, SPEC.batches, refresh):
-        cycle = rates[start:start + refresh]
+        cycle = rates[start : start + refresh]
         assert cycle[-1] < cycle[0] - 0.05, f"no downward trend in batches {start}..: {cycle}"
     assert rates[refresh] > rates[refresh - 1] + 0.05, f"no recovery at the refresh: {rates}"
 
@@ -108,16 +117,22 @@ def test_same_seed_same_events_and_the_run_is_named_everywhere():
     assert any(isinstance(e.payload, BatchMarker) for e in first)
 
 
-@pytest.mark.parametrize("bad", [dict(stale_versions=-1), dict(draft_refresh_batches=-1),
-                                 dict(drift_per_version=1.0), dict(run_id="")])
+@pytest.mark.parametrize(
+    "bad", [{"stale_versions": -1}, {"draft_refresh_batches": -1}, {"drift_per_version": 1.0}, {"run_id": ""}]
+)
 def test_bad_drift_settings_are_refused(bad):
     with pytest.raises(ValueError):
         FleetSpec(**bad)
 
 
 def test_the_bundled_sample_is_what_its_generator_writes_and_shows_drift():
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "make_sample_rollout.py")], capture_output=True,
-                         check=True, timeout=120).stdout
-    assert out == (REPO / "streams" / "data" / "sample_rollout.jsonl").read_bytes(), \
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_sample_rollout.py")],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert out == (REPO / "streams" / "data" / "sample_rollout.jsonl").read_bytes(), (
         "regenerate: python examples/make_sample_rollout.py > streams/data/sample_rollout.jsonl"
+    )
     assert b'"weight_version":"v' in out

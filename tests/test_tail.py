@@ -23,15 +23,39 @@ def version(name: str | None, rate: float | None) -> WeightVersionMetrics:
     return WeightVersionMetrics(weight_version=name, metrics=metrics, accept_histogram=None)
 
 
-def batch(batch_id: str, *, run_id: str | None = None, versions=(), revision: int = 0, complete: bool = True,
-          generations: int = 98_765) -> BatchMetrics:
+def batch(
+    batch_id: str,
+    *,
+    run_id: str | None = None,
+    versions=(),
+    revision: int = 0,
+    complete: bool = True,
+    generations: int = 98_765,
+) -> BatchMetrics:
     return BatchMetrics(
-        batch_id=batch_id, revision=revision, close_reason="markers" if complete else "timeout", closed_at=0.0,
-        speculative=True, complete=complete, partitions_reported=4, partitions_expected=4, record_count=123_456,
-        invalid_record_count=3, missing_record_count=0, late_record_count=1, accept_histogram=None,
-        metrics={"spec/accept_rate": 0.7512, "spec/tokens_per_verify": 3.41, "spec/accept_count_coverage": 0.95,
-                 "spec/unique_generation_count": generations, "spec/conflicting_generation_count": 2},
-        run_id=run_id, by_weight_version=[version(v, r) for v, r in versions] or None)
+        batch_id=batch_id,
+        revision=revision,
+        close_reason="markers" if complete else "timeout",
+        closed_at=0.0,
+        speculative=True,
+        complete=complete,
+        partitions_reported=4,
+        partitions_expected=4,
+        record_count=123_456,
+        invalid_record_count=3,
+        missing_record_count=0,
+        late_record_count=1,
+        accept_histogram=None,
+        metrics={
+            "spec/accept_rate": 0.7512,
+            "spec/tokens_per_verify": 3.41,
+            "spec/accept_count_coverage": 0.95,
+            "spec/unique_generation_count": generations,
+            "spec/conflicting_generation_count": 2,
+        },
+        run_id=run_id,
+        by_weight_version=[version(v, r) for v, r in versions] or None,
+    )
 
 
 def render(table, width: int) -> list[str]:
@@ -42,8 +66,12 @@ def render(table, width: int) -> list[str]:
 
 LATEST = {
     1: batch("step-00001", versions=[("v7", 0.75), ("v8", 0.25)]),
-    2: batch("step-00002", run_id="grpo-llama-70b-attempt-3-restarted-from-step-1000",
-             versions=[(f"v{i}", 0.9 - 0.05 * i) for i in range(4, 14)] + [(None, 0.5)], complete=False),
+    2: batch(
+        "step-00002",
+        run_id="grpo-llama-70b-attempt-3-restarted-from-step-1000",
+        versions=[(f"v{i}", 0.9 - 0.05 * i) for i in range(4, 14)] + [(None, 0.5)],
+        complete=False,
+    ),
     3: batch("a-very-long-batch-identifier-from-some-trainer-000042", generations=12_345_678),
     4: batch("step-00004", run_id="r2", versions=[("v12", 0.5)], revision=3),
 }
@@ -72,8 +100,7 @@ def test_columns_of_a_narrow_and_a_wide_terminal(width):
 
 
 def test_drift_text_orders_versions_naturally_and_keeps_the_newest():
-    entries = [version("v10", 0.5), version("v9", 0.625), version(None, 0.3), version("v11", None),
-               version("v8", 1.0)]
+    entries = [version("v10", 0.5), version("v9", 0.625), version(None, 0.3), version("v11", None), version("v8", 1.0)]
     assert drift_text(entries, 80) == "v8 1.00 v9 .62 v10 .50 v11 - ? .30"
     assert drift_text(entries, 21) == "… v10 .50 v11 - ? .30"
     assert drift_text(entries, 20) == "… v11 - ? .30"
@@ -99,8 +126,13 @@ def test_rows_keep_the_latest_batches():
 
 def _tail(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # piped: rich's default, 80 columns
-    return subprocess.run([sys.executable, "-m", "specmeter.streams.cli", "tail", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", "tail", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 async def _publish(bootstrap: str, topic: str, messages: list[BatchMetrics]) -> None:
@@ -125,22 +157,28 @@ def metrics_topic(kafka_bootstrap, new_topic):
 
 @pytest.mark.kafka
 def test_starts_with_the_last_messages_already_on_the_topic(kafka_bootstrap, metrics_topic):
-    proc = _tail("--broker", kafka_bootstrap, "--topic", metrics_topic, "--json", "--max-messages", "10",
-                 "--timeout", "30")
+    proc = _tail(
+        "--broker", kafka_bootstrap, "--topic", metrics_topic, "--json", "--max-messages", "10", "--timeout", "30"
+    )
     assert proc.returncode == 0, proc.stderr
-    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == \
-        [f"step-{i:05d}" for i in range(5, 15)], "the default: the last 10 of each partition"
+    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == [
+        f"step-{i:05d}" for i in range(5, 15)
+    ], "the default: the last 10 of each partition"
     proc = _tail("--broker", kafka_bootstrap, "--topic", metrics_topic, "--json", "--last", "3", "--timeout", "3")
-    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == ["step-00012", "step-00013",
-                                                                                    "step-00014"]
+    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == [
+        "step-00012",
+        "step-00013",
+        "step-00014",
+    ]
     proc = _tail("--broker", kafka_bootstrap, "--topic", metrics_topic, "--json", "--last", "0", "--timeout", "2")
     assert proc.returncode == 0 and proc.stdout == "", "--last 0: only new messages"
 
 
 @pytest.mark.kafka
 def test_piped_table_fits_80_columns_and_ends_with_a_newline(kafka_bootstrap, metrics_topic):
-    proc = _tail("--broker", kafka_bootstrap, "--topic", metrics_topic, "--rows", "4", "--max-messages", "10",
-                 "--timeout", "30")
+    proc = _tail(
+        "--broker", kafka_bootstrap, "--topic", metrics_topic, "--rows", "4", "--max-messages", "10", "--timeout", "30"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.endswith("\n")
     lines = proc.stdout.splitlines()

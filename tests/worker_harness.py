@@ -16,14 +16,13 @@ from pathlib import Path
 import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.streams._loadgen import publish_fleet
-from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics, decode_records_message
 from specmeter.streams import OfflineAggregator
+from specmeter.streams._loadgen import publish_fleet
 from specmeter.streams.settings import TopicNames
+from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
 from .kafka_helpers import read_topic
-
 
 #: foreign bytes on the records topic: not msgpack, a bare array, an unknown tag
 JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
@@ -31,9 +30,21 @@ JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
 
 def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetEvent]:
     """A small seeded fleet with every kind of trouble (redeliveries, conflicts, unknowns, invalid)."""
-    return list(synthetic_fleet(FleetSpec(batches=batches, sessions_per_batch=sessions, producers=3, seed=seed,
-                                          redelivery_rate=0.25, conflict_rate=0.02, missing_rate=0.1,
-                                          invalid_rate=0.02, batch_prefix=f"s{seed}-b")))
+    return list(
+        synthetic_fleet(
+            FleetSpec(
+                batches=batches,
+                sessions_per_batch=sessions,
+                producers=3,
+                seed=seed,
+                redelivery_rate=0.25,
+                conflict_rate=0.02,
+                missing_rate=0.1,
+                invalid_rate=0.02,
+                batch_prefix=f"s{seed}-b",
+            )
+        )
+    )
 
 
 def produced_records(events: list[FleetEvent]) -> int:
@@ -55,22 +66,54 @@ class Deployment:
 
     @property
     def topics(self) -> TopicNames:
-        return TopicNames(records=f"{self.name}.records", partials=f"{self.name}.partials",
-                          metrics=f"{self.name}.metrics", deadletter=f"{self.name}.deadletter")
+        return TopicNames(
+            records=f"{self.name}.records",
+            partials=f"{self.name}.partials",
+            metrics=f"{self.name}.metrics",
+            deadletter=f"{self.name}.deadletter",
+        )
 
     def start_worker(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         t = self.topics
         log = Path(tempfile.mkstemp(prefix=f"{self.name}-worker-", suffix=".log")[1])
-        args = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", self.bootstrap,
-                "--app-id", self.name, "--records-topic", t.records, "--partials-topic", t.partials,
-                "--metrics-topic", t.metrics, "--deadletter-topic", t.deadletter,
-                "--partitions", str(self.partitions), "--batch-timeout", str(self.batch_timeout_s),
-                "--grace", str(self.grace_s), "--session-timeout", str(self.session_timeout_s),
-                *(() if "--web-port" in extra else ("--no-web",)),
-                "--data-dir", tempfile.mkdtemp(prefix=f"{self.name}-data-"), *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "specmeter.streams.cli",
+            "worker",
+            "--broker",
+            self.bootstrap,
+            "--app-id",
+            self.name,
+            "--records-topic",
+            t.records,
+            "--partials-topic",
+            t.partials,
+            "--metrics-topic",
+            t.metrics,
+            "--deadletter-topic",
+            t.deadletter,
+            "--partitions",
+            str(self.partitions),
+            "--batch-timeout",
+            str(self.batch_timeout_s),
+            "--grace",
+            str(self.grace_s),
+            "--session-timeout",
+            str(self.session_timeout_s),
+            *(() if "--web-port" in extra else ("--no-web",)),
+            "--data-dir",
+            tempfile.mkdtemp(prefix=f"{self.name}-data-"),
+            *extra,
+        ]
         with log.open("wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+            proc = subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
         self.workers.append(proc)
         self.logs.append(log)
         return proc
@@ -109,8 +152,15 @@ class Deployment:
 
     # -- reading results ------------------------------------------------------------
     def metrics(self, *, until=None, timeout_s: float = 60.0, idle_s: float | None = None) -> list[BatchMetrics]:
-        messages = asyncio.run(read_topic(self.bootstrap, self.topics.metrics, until=until and (
-            lambda ms: until([decode_metrics(m.value) for m in ms])), timeout_s=timeout_s, idle_s=idle_s))
+        messages = asyncio.run(
+            read_topic(
+                self.bootstrap,
+                self.topics.metrics,
+                until=until and (lambda ms: until([decode_metrics(m.value) for m in ms])),
+                timeout_s=timeout_s,
+                idle_s=idle_s,
+            )
+        )
         return [decode_metrics(m.value) for m in messages]
 
     def dead_letters(self, *, idle_s: float = 2.0, timeout_s: float = 20.0) -> list:
@@ -128,7 +178,8 @@ def wait_complete(deployment: Deployment, batches: set[str], *, timeout_s: float
 
     published = deployment.metrics(until=done, timeout_s=timeout_s)
     assert batches <= {m.batch_id for m in published}, (
-        f"missing batches {sorted(batches - {m.batch_id for m in published})}\n{deployment.log_tail()}")
+        f"missing batches {sorted(batches - {m.batch_id for m in published})}\n{deployment.log_tail()}"
+    )
     return published
 
 
@@ -205,9 +256,7 @@ def expected_metrics(events: list[FleetEvent], extra_invalid: list[dict] = ()) -
     """What the offline core says for the same events."""
     aggregator = OfflineAggregator()
     for event in events:
-        if event.kind == "record":
-            aggregator.feed(event.payload)
-        elif event.kind == "marker":
+        if event.kind == "record" or event.kind == "marker":
             aggregator.feed(event.payload)
         else:
             aggregator.feed_line(msgspec.json.encode(event.payload), 0)
