@@ -16,8 +16,34 @@ from specmeter.schemas import encode_metrics
 from ._offline import LineError, OfflineAggregator
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: specmeter's and its stream libraries' versions, and which core runs."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ._core import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
+
+    parts = []
+    for name, dist in (("specmeter", "specmeter"), ("faust", "faust-streaming"), ("aiokafka", "aiokafka"),
+                       ("msgspec", "msgspec")):
+        try:
+            parts.append(f"{name} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} (not installed)")
+    if NATIVE_CORE:
+        core = "native core loaded"
+    elif NATIVE_DISABLED:
+        core = "python core (native switched off by SPECMETER_NO_NATIVE)"
+    else:
+        core = f"python core (native not built: {NATIVE_IMPORT_ERROR})"
+    click.echo(", ".join(parts) + f"; {core}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
-@click.version_option(package_name="specmeter")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the versions of specmeter, Faust, aiokafka and msgspec, and which core runs, and exit.")
 def main() -> None:
     """specmeter: correct speculative-decoding metrics for RL rollout fleets.
 
