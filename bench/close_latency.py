@@ -1,6 +1,6 @@
 """Close latency: from a batch's last marker produced to its BatchMetrics on the output topic.
 
-    python bench/close_latency.py [--rate 20000] [--batches 60] [--smoke]
+    python bench/close_latency.py [--rate 20000] [--batches 60] [--smoke] [--json]
 
 A worker runs on a 4-partition records topic while a synthetic fleet publishes at
 a sustained rate; each batch's latency is measured in this process (one clock):
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import broker_address, fresh_topic, report  # noqa: E402
+from _common import add_json_flag, broker_address, core_name, fresh_topic, report  # noqa: E402
 from _pipeline import start_workers, stop_workers  # noqa: E402
 
 from specmeter.producers import PublisherSettings  # noqa: E402
@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20_000)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
+    add_json_flag(parser)
     args = parser.parse_args()
     batches, rate, sessions = (3, 2_000, 2) if args.smoke else (args.batches, args.rate, 20)
     bootstrap = broker_address()
@@ -116,12 +117,15 @@ def main() -> None:
     pings = asyncio.run(ping_baseline(bootstrap, fresh_topic(bootstrap, "ping", 1), 5 if args.smoke else 50))
     lat = result["latencies"]
     p99, base99 = percentile(lat, 0.99), percentile(pings, 0.99)
-    report(f"close latency ({len(lat)} batches at {result['rate']:,.0f} records/s, 4 partitions)", [
+    report(f"close latency ({len(lat)} batches at {result['rate']:,.0f} records/s, 4 partitions, "
+           f"{core_name()} core)", [
         ("p50", f"{statistics.median(lat) * 1000:.0f} ms"),
         ("p99", f"{p99 * 1000:.0f} ms   (goal < 250 ms)"),
         ("max", f"{max(lat) * 1000:.0f} ms"),
         ("baseline produce->consume p99", f"{base99 * 1000:.1f} ms   ratio {p99 / base99:.1f}x"),
-    ])
+    ], {"batches": len(lat), "records_per_s": result["rate"], "core": core_name(),
+        "p50_ms": statistics.median(lat) * 1000, "p99_ms": p99 * 1000, "max_ms": max(lat) * 1000,
+        "baseline_p99_ms": base99 * 1000}, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Producer overhead: µs per publish call on the caller, and sustained records/s.
 
-    python bench/producer_overhead.py [--records N] [--smoke]
+    python bench/producer_overhead.py [--records N] [--smoke] [--json]
 
 Caller cost: ``publish_nowait`` (encode + partition + enqueue) against the bare
 minimum measured in the same run (msgspec encode + list append). Sustained:
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import broker_address, fresh_topic, report  # noqa: E402
+from _common import add_json_flag, broker_address, fresh_topic, report  # noqa: E402
 
 from specmeter.producers import Publisher, PublisherSettings  # noqa: E402
 from specmeter.producers.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--naive-records", type=int, default=50_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
+    add_json_flag(parser)
     args = parser.parse_args()
     n, naive_n = (2_000, 500) if args.smoke else (args.records, args.naive_records)
     bootstrap = broker_address()
@@ -96,7 +97,8 @@ def main() -> None:
         ("baseline encode+append", f"{base_us:.2f} µs   ratio {caller_us / base_us:.2f}x"),
         ("sustained to the broker", f"{sustained:,.0f} records/s   (target >= 100,000)"),
         ("naive aiokafka, 1 msg/record", f"{naive:,.0f} records/s   ratio {sustained / naive:.1f}x"),
-    ])
+    ], {"records": n, "publish_us_per_call": caller_us, "baseline_us_per_call": base_us,
+        "sustained_records_per_s": sustained, "naive_records_per_s": naive}, as_json=args.json)
 
 
 if __name__ == "__main__":

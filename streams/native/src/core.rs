@@ -3,10 +3,11 @@
 //!
 //! Layout: every string but the generation ids is interned once per batch
 //! (sessions, samples, state hashes, weight versions); a generation's id lives in
-//! an arena and its entry is 36 bytes: the counters, the version, the first
-//! occurrence's sample and flags. The rare parts -- a state hash, a histogram,
-//! counters past 32 bits (only from an old changelog), more occurrences -- live
-//! in side tables. `apply` is the one implementation of the dedup rule.
+//! an arena and its entry is 40 bytes: the counters, the version, the first
+//! occurrence's sample, flags and the index of its state hash and histogram (whose
+//! bins live in one arena). Rarer parts -- more occurrences, counters past 32 bits
+//! (only from a changelog written before the limits) -- live in side tables.
+//! `apply` is the one implementation of the dedup rule.
 
 use hashbrown::{DefaultHashBuilder, HashMap, HashSet, HashTable};
 use std::hash::BuildHasher;
@@ -83,8 +84,8 @@ fn resolve<'a>(bytes: &'a [u8], spans: &[(usize, u32)], id: u32) -> &'a [u8] {
 // -- entries ---------------------------------------------------------------------------
 const KNOWN: [u8; 4] = [1, 2, 4, 8];
 const CONFLICT: u8 = 16;
-/// a state hash, a histogram or counters past 32 bits in `wide`
-const EXTRA: u8 = 32;
+/// counters or bins past 32 bits, in `big`
+const BIG: u8 = 32;
 /// occurrences beyond the first in `extras`
 const MULTI: u8 = 64;
 /// no occurrence yet (an entry a delta restored before its occurrences)
@@ -102,24 +103,62 @@ struct Entry {
     /// the weight_version (0: None)
     version: u32,
     counters: [u32; 4],
+    /// index in `aux` of the state hash and histogram (0: neither)
+    aux: u32,
     gen_len: u16,
     gen_hi: u8,
     flags: u8,
 }
 
-#[derive(Default, Clone, PartialEq, Eq)]
-struct Wide {
+/// A value's state hash and histogram (bins `hist_off..hist_off + hist_len` of `bins`).
+#[derive(Clone, Copy, Default)]
+struct Aux {
     state_hash: u32,
-    hist: Option<Box<[u64]>>,
-    big: Option<[u64; 4]>,
+    hist_off: u32,
+    hist_len: u32,
 }
 
-/// A value as stored: (state_hash, counters, histogram, version).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Value {
+const NO_HIST: u32 = u32::MAX;
+
+/// A value with a counter or a bin past 32 bits.
+struct Big {
+    counters: [u64; 4],
+    hist: Option<Box<[u64]>>,
+}
+
+/// A histogram as stored.
+#[derive(Clone, Copy)]
+enum Hist<'a> {
+    Small(&'a [u32]),
+    Wide(&'a [u64]),
+}
+
+impl Hist<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Hist::Small(h) => h.len(),
+            Hist::Wide(h) => h.len(),
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = u64> + '_ {
+        let (small, wide) = match self {
+            Hist::Small(h) => (Some(h.iter().map(|&b| b as u64)), None),
+            Hist::Wide(h) => (None, Some(h.iter().copied())),
+        };
+        small.into_iter().flatten().chain(wide.into_iter().flatten())
+    }
+
+    fn same(&self, other: &[u64]) -> bool {
+        self.len() == other.len() && self.values().zip(other).all(|(a, &b)| a == b)
+    }
+}
+
+/// A value to store or compare: (state_hash, counters, histogram, version).
+pub struct Value<'a> {
     pub state_hash: u32,
     pub counters: [Option<u64>; 4],
-    pub hist: Option<Box<[u64]>>,
+    pub hist: Option<&'a [u64]>,
     pub version: u32,
 }
 
@@ -147,12 +186,12 @@ fn add_counters(s: &mut Sums, c: [Option<u64>; 4]) {
     }
 }
 
-fn add_hist(out: &mut Option<Vec<u128>>, hist: &[u64]) {
+fn add_hist(out: &mut Option<Vec<u128>>, hist: Hist) {
     let out = out.get_or_insert_with(Vec::new);
     if hist.len() > out.len() {
         out.resize(hist.len(), 0);
     }
-    for (o, &h) in out.iter_mut().zip(hist) {
+    for (o, h) in out.iter_mut().zip(hist.values()) {
         *o += h as u128;
     }
 }
@@ -211,8 +250,13 @@ pub struct State {
     gens: Vec<u8>,
     entries: Vec<Entry>,
     table: HashTable<u32>,
-    wide: HashMap<u32, Wide>,
+    /// state hashes and histograms (index 0 unused: "none")
+    aux: Vec<Aux>,
+    bins: Vec<u32>,
+    big: HashMap<u32, Big>,
     extras: HashSet<(u32, u32)>,
+    /// the ids of the last session, sample and version interned (records come in runs)
+    last_ids: [(u32, u32); 3],
     conflicts: u64,
     pub record_count: i64,
     pub invalid_record_count: i64,
@@ -245,8 +289,10 @@ impl State {
             + self.gens.capacity()
             + self.entries.capacity() * std::mem::size_of::<Entry>()
             + self.table.allocation_size()
-            + self.wide.allocation_size()
-            + self.wide.values().map(|w| w.hist.as_ref().map_or(0, |h| h.len() * 8)).sum::<usize>()
+            + self.aux.capacity() * std::mem::size_of::<Aux>()
+            + self.bins.capacity() * 4
+            + self.big.allocation_size()
+            + self.big.values().map(|b| b.hist.as_ref().map_or(0, |h| h.len() * 8)).sum::<usize>()
             + self.extras.allocation_size()
     }
 
@@ -307,36 +353,78 @@ impl State {
         if e.flags & KNOWN[i] == 0 {
             return None;
         }
-        if e.flags & EXTRA != 0 {
-            if let Some(big) = self.wide.get(&idx).and_then(|w| w.big) {
-                return Some(big[i]);
-            }
+        if e.flags & BIG != 0 {
+            return self.big.get(&idx).map(|b| b.counters[i]);
         }
         Some(e.counters[i] as u64)
     }
 
+    #[inline]
     fn counters_of(&self, idx: u32) -> [Option<u64>; 4] {
         let e = &self.entries[idx as usize];
         [0, 1, 2, 3].map(|i| self.counter(idx, e, i))
     }
 
-    fn value_of(&self, idx: u32) -> Value {
-        let e = &self.entries[idx as usize];
-        let wide = if e.flags & EXTRA != 0 { self.wide.get(&idx) } else { None };
-        Value {
-            state_hash: wide.map_or(0, |w| w.state_hash),
-            counters: self.counters_of(idx),
-            hist: wide.and_then(|w| w.hist.clone()),
-            version: e.version,
+    #[inline]
+    fn state_hash_of(&self, e: &Entry) -> u32 {
+        if e.aux == 0 {
+            0
+        } else {
+            self.aux.get(e.aux as usize).map_or(0, |a| a.state_hash)
         }
     }
 
+    #[inline]
+    fn hist_of(&self, idx: u32, e: &Entry) -> Option<Hist<'_>> {
+        if e.flags & BIG != 0 {
+            return self.big.get(&idx).and_then(|b| b.hist.as_deref()).map(Hist::Wide);
+        }
+        if e.aux == 0 {
+            return None;
+        }
+        let a = self.aux.get(e.aux as usize)?;
+        if a.hist_len == NO_HIST {
+            return None;
+        }
+        let start = a.hist_off as usize;
+        self.bins.get(start..start + a.hist_len as usize).map(Hist::Small)
+    }
+
     /// Stores `value` as the entry's (conflict flag cleared).
-    fn set_value(&mut self, idx: u32, value: Value) {
-        let fits = value.counters.iter().all(|c| c.is_none_or(|v| v <= u32::MAX as u64));
+    fn set_value(&mut self, idx: u32, value: &Value) -> Result<(), TooLarge> {
+        let small = |v: u64| v <= u32::MAX as u64;
+        let fits = value.counters.iter().all(|c| c.is_none_or(small))
+            && value.hist.is_none_or(|h| h.iter().all(|&b| small(b)));
+        if self.entries[idx as usize].flags & BIG != 0 {
+            self.big.remove(&idx);
+        }
+        let mut aux = 0;
+        if value.state_hash != 0 || (fits && value.hist.is_some()) {
+            let (hist_off, hist_len) = match value.hist {
+                Some(h) if fits => {
+                    let off = u32::try_from(self.bins.len()).map_err(|_| TooLarge("4G histogram bins in one batch"))?;
+                    self.bins.extend(h.iter().map(|&b| b as u32));
+                    (off, h.len() as u32)
+                }
+                _ => (0, NO_HIST),
+            };
+            aux = u32::try_from(self.aux.len().max(1)).map_err(|_| TooLarge("too many histograms in one batch"))?;
+            if self.aux.is_empty() {
+                self.aux.push(Aux::default()); // index 0: none
+            }
+            self.aux.push(Aux { state_hash: value.state_hash, hist_off, hist_len });
+        }
+        if !fits {
+            let counters = value.counters.map(|c| c.unwrap_or(0));
+            self.big.insert(idx, Big { counters, hist: value.hist.map(Box::from) });
+        }
         let e = &mut self.entries[idx as usize];
-        e.flags &= !(KNOWN[0] | KNOWN[1] | KNOWN[2] | KNOWN[3] | CONFLICT | EXTRA);
+        e.flags &= !(KNOWN[0] | KNOWN[1] | KNOWN[2] | KNOWN[3] | CONFLICT | BIG);
+        if !fits {
+            e.flags |= BIG;
+        }
         e.version = value.version;
+        e.aux = aux;
         for i in 0..4 {
             e.counters[i] = 0;
             if let Some(v) = value.counters[i] {
@@ -346,39 +434,32 @@ impl State {
                 }
             }
         }
-        let wide = Wide {
-            state_hash: value.state_hash,
-            hist: value.hist,
-            big: if fits { None } else { Some(value.counters.map(|c| c.unwrap_or(0))) },
-        };
-        if wide == Wide::default() {
-            self.wide.remove(&idx);
-        } else {
-            e.flags |= EXTRA;
-            self.wide.insert(idx, wide);
-        }
+        Ok(())
     }
 
     fn set_conflict(&mut self, idx: u32) {
         let e = &mut self.entries[idx as usize];
-        if e.flags & EXTRA != 0 {
-            self.wide.remove(&idx);
+        if e.flags & BIG != 0 {
+            self.big.remove(&idx);
         }
         e.flags = (e.flags & (MULTI | NO_OCC)) | CONFLICT;
         e.counters = [0; 4];
         e.version = 0;
+        e.aux = 0; // the old state hash and bins stay in their arenas, unused
     }
 
-    /// Whether the entry's value is the record's (`state_hash` looked up, not interned).
-    fn same_value(&self, idx: u32, r: &Record, state_hash: u32, version: u32) -> bool {
+    /// Whether the entry holds `value` (not conflicting).
+    fn holds(&self, idx: u32, value: &Value) -> bool {
         let e = &self.entries[idx as usize];
-        if e.version != version || self.counters_of(idx) != r.counters {
-            return false;
-        }
-        let wide = if e.flags & EXTRA != 0 { self.wide.get(&idx) } else { None };
-        let stored_hash = wide.map_or(0, |w| w.state_hash);
-        let stored_hist = wide.and_then(|w| w.hist.as_deref());
-        stored_hash == state_hash && stored_hist == r.hist
+        e.flags & CONFLICT == 0
+            && e.version == value.version
+            && self.counters_of(idx) == value.counters
+            && self.state_hash_of(e) == value.state_hash
+            && match (self.hist_of(idx, e), value.hist) {
+                (None, None) => true,
+                (Some(stored), Some(h)) => stored.same(h),
+                _ => false,
+            }
     }
 
     /// Adds occurrence (idx, sample); false when it was already there.
@@ -400,6 +481,21 @@ impl State {
         true
     }
 
+    /// `intern_opt` through a one-entry cache per kind (0: session, 1: version, 2: sample).
+    #[inline]
+    fn intern_cached(&mut self, kind: usize, s: Option<&[u8]>) -> Result<u32, TooLarge> {
+        let Some(s) = s else {
+            return Ok(0);
+        };
+        let (id, len) = self.last_ids[kind];
+        if id != 0 && len as usize == s.len() && self.strings.resolve(id) == s {
+            return Ok(id);
+        }
+        let id = self.strings.intern(&self.hasher, s)?;
+        self.last_ids[kind] = (id, s.len() as u32);
+        Ok(id)
+    }
+
     fn intern_opt(&mut self, s: Option<&[u8]>) -> Result<u32, TooLarge> {
         match s {
             Some(s) => self.strings.intern(&self.hasher, s),
@@ -414,14 +510,14 @@ impl State {
         if r.counters[0].is_some() || r.counters[1].is_some() || r.counters[2].is_some() {
             self.counters_seen = true;
         }
-        let session = self.strings.intern(&self.hasher, r.session)?;
-        let version = self.intern_opt(r.version)?;
-        let sample = self.intern_opt(r.sample)?;
+        let session = self.intern_cached(0, Some(r.session))?;
+        let version = self.intern_cached(1, r.version)?;
+        let sample = self.intern_cached(2, r.sample)?;
         let journaling = self.journal.is_some();
         let Some(idx) = self.find(session, r.generation) else {
             let idx = self.create(session, r.generation)?;
             let state_hash = self.intern_opt(r.state_hash)?;
-            self.set_value(idx, Value { state_hash, counters: r.counters, hist: r.hist.map(Box::from), version });
+            self.set_value(idx, &Value { state_hash, counters: r.counters, hist: r.hist, version })?;
             let e = &mut self.entries[idx as usize];
             e.flags &= !NO_OCC;
             e.sample = sample;
@@ -440,7 +536,7 @@ impl State {
                 Some(h) => self.strings.get(&self.hasher, h).unwrap_or(u32::MAX),
                 None => 0,
             };
-            if !self.same_value(idx, r, state_hash, version) {
+            if !self.holds(idx, &Value { state_hash, counters: r.counters, hist: r.hist, version }) {
                 self.set_conflict(idx);
                 self.conflicts += 1;
                 conflicting = true;
@@ -583,7 +679,7 @@ impl State {
     /// one occurrence, no state hash, no histogram, no conflict, small counters.
     fn packed_counters(&self, idx: u32) -> Option<u128> {
         let e = &self.entries[idx as usize];
-        if e.flags & (CONFLICT | EXTRA | MULTI | NO_OCC) != 0 {
+        if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 {
             return None;
         }
         let mut out = 0u128;
@@ -613,24 +709,24 @@ impl State {
             return;
         }
         w.bool(false);
-        let v = self.value_of(idx);
-        w.opt_str((v.state_hash != 0).then(|| self.strings.resolve(v.state_hash)));
-        for c in v.counters {
-            match c {
+        let state_hash = self.state_hash_of(e);
+        w.opt_str((state_hash != 0).then(|| self.strings.resolve(state_hash)));
+        for i in 0..4 {
+            match self.counter(idx, e, i) {
                 Some(c) => w.uint(c),
                 None => w.nil(),
             }
         }
-        match &v.hist {
+        match self.hist_of(idx, e) {
             Some(h) => {
                 w.array(h.len());
-                for &b in h.iter() {
+                for b in h.values() {
                     w.uint(b);
                 }
             }
             None => w.nil(),
         }
-        w.opt_str((v.version != 0).then(|| self.strings.resolve(v.version)));
+        w.opt_str((e.version != 0).then(|| self.strings.resolve(e.version)));
     }
 
     fn write_occurrence(&self, w: &mut Writer, idx: u32, sample: u32) {
@@ -777,8 +873,8 @@ impl State {
         }
         let value = Value { state_hash: 0, counters: values, hist: None, version };
         if new {
-            self.set_value(idx, value);
-        } else if self.entries[idx as usize].flags & CONFLICT == 0 && self.value_of(idx) != value {
+            self.set_value(idx, &value)?;
+        } else if self.entries[idx as usize].flags & CONFLICT == 0 && !self.holds(idx, &value) {
             self.set_conflict(idx);
             self.conflicts += 1;
         }
@@ -807,8 +903,7 @@ impl State {
         }
         let state_hash = self.intern_opt(state_hash)?;
         let version = self.intern_opt(version)?;
-        self.set_value(idx, Value { state_hash, counters, hist: hist.map(Vec::into_boxed_slice), version });
-        Ok(())
+        self.set_value(idx, &Value { state_hash, counters, hist: hist.as_deref(), version })
     }
 
     pub fn restore_occurrence(&mut self, session: &[u8], sample: Option<&[u8]>, generation: &[u8]) -> Result<(), TooLarge> {
@@ -846,7 +941,7 @@ impl State {
             }
             let idx = i as u32;
             let counters = [0, 1, 2, 3].map(|k| self.counter(idx, e, k));
-            let h = if e.flags & EXTRA != 0 { self.wide.get(&idx).and_then(|w| w.hist.as_deref()) } else { None };
+            let h = self.hist_of(idx, e);
             add_counters(&mut totals, counters);
             let (sums, vhist) = by_version.entry(e.version).or_insert(([0; 11], None));
             add_counters(sums, counters);

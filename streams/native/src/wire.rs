@@ -79,6 +79,7 @@ enum Tag {
     Batch,
 }
 
+#[inline]
 fn field(key: &[u8]) -> Option<u32> {
     Some(match key {
         b"batch_id" => F_BATCH_ID,
@@ -119,6 +120,11 @@ fn opt_id(r: &mut Reader) -> Option<Option<Span>> {
 
 #[inline]
 fn counter(r: &mut Reader) -> Option<u32> {
+    // the common case, a positive fixint, first
+    if let Some(b @ 0x00..=0x7f) = r.peek() {
+        r.pos += 1;
+        return Some(b as u32);
+    }
     let v = r.int()?;
     if (0..=MAX_COUNTER).contains(&v) {
         Some(v as u32)
@@ -156,6 +162,7 @@ fn record_field(r: &mut Reader, f: u32, rec: &mut Rec, bins: &mut Vec<u64>) -> O
                 if n > MAX_BINS {
                     return None;
                 }
+                bins.reserve(n.min(r.buf.len() - r.pos)); // a bin takes at least one byte
                 let first = u32::try_from(bins.len()).ok()?;
                 for _ in 0..n {
                     bins.push(counter(r)? as u64);
@@ -172,10 +179,10 @@ fn record_field(r: &mut Reader, f: u32, rec: &mut Rec, bins: &mut Vec<u64>) -> O
 }
 
 /// A record inside a packed batch: a map of record fields, `type` optional and "record" if present.
-fn nested_record(r: &mut Reader, bins: &mut Vec<u64>) -> Option<Rec> {
+#[inline]
+fn nested_record(r: &mut Reader, rec: &mut Rec, bins: &mut Vec<u64>) -> Option<()> {
     let start = r.pos;
     let n = r.map_len()?;
-    let mut rec = Rec::default();
     let mut seen = 0u32;
     for _ in 0..n {
         let (_, key) = r.str_bytes()?;
@@ -189,7 +196,7 @@ fn nested_record(r: &mut Reader, bins: &mut Vec<u64>) -> Option<Rec> {
                 return None;
             }
         } else if f & RECORD_FIELDS != 0 {
-            record_field(r, f, &mut rec, bins)?;
+            record_field(r, f, rec, bins)?;
         } else {
             return None;
         }
@@ -199,7 +206,7 @@ fn nested_record(r: &mut Reader, bins: &mut Vec<u64>) -> Option<Rec> {
     }
     rec.raw_start = u32::try_from(start).ok()?;
     rec.raw_end = u32::try_from(r.pos).ok()?;
-    Some(rec)
+    Some(())
 }
 
 /// Parses one records-topic message; `None`: let Python decode it.
@@ -224,9 +231,12 @@ pub fn parse(data: &[u8]) -> Option<Parsed> {
             F_TYPE => kind = Some(tag(&mut r)?),
             F_RECORDS => {
                 let count = r.array_len()?;
+                // no declared length is trusted: a record takes at least 16 bytes
+                out.records.reserve(count.min((data.len() - r.pos) / 16));
                 for _ in 0..count {
-                    let nested = nested_record(&mut r, &mut out.bins)?;
-                    out.records.push(nested);
+                    out.records.push(Rec::default());
+                    let rec = out.records.last_mut()?;
+                    nested_record(&mut r, rec, &mut out.bins)?;
                 }
             }
             _ => record_field(&mut r, f, &mut rec, &mut out.bins)?,
