@@ -196,6 +196,9 @@ fn add_hist(out: &mut Option<Vec<u128>>, hist: Hist) {
     }
 }
 
+/// One weight version's sums in a partial: (weight_version or None, sums, histogram).
+pub type VersionSums = (Option<Vec<u8>>, Sums, Option<Vec<u128>>);
+
 /// The partial's sums (the Python layer adds markers and envelope fields).
 pub struct Partial {
     pub occurrence_count: u64,
@@ -209,7 +212,7 @@ pub struct Partial {
     pub length_ratio_samples: u64,
     pub length_ratio_parts: Vec<f64>,
     /// (weight_version or None, sums, histogram), sorted, None last
-    pub versions: Vec<(Option<Vec<u8>>, Sums, Option<Vec<u128>>)>,
+    pub versions: Vec<VersionSums>,
     pub too_many_versions: bool,
 }
 
@@ -232,6 +235,14 @@ struct Journal {
     /// occurrences added to entries beyond their first one (and first ones of restored entries)
     occurrences: Vec<(u32, u32)>,
     base: Base,
+}
+
+/// A value as a delta's wide entry holds it.
+pub struct Restored<'a> {
+    pub state_hash: Option<&'a [u8]>,
+    pub counters: [Option<u64>; 4],
+    pub hist: Option<Vec<u64>>,
+    pub version: Option<&'a [u8]>,
 }
 
 /// The fixed part of a delta: who it is for and the offsets it covers.
@@ -425,12 +436,12 @@ impl State {
         }
         e.version = value.version;
         e.aux = aux;
-        for i in 0..4 {
-            e.counters[i] = 0;
+        for (i, (slot, known)) in e.counters.iter_mut().zip(KNOWN).enumerate() {
+            *slot = 0;
             if let Some(v) = value.counters[i] {
-                e.flags |= KNOWN[i];
+                e.flags |= known;
                 if fits {
-                    e.counters[i] = v as u32;
+                    *slot = v as u32;
                 }
             }
         }
@@ -882,28 +893,19 @@ impl State {
         Ok(())
     }
 
-    /// A wide entry of a delta: its value (or conflict) replaces what is held.
-    pub fn restore_entry(
-        &mut self,
-        session: &[u8],
-        generation: &[u8],
-        conflict: bool,
-        state_hash: Option<&[u8]>,
-        counters: [Option<u64>; 4],
-        hist: Option<Vec<u64>>,
-        version: Option<&[u8]>,
-    ) -> Result<(), TooLarge> {
+    /// A wide entry of a delta: its value (None: conflicting) replaces what is held.
+    pub fn restore_entry(&mut self, session: &[u8], generation: &[u8], value: Option<Restored>) -> Result<(), TooLarge> {
         let (idx, _) = self.entry_for(session, generation)?;
-        if conflict {
+        let Some(v) = value else {
             if self.entries[idx as usize].flags & CONFLICT == 0 {
                 self.conflicts += 1;
             }
             self.set_conflict(idx);
             return Ok(());
-        }
-        let state_hash = self.intern_opt(state_hash)?;
-        let version = self.intern_opt(version)?;
-        self.set_value(idx, &Value { state_hash, counters, hist: hist.as_deref(), version })
+        };
+        let state_hash = self.intern_opt(v.state_hash)?;
+        let version = self.intern_opt(v.version)?;
+        self.set_value(idx, &Value { state_hash, counters: v.counters, hist: v.hist.as_deref(), version })
     }
 
     pub fn restore_occurrence(&mut self, session: &[u8], sample: Option<&[u8]>, generation: &[u8]) -> Result<(), TooLarge> {
@@ -1028,7 +1030,7 @@ impl State {
         if known > MAX_WEIGHT_VERSIONS {
             too_many = true;
         } else if known > 0 {
-            let mut list: Vec<(Option<Vec<u8>>, Sums, Option<Vec<u128>>)> = by_version
+            let mut list: Vec<VersionSums> = by_version
                 .into_iter()
                 .map(|(v, (s, h))| ((v != 0).then(|| self.strings.resolve(v).to_vec()), s, h))
                 .collect();

@@ -50,7 +50,7 @@ pub fn div(n: u128, d: u128) -> f64 {
     let mut mant = q >> extra;
     let rest = q & ((1u128 << extra) - 1);
     let half = 1u128 << (extra - 1);
-    if rest > half || (rest == half && (sticky || mant & 1 == 1)) || (rest == half && sticky) {
+    if rest > half || (rest == half && (sticky || mant & 1 == 1)) {
         mant += 1;
     }
     let exp = extra - shift; // value = mant * 2^(extra - shift)

@@ -17,7 +17,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::core::{DeltaHeader, Record, State, TooLarge};
+use crate::core::{DeltaHeader, Record, Restored, State, TooLarge};
 use crate::wire::Parsed;
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -373,7 +373,7 @@ impl BatchState {
             let (s, g) = (items[0].extract::<String>()?, items[1].extract::<String>()?);
             let conflict = items[2].is_truthy()?;
             if conflict {
-                core.restore_entry(s.as_bytes(), g.as_bytes(), true, None, [None; 4], None, None).map_err(too_large)?;
+                core.restore_entry(s.as_bytes(), g.as_bytes(), None).map_err(too_large)?;
                 continue;
             }
             let state_hash = opt_str(&items[3])?;
@@ -387,16 +387,13 @@ impl BatchState {
                 Some(v) => opt_str(v)?,
                 None => None,
             };
-            core.restore_entry(
-                s.as_bytes(),
-                g.as_bytes(),
-                false,
-                state_hash.as_deref().map(str::as_bytes),
+            let value = Restored {
+                state_hash: state_hash.as_deref().map(str::as_bytes),
                 counters,
                 hist,
-                version.as_deref().map(str::as_bytes),
-            )
-            .map_err(too_large)?;
+                version: version.as_deref().map(str::as_bytes),
+            };
+            core.restore_entry(s.as_bytes(), g.as_bytes(), Some(value)).map_err(too_large)?;
         }
         for occurrence in delta.getattr("occurrences")?.try_iter()? {
             let (s, sample, g): (String, Option<String>, String) = occurrence?.extract()?;
@@ -543,6 +540,7 @@ impl BatchState {
     /// Apply records ``start:stop`` of a group of a decoded message (the hot path: no
     /// Python object per record when it was decoded natively).
     #[pyo3(signature = (decoded, group, start=0, stop=None, *, late=false, producer_id=None))]
+    #[allow(clippy::too_many_arguments)] // the Python signature
     fn add_decoded(
         &mut self,
         py: Python<'_>,
