@@ -120,9 +120,16 @@ impl<'a> Reader<'a> {
         if bytes.is_empty() || bytes.len() > 4 * max_chars {
             return None;
         }
-        let text = std::str::from_utf8(bytes).ok()?;
-        if bytes.len() > max_chars && text.chars().count() > max_chars {
-            return None;
+        if bytes.iter().fold(0u8, |acc, &b| acc | b) < 0x80 {
+            // ASCII (the usual id): valid UTF-8, one character per byte
+            if bytes.len() > max_chars {
+                return None;
+            }
+        } else {
+            let text = std::str::from_utf8(bytes).ok()?;
+            if bytes.len() > max_chars && text.chars().count() > max_chars {
+                return None;
+            }
         }
         Some(Span { off: u32::try_from(start).ok()?, len: u32::try_from(bytes.len()).ok()? })
     }

@@ -81,24 +81,28 @@ enum Tag {
 
 #[inline]
 fn field(key: &[u8]) -> Option<u32> {
-    Some(match key {
-        b"batch_id" => F_BATCH_ID,
-        b"session_id" => F_SESSION,
-        b"generation_id" => F_GENERATION,
-        b"sample_id" => F_SAMPLE,
-        b"state_hash" => F_HASH,
-        b"accepted" => F_ACCEPTED,
-        b"proposed" => F_PROPOSED,
-        b"verify" => F_VERIFY,
-        b"completion" => F_COMPLETION,
-        b"accept_histogram" => F_HIST,
-        b"producer_id" => F_PRODUCER,
-        b"weight_version" => F_VERSION,
-        b"run_id" => F_RUN,
-        b"type" => F_TYPE,
-        b"records" => F_RECORDS,
+    // by length first: one comparison of the whole key at most, mostly
+    let (f, name): (u32, &[u8]) = match key.len() {
+        4 => (F_TYPE, b"type"),
+        6 if key[0] == b'v' => (F_VERIFY, b"verify"),
+        6 => (F_RUN, b"run_id"),
+        7 => (F_RECORDS, b"records"),
+        8 => match key[0] {
+            b'b' => (F_BATCH_ID, b"batch_id"),
+            b'a' => (F_ACCEPTED, b"accepted"),
+            _ => (F_PROPOSED, b"proposed"),
+        },
+        9 => (F_SAMPLE, b"sample_id"),
+        10 if key[0] == b's' && key[1] == b'e' => (F_SESSION, b"session_id"),
+        10 if key[0] == b's' => (F_HASH, b"state_hash"),
+        10 => (F_COMPLETION, b"completion"),
+        11 => (F_PRODUCER, b"producer_id"),
+        13 => (F_GENERATION, b"generation_id"),
+        14 => (F_VERSION, b"weight_version"),
+        16 => (F_HIST, b"accept_histogram"),
         _ => return None,
-    })
+    };
+    (key == name).then_some(f)
 }
 
 fn tag(r: &mut Reader) -> Option<Tag> {
