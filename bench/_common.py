@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import platform
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -60,8 +63,33 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def report(title: str, rows: list[tuple[str, str]]) -> None:
+def load() -> str:
+    """The machine's load average (1, 5, 15 min): benchmarks share it with other work."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object with the figures on stdout (the table goes to stderr)")
+
+
+def report(title: str, rows: list[tuple[str, str]], data: dict | None = None, *, as_json: bool = False) -> None:
+    """The table of results; with ``as_json``, the table on stderr and ``data`` (plus
+    the machine and its load) as one JSON object on stdout."""
+    out = sys.stderr if as_json else sys.stdout
     width = max(len(k) for k, _ in rows)
-    print(f"\n{title}  [{machine()}]")
+    print(f"\n{title}  [{machine()}; load {load()}]", file=out)
     for key, value in rows:
-        print(f"  {key:<{width}}  {value}")
+        print(f"  {key:<{width}}  {value}", file=out)
+    if as_json:
+        print(json.dumps({**(data or {}), "machine": machine(), "load": load()}))
+
+
+def core_name() -> str:
+    """The stage-1 core this process runs (native or python)."""
+    from specmeter.streams._core import CORE
+
+    return CORE.name

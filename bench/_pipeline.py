@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import re
 import uuid
+from typing import NamedTuple
 
 from specmeter.producers import PublisherSettings
 from specmeter.streams._loadgen import publish_fleet
@@ -76,9 +78,14 @@ def start_workers(bootstrap: str, records_topic: str, partitions: int, workers: 
             [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
              *topics, "--partitions", str(partitions), "--batch-timeout", "120", "--no-web", "--log-level",
              "info", "--data-dir", tempfile.mkdtemp(prefix="bench-")],
-            stdout=open(os.path.join(tempfile.gettempdir(), f"{name}-{len(procs)}.log"), "wb"),
+            stdout=open(worker_logs(name, workers)[len(procs)], "wb"),
             stderr=subprocess.STDOUT, start_new_session=True))
     return name, procs
+
+
+def worker_logs(name: str, workers: int) -> list[str]:
+    """Where each worker process of an app writes its log."""
+    return [os.path.join(tempfile.gettempdir(), f"{name}-{i}.log") for i in range(workers)]
 
 
 def stop_workers(procs: list) -> None:
@@ -91,37 +98,113 @@ def stop_workers(procs: list) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def fetch_only(bootstrap: str, topic: str, records: int, partitions: int) -> float:
+    """The I/O limit: aiokafka getmany over the whole topic, no decoding. Records/s."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    async def run() -> float:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                    enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024,
+                                    fetch_max_bytes=32 * 1024 * 1024)
+        await consumer.start()
+        try:
+            assigned = [TopicPartition(topic, p) for p in range(partitions)]
+            consumer.assign(assigned)
+            total = sum((await consumer.end_offsets(assigned)).values())
+            fetched = 0
+            t0 = time.perf_counter()
+            while fetched < total:
+                for messages in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
+                    fetched += len(messages)
+            return records / (time.perf_counter() - t0)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+class WorkerRun(NamedTuple):
+    """Wall-clock times (time.time()) of one timed worker run."""
+
+    started: float  # the worker processes were started
+    ready: float  # the last worker restored its state: it fetches records from here on
+    last_metrics: float  # the last batch's complete BatchMetrics arrived
+
+    @property
+    def seconds(self) -> float:
+        return self.last_metrics - self.started
+
+    @property
+    def startup_s(self) -> float:
+        """Start-up to ready: from start to the state restored, records about to be fetched."""
+        return self.ready - self.started
+
+    @property
+    def steady_s(self) -> float:
+        return self.last_metrics - self.ready
+
+
 def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
                 timeout_s: float = 900.0) -> float:
     """Seconds from starting ``workers`` worker processes to the last batch's BatchMetrics."""
+    return run_workers_timed(bootstrap, records_topic, partitions, batches, workers, timeout_s).seconds
+
+
+_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
+
+
+def _ready_at(log_path: str) -> float | None:
+    """When a worker's log says its last partition's state was restored (the worker
+    logs ``partition=N restored ...`` per stage and partition; fetching follows)."""
+    ready = None
+    with open(log_path, "rb") as f:
+        for raw in f:
+            line = raw.decode(errors="replace")
+            match = _LOG_TIME.match(line)
+            if match and " restored " in line:
+                when = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")) + int(match.group(2)) / 1000
+                ready = when if ready is None else max(ready, when)
+    return ready
+
+
+def run_workers_timed(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
+                      timeout_s: float = 900.0) -> WorkerRun:
+    """Start ``workers`` worker processes and time them to the last batch's BatchMetrics
+    (and to ready, read from their logs)."""
     from aiokafka import AIOKafkaConsumer
 
     from specmeter.schemas import decode_metrics
 
-    t0 = time.perf_counter()
+    started = time.time()
     name, procs = start_workers(bootstrap, records_topic, partitions, workers)
 
     async def wait_metrics() -> float:
-        deadline = time.perf_counter() + timeout_s
+        deadline = time.time() + timeout_s
         while True:  # the metrics topic appears when the worker starts
             consumer = AIOKafkaConsumer(f"{name}.metrics", bootstrap_servers=bootstrap, group_id=None,
                                         auto_offset_reset="earliest")
             await consumer.start()
             done: set[str] = set()
             try:
-                while len(done) < batches and time.perf_counter() < deadline:
+                while len(done) < batches and time.time() < deadline:
                     for messages in (await consumer.getmany(timeout_ms=200)).values():
                         for message in messages:
                             m = decode_metrics(message.value)
                             if m.complete:
                                 done.add(m.batch_id)
                 if len(done) >= batches:
-                    return time.perf_counter() - t0
+                    return time.time()
                 raise TimeoutError(f"{len(done)}/{batches} batches within {timeout_s}s")
             finally:
                 await consumer.stop()
 
     try:
-        return asyncio.run(wait_metrics())
+        last = asyncio.run(wait_metrics())
     finally:
         stop_workers(procs)
+    # a worker that was assigned no partition restores nothing
+    readies = [r for r in map(_ready_at, worker_logs(name, workers)) if r is not None]
+    if not readies:
+        raise RuntimeError(f"no worker log ({worker_logs(name, workers)}) has a 'restored' line: cannot time ready")
+    return WorkerRun(started=started, ready=max(readies), last_metrics=last)

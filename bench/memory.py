@@ -1,28 +1,38 @@
 """Memory of the dedup state per open generation, against a plain dict of the same keys.
 
-    python bench/memory.py [--generations 1000000] [--smoke]
+    python bench/memory.py [--generations 1000000] [--smoke] [--json]
 
 One huge batch (every generation open at once), fed through the worker's own
-path (journaled BatchState.add_many). Baseline, same run: a plain dict mapping
-the same (session_id, generation_id) keys to None. Reports Python-allocated
-bytes (tracemalloc) and resident memory, and what is left after the batch is
-dropped. Goal: <= 1.5x the plain dict, and released after close.
+path: raw records messages (500 records each) decoded by the core and applied to a
+journaled state, a delta taken after each. Baseline, same run: a plain dict
+mapping the same (session_id, generation_id) keys, as a decoder hands them over
+(their strings included), to None. Measured per generation, each in a fresh
+process: Python-allocated bytes (tracemalloc) for the dict and the Python core;
+for the native core its own heap accounting (the capacity of every table and
+arena) and the resident memory it adds. Two record shapes: counters only, and
+with a 4-bin histogram (SGLang 0.5.9+ sends one; EAGLE3 has 4 bins). Also: how
+much of its resident memory the native state gives back when the batch is dropped.
+
+Targets (issue #14): <= 1.0x the plain dict (goal 0.5x).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import report
+from _common import add_json_flag, report  # noqa: E402
 
-from specmeter.schemas import GenerationRecord
-from specmeter.streams import BatchState
+from specmeter.schemas import GenerationRecord, RecordBatch, encode_records_message  # noqa: E402
+
+PER_MESSAGE = 500
 
 
 def rss_bytes() -> int:
@@ -30,73 +40,109 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def records(n: int) -> list[GenerationRecord]:
+def records(n: int, histograms: bool) -> list[GenerationRecord]:
     out = []
     for i in range(n):
         session = f"step-000123/sess-{i // 40:07d}"
-        out.append(
-            GenerationRecord(
-                batch_id="huge",
-                session_id=session,
-                generation_id=f"{session}/gen-{i % 40}",
-                sample_id=f"traj-{i % 4}",
-                accepted=300 + i % 97,
-                proposed=560 + i % 13,
-                verify=140 + i % 7,
-                completion=440 + i % 101,
-                producer_id="w0",
-            )
-        )
+        out.append(GenerationRecord(batch_id="huge", session_id=session, generation_id=f"{session}/gen-{i % 40}",
+                                    sample_id=f"traj-{i % 4}", accepted=300 + i % 97, proposed=560 + i % 13,
+                                    verify=140 + i % 7, completion=440 + i % 101, producer_id="w0",
+                                    accept_histogram=[i % 5, 30 + i % 7, 20, 90 + i % 11] if histograms else None))
     return out
 
 
-def measure(build) -> tuple[int, int, object]:
+def messages(n: int, histograms: bool) -> list[bytes]:
+    recs = records(n, histograms)
+    return [encode_records_message(RecordBatch(records=recs[i:i + PER_MESSAGE], producer_id="w0"))
+            for i in range(0, n, PER_MESSAGE)]
+
+
+def measure(kind: str, n: int, histograms: bool) -> dict:
+    """One measurement, in this (fresh) process."""
+    from specmeter.streams import _core
+
+    if kind == "dict":
+        pairs = [(r.session_id.encode(), r.generation_id.encode()) for r in records(n, histograms)]
+    else:
+        msgs = messages(n, histograms)
+        core = _core.NATIVE if kind == "native" else _core.PYTHON
+        if core is None:
+            return {"skipped": "the native core is not built"}
     gc.collect()
     tracemalloc.start()
     rss0 = rss_bytes()
-    obj = build()
+    if kind == "dict":
+        held = {(s.decode(), g.decode()): None for s, g in pairs}  # fresh strings, as decoded
+        count = len(held)
+    else:
+        held = core.BatchState("huge")
+        held.start_journal()
+        for offset, value in enumerate(msgs):
+            decoded = core.decode(value)
+            for group, (_, size) in enumerate(decoded.groups):
+                held.add_decoded(decoded, group, 0, size, producer_id=decoded.producer_id)
+            held.take_delta_encoded(first_offset=offset, last_offset=offset, last_input_ms=0)
+            del decoded
+        count = held.generation_count
     gc.collect()
     traced, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return traced, rss_bytes() - rss0, obj
+    rss_held = rss_bytes()
+    out = {"generations": count, "traced": traced, "rss": rss_held - rss0}
+    if kind == "native":
+        out["heap"] = held.heap_bytes()
+    del held
+    gc.collect()
+    out["released"] = rss_held - rss_bytes()
+    return out
+
+
+def run(kind: str, n: int, histograms: bool) -> dict:
+    cmd = [sys.executable, __file__, "--measure", kind, "--generations", str(n)] + (["--histograms"] * histograms)
+    result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    if "skipped" not in result and result["generations"] != n:
+        raise SystemExit(f"{kind}: {result['generations']} generations held, {n} expected")
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=1_000_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
+    parser.add_argument("--measure", choices=["dict", "python", "native"], help=argparse.SUPPRESS)
+    parser.add_argument("--histograms", action="store_true", help=argparse.SUPPRESS)
+    add_json_flag(parser)
     args = parser.parse_args()
     n = 20_000 if args.smoke else args.generations
-    recs = records(n)
-
-    def plain() -> dict:
-        return {(r.session_id, r.generation_id): None for r in recs}
-
-    def state() -> BatchState:
-        s = BatchState("huge")
-        s.start_journal()
-        for i in range(0, len(recs), 500):
-            s.add_many(recs[i : i + 500])
-            s.take_delta(first_offset=i, last_offset=i, last_input_ms=0)
-        return s
-
-    base_traced, base_rss, base = measure(plain)
-    del base
-    ours_traced, ours_rss, ours = measure(state)
-    assert ours.generation_count == n
-    rss_held = rss_bytes()
-    del ours
-    gc.collect()
-    released = rss_held - rss_bytes()
-    report(
-        f"dedup state memory ({n:,} open generations, one batch)",
-        [
-            ("plain dict of the keys", f"{base_traced / n:.0f} B/generation allocated, {base_rss / n:.0f} B resident"),
-            ("specmeter dedup state", f"{ours_traced / n:.0f} B/generation allocated, {ours_rss / n:.0f} B resident"),
-            ("ratio (allocated)", f"{ours_traced / base_traced:.2f}x   (goal <= 1.5x)"),
-            ("released after drop", f"{released / max(ours_rss, 1):.0%} of its resident memory"),
-        ],
-    )
+    if args.measure:
+        print(json.dumps(measure(args.measure, n, args.histograms)))
+        return
+    rows: list[tuple[str, str]] = []
+    data: dict = {"generations": n}
+    for histograms in (False, True):
+        shape = "with_histogram" if histograms else "counters_only"
+        base, py, native = (run(kind, n, histograms) for kind in ("dict", "python", "native"))
+        per = {"plain_dict": base["traced"] / n, "python": py["traced"] / n}
+        label = "4-bin histogram" if histograms else "counters only"
+        rows += [(f"{label}: plain dict of the keys", f"{per['plain_dict']:.0f} B/generation allocated"),
+                 (f"{label}: python core", f"{per['python']:.0f} B/generation allocated, "
+                                           f"ratio {per['python'] / per['plain_dict']:.2f}x")]
+        if "skipped" not in native:
+            per.update(native_heap=native["heap"] / n, native_rss=native["rss"] / n)
+            rows += [(f"{label}: native core", f"{per['native_heap']:.0f} B/generation heap, "
+                                               f"{per['native_rss']:.0f} B resident, ratio "
+                                               f"{per['native_heap'] / per['plain_dict']:.2f}x heap, "
+                                               f"{per['native_rss'] / per['plain_dict']:.2f}x resident"),
+                     (f"{label}: native, released after drop",
+                      f"{native['released'] / max(native['rss'], 1):.0%} of its resident memory")]
+            per.update(native_ratio=per["native_heap"] / per["plain_dict"],
+                       native_rss_ratio=per["native_rss"] / per["plain_dict"],
+                       native_released=native["released"] / max(native["rss"], 1))
+        per["python_ratio"] = per["python"] / per["plain_dict"]
+        data[shape] = {f"{k}_bytes_per_generation" if not k.endswith(("ratio", "released")) else k: v
+                       for k, v in per.items()}
+    rows.append(("ratio", "native heap / plain dict: floor 1.0x, goal 0.5x"))
+    report(f"dedup state memory ({n:,} open generations, one batch)", rows, data, as_json=args.json)
 
 
 if __name__ == "__main__":

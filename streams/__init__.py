@@ -1,7 +1,9 @@
 """specmeter's stream side: the pure aggregation core and (lazily) the Faust app.
 
 Importing this package does not import Faust or aiokafka: the core is plain
-Python, shared by the worker and the offline ``specmeter aggregate``. For a
+Python, shared by the worker and the offline ``specmeter aggregate``. Its hot part
+(stage 1's decoding, dedup and journal) also exists in Rust, ``_native``, used when
+built (``NATIVE_CORE``); ``SPECMETER_NO_NATIVE=1`` forces the Python reference. For a
 trainer, ``consume_metrics`` (and ``consume_metrics_sync``) read each batch's
 newest BatchMetrics from the metrics topic.
 """
@@ -10,10 +12,15 @@ from ._consume import consume_metrics, consume_metrics_sync, metrics_scalars
 from ._exact import expansion_value, merge_expansions
 from ._merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
 from ._offline import LineError, OfflineAggregator
-from ._state import BatchState, Outcome
+from ._core import CORE, NATIVE_CORE
+from ._state import Outcome
+
+#: the loaded core's batch state (native when built; see ``_core``)
+BatchState = CORE.BatchState
 
 __all__ = [
     "BatchState",
+    "NATIVE_CORE",
     "Outcome",
     "merge_partials",
     "batch_metrics_dict",

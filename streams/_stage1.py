@@ -13,6 +13,10 @@ messages at or below the checkpoint are skipped.
 Batch identity is ``(run_id, batch_id)``: two runs never share state. The
 default run (None) keeps the changelog key layout it had before runs existed.
 
+The core (dedup state and decoder) is the native one when built, else the Python
+reference (``_core``); both answer the same calls: a message is decoded into groups
+of records, one per batch, and a slice of a group is applied with ``add_decoded``.
+
 Bounded state: a partition holds at most ``max_open_generations`` distinct
 generations. A batch whose input finds the limit reached is closed early (reason
 ``incomplete``) with what fitted, its partial emitted and its state dropped; the
@@ -36,7 +40,6 @@ from specmeter.schemas import (
     PartialAggregate,
     RecordBatch,
     decode_partial,
-    decode_records_message,
     encode_partial,
     encode_records_message,
 )
@@ -59,8 +62,9 @@ from ._layout import (
     state_key_prefix,
     status_key,
 )
+from ._core import CORE, Core
 from ._exact import exact_sum
-from ._state import BatchState
+from ._state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "shorten"]
 
@@ -128,8 +132,10 @@ class PartitionProcessor:
 
     def __init__(self, partition: int, *, source_topic: str, batch_timeout_ms: int, grace_ms: int,
                  max_message_bytes: int | None = None, max_open_generations: int | None = None,
-                 counters: WorkerCounters | None = None) -> None:
+                 counters: WorkerCounters | None = None, core: Core | None = None) -> None:
         self.partition = partition
+        #: the stage-1 core: the loaded one unless a test picks one
+        self.core = core if core is not None else CORE
         self.source_topic = source_topic
         self.batch_timeout_ms = batch_timeout_ms
         self.grace_ms = grace_ms
@@ -225,7 +231,7 @@ class PartitionProcessor:
     def _open(self, key: BatchKey, now_ms: int) -> _Batch:
         batch = self.batches.get(key)
         if batch is None:
-            state = BatchState(key[1], key[0])
+            state = self.core.BatchState(key[1], key[0])
             state.start_journal()
             batch = self.batches[key] = _Batch(state=state, last_input_ms=now_ms)
         return batch
@@ -258,10 +264,11 @@ class PartitionProcessor:
             return effects
         assert first is not None
         for batch_key, batch in touched.items():
-            delta = batch.state.take_delta(first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms)
+            delta = batch.state.take_delta_encoded(first_offset=first, last_offset=last,
+                                                   last_input_ms=batch.last_input_ms)
             if delta is not None:
                 key = delta_key(self.partition, batch_key, last)
-                effects.changelog.append((key, encode_state(delta)))
+                effects.changelog.append((key, delta))
                 batch.delta_keys.append(key)
             if not batch.closed and batch.state.markers_complete:
                 self._close(batch, "markers", now_ms, effects)
@@ -282,20 +289,11 @@ class PartitionProcessor:
                        effects: Effects) -> None:
         """Decode one records-topic message and apply what it holds."""
         counters = self.counters
-        decoded = decode_records_message(value, max_bytes=self.max_message_bytes)
-        records = decoded.records
-        if records:
-            # a record without its own run_id or producer_id belongs to the envelope's
-            run_id, producer_id = decoded.run_id, decoded.producer_id
-            first = records[0]
-            batch_id, record_run = first.batch_id, first.run_id
-            if all(r.batch_id == batch_id and r.run_id == record_run for r in records):  # the usual case
-                key = (run_id if record_run is None else record_run, batch_id)
-                self._apply_records(key, records, producer_id, offset, now_ms, touched, effects)
-            else:
-                for record in records:
-                    key = (run_id if record.run_id is None else record.run_id, record.batch_id)
-                    self._apply_records(key, [record], producer_id, offset, now_ms, touched, effects)
+        decoded = self.core.decode(value, max_bytes=self.max_message_bytes)
+        # one group per batch (usually one); a record without its own run_id or
+        # producer_id belongs to the envelope's
+        for group, (key, count) in enumerate(decoded.groups):
+            self._apply_records(key, decoded, group, count, decoded.producer_id, offset, now_ms, touched, effects)
         for bad in decoded.invalid:
             counters.records_invalid += 1
             counters.dead_letter(bad.reason)
@@ -321,17 +319,18 @@ class PartitionProcessor:
         batch.last_input_ms = now_ms
         return batch
 
-    def _apply_records(self, key: BatchKey, records: list[GenerationRecord], producer_id: str | None, offset: int,
-                       now_ms: int, touched: dict, effects: Effects) -> None:
-        """Apply records of one batch from one message (``producer_id``: the envelope's)."""
+    def _apply_records(self, key: BatchKey, decoded: Decoded, group: int, count: int, producer_id: str | None,
+                       offset: int, now_ms: int, touched: dict, effects: Effects) -> None:
+        """Apply a group of ``count`` records of one batch from one message
+        (``producer_id``: the envelope's)."""
         counters = self.counters
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
             if key in self.overflowed:
-                self._dead_letter_records("overflow", self._overflow_detail(key), records, offset, key,
+                self._dead_letter_records("overflow", self._overflow_detail(key), decoded.records(group), offset, key,
                                           now_ms, effects)
                 return
-            for record in records:
+            for record in decoded.records(group):
                 counters.dead_letter("late")
                 effects.dead_letters.append(self._dead_letter(
                     "late", f"{_describe(key)} closed more than grace ago on partition {self.partition}",
@@ -339,29 +338,31 @@ class PartitionProcessor:
             return
         touched[key] = batch
         limit = self.max_open_generations
-        if limit is not None and self.open_generations + len(records) > limit:
+        if limit is not None and self.open_generations + count > limit:
             # each record adds at most one generation: apply what fits, then cut the batch
-            while records and self.open_generations < limit:
-                room = limit - self.open_generations
-                self._add(batch, records[:room], producer_id)
-                records = records[room:]
-            if records:
+            start = 0
+            while start < count and self.open_generations < limit:
+                stop = min(count, start + limit - self.open_generations)
+                self._add(batch, decoded, group, start, stop, producer_id)
+                start = stop
+            if start < count:
                 del touched[key]
                 self._overflow(batch, now_ms, effects)
-                self._dead_letter_records("overflow", self._overflow_detail(key), records, offset, key,
-                                          now_ms, effects)
+                self._dead_letter_records("overflow", self._overflow_detail(key), decoded.records(group, start),
+                                          offset, key, now_ms, effects)
             return
-        self._add(batch, records, producer_id)
+        self._add(batch, decoded, group, 0, count, producer_id)
 
-    def _add(self, batch: _Batch, records: list[GenerationRecord], producer_id: str | None) -> None:
+    def _add(self, batch: _Batch, decoded: Decoded, group: int, start: int, stop: int,
+             producer_id: str | None) -> None:
         counters = self.counters
         held = batch.state.generation_count
-        aggregated, redelivered, conflicting = batch.state.add_many(records, late=batch.closed,
-                                                                    producer_id=producer_id)
+        aggregated, redelivered, conflicting = batch.state.add_decoded(decoded, group, start, stop, late=batch.closed,
+                                                                       producer_id=producer_id)
         self.open_generations += batch.state.generation_count - held
         counters.records_conflicting += conflicting
         if batch.closed:
-            counters.records_late += len(records)
+            counters.records_late += stop - start
         else:
             counters.records_aggregated += aggregated
             counters.records_redelivered += redelivered

@@ -20,12 +20,21 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from specmeter.schemas import MAX_WEIGHT_VERSIONS, BatchMarker, GenerationRecord, PartialAggregate, WeightVersionSums
+from specmeter.schemas import (
+    MAX_WEIGHT_VERSIONS,
+    BatchMarker,
+    DecodedMessage,
+    GenerationRecord,
+    InvalidRecord,
+    PartialAggregate,
+    WeightVersionSums,
+    decode_records_message,
+)
 
-from ._layout import BatchDelta
+from ._layout import BatchDelta, encode_state
 from ._exact import grow
 
-__all__ = ["BatchState", "Outcome", "add_histograms"]
+__all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message"]
 
 #: (state_hash, accepted, proposed, verify, completion, accept_histogram, weight_version)
 Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None, str | None]
@@ -82,6 +91,49 @@ def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | No
         for i, count in enumerate(hist):
             out[i] += count
     return out
+
+
+class Decoded:
+    """One records-topic message, decoded: its records as groups, one per batch.
+
+    The Python twin of the native decoder's answer (``specmeter.streams._native``),
+    so that the worker applies a message the same way whichever core runs:
+    ``groups`` is ``[((run_id, batch_id), record count), ...]`` -- one group when every
+    record names the same batch, else one per record, in message order -- and
+    ``BatchState.add_decoded`` applies a slice of a group.
+    """
+
+    __slots__ = ("groups", "producer_id", "run_id", "invalid", "marker", "_groups")
+
+    def __init__(self, message: DecodedMessage) -> None:
+        #: the envelope's producer and run: a record without its own belongs to them
+        self.producer_id = message.producer_id
+        self.run_id = message.run_id
+        self.invalid: list[InvalidRecord] = message.invalid
+        self.marker: BatchMarker | None = message.marker
+        records = message.records
+        self._groups: list[list[GenerationRecord]] = []
+        if records:
+            first = records[0]
+            if all(r.batch_id == first.batch_id and r.run_id == first.run_id for r in records):
+                self._groups = [records]
+            else:
+                self._groups = [[r] for r in records]
+        self.groups: list[tuple[tuple[str | None, str], int]] = [
+            ((self.run_id if g[0].run_id is None else g[0].run_id, g[0].batch_id), len(g)) for g in self._groups]
+
+    def records(self, group: int, start: int = 0, stop: int | None = None) -> list[GenerationRecord]:
+        """The records ``start:stop`` of a group."""
+        return self._groups[group][start:stop]
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups)
+
+
+def decode_message(data: bytes, *, max_bytes: int | None = None) -> Decoded:
+    """Decode one records-topic message (never raises on bad input; see
+    ``decode_records_message``)."""
+    return Decoded(decode_records_message(data, max_bytes=max_bytes))
 
 
 class BatchState:
@@ -263,6 +315,16 @@ class BatchState:
         self.conflicting_record_count += conflicting
         return aggregated, redelivered, conflicting
 
+    def add_decoded(self, decoded: Decoded, group: int, start: int = 0, stop: int | None = None, *,
+                    late: bool = False, producer_id: str | None = None) -> tuple[int, int, int]:
+        """Apply records ``start:stop`` of a group of a decoded message (``add_many``
+        over them; the native core applies them without a Python object per record).
+
+        Returns:
+            (aggregated, redelivered, conflicting) record counts.
+        """
+        return self.add_many(decoded.records(group, start, stop), late=late, producer_id=producer_id)
+
     def _widen(self, key: tuple[str, str], packed: int) -> Value:
         """Turn a packed entry into its wide form (value tuple, occurrence in the set)."""
         accepted, proposed, verify, completion = _unpack(packed)
@@ -373,6 +435,11 @@ class BatchState:
         self._journal_new = []
         self._journal_base = now
         return delta
+
+    def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
+        """``take_delta`` encoded for the changelog (the native core encodes it itself)."""
+        delta = self.take_delta(first_offset=first_offset, last_offset=last_offset, last_input_ms=last_input_ms)
+        return None if delta is None else encode_state(delta)
 
     def apply_delta(self, delta: BatchDelta) -> None:
         """Replay one durable delta (restoring after a crash or a rebalance)."""

@@ -179,10 +179,13 @@ def _preflight(broker: str, security: Any, topic_partitions: dict[str, int] | No
 
 
 def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--version``: specmeter's and its stream libraries' versions, and which core runs."""
     if not value or ctx.resilient_parsing:
         return
     import platform
     from importlib.metadata import PackageNotFoundError, version
+
+    from ._core import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
 
     def of(name: str) -> str:
         try:
@@ -193,13 +196,18 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     click.echo(f"specmeter {of('specmeter')}")
     click.echo(f"faust-streaming {of('faust-streaming')}, aiokafka {of('aiokafka')}, msgspec {of('msgspec')}, "
                f"python {platform.python_version()}")
-    click.echo("native core: not built (pure-Python core)")
+    if NATIVE_CORE:
+        click.echo("native core loaded")
+    elif NATIVE_DISABLED:
+        click.echo("python core (native switched off by SPECMETER_NO_NATIVE)")
+    else:
+        click.echo(f"python core (native core not built: {NATIVE_IMPORT_ERROR})")
     ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
-              help="Show the versions of specmeter, Faust, aiokafka and msgspec, and exit.")
+              help="Show the versions of specmeter, Faust, aiokafka and msgspec, and which core runs, and exit.")
 def main() -> None:
     """specmeter: correct speculative-decoding metrics for RL rollout fleets.
 

@@ -71,3 +71,21 @@ def deployment(kafka_bootstrap, request):
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         print(d.log_tail())  # shown with the failure
+
+
+def _cores():
+    """The stage-1 cores to run a test on: the Python reference, and the native one
+    (skipped where it is not built or SPECMETER_NO_NATIVE=1 switched it off)."""
+    from specmeter.streams import _core
+
+    native_missing = ("switched off by SPECMETER_NO_NATIVE" if _core.NATIVE_DISABLED
+                      else f"not built ({_core.NATIVE_IMPORT_ERROR})")
+    return [pytest.param(_core.PYTHON, id="python"),
+            pytest.param(_core.NATIVE, id="native",
+                         marks=pytest.mark.skipif(_core.NATIVE is None, reason=f"native core {native_missing}"))]
+
+
+@pytest.fixture(scope="module", params=_cores())
+def core(request):
+    """A stage-1 core (``specmeter.streams._core.Core``): run the test on each one."""
+    return request.param

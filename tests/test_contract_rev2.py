@@ -60,8 +60,8 @@ def test_two_runs_with_equal_batch_ids_never_merge():
     assert "run_id" in json.loads(msgspec.json.encode(old))  # null, next to batch_id
 
 
-def test_a_marker_closes_only_its_own_run():
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+def test_a_marker_closes_only_its_own_run(core):
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     records = [GenerationRecord(batch_id="step-1", session_id="s", generation_id=f"g{i}", accepted=1, proposed=2,
                                 producer_id="p", run_id=run) for i, run in enumerate([None, "r2"])]
     messages = [(i, encode_records_message(r)) for i, r in enumerate(records)]
@@ -73,7 +73,7 @@ def test_a_marker_closes_only_its_own_run():
     assert {(k, b.closed) for k, b in p.batches.items()} == {((None, "step-1"), False), (("r2", "step-1"), True)}
 
 
-def test_envelope_run_applies_to_its_records_and_another_run_inside_is_invalid():
+def test_envelope_run_applies_to_its_records_and_another_run_inside_is_invalid(core):
     batch = RecordBatch(run_id="r1", producer_id="p", records=[
         GenerationRecord(batch_id="b", session_id="s", generation_id="g1", accepted=1, proposed=2),
         GenerationRecord(batch_id="b", session_id="s", generation_id="g2", accepted=1, proposed=2, run_id="r1"),
@@ -83,7 +83,7 @@ def test_envelope_run_applies_to_its_records_and_another_run_inside_is_invalid()
     assert decoded.run_id == "r1" and len(decoded.records) == 2
     (bad,) = decoded.invalid
     assert (bad.run_id, bad.batch_id) == ("r1", "b") and "run_id" in bad.detail and "'r9'" in bad.detail
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     p.process([(0, encode_records_message(batch))], now_ms=0)
     (state,) = [b.state for b in p.batches.values()]
     assert (state.run_id, state.record_count, state.invalid_record_count) == ("r1", 3, 1)
@@ -101,9 +101,9 @@ def test_a_record_with_an_unreadable_run_is_counted_in_no_batch(run_id):
     assert line.batch_id is None
 
 
-def test_stage1_restores_named_runs_from_its_changelog():
+def test_stage1_restores_named_runs_from_its_changelog(core):
     """State, statuses and the checkpoint's expired list key on (run_id, batch_id)."""
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
     log: dict[bytes, bytes] = {}
 
     def apply(effects):
@@ -124,7 +124,7 @@ def test_stage1_restores_named_runs_from_its_changelog():
     assert any(key.startswith(b"0\x1fD\x1f2:r1step-1") for key in log)  # a named run's keys
     assert any(key.startswith(b"0\x1fd\x1fstep-1\x1f") for key in log)  # the default run's, as before runs
 
-    restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
+    restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
     again = restored.restore(list(log.items()), now_ms=20)
     assert set(restored.batches) == set(p.batches)
     for key, batch in p.batches.items():
@@ -137,7 +137,7 @@ def test_stage1_restores_named_runs_from_its_changelog():
     late = p.process([(5, encode_records_message(GenerationRecord(
         batch_id="step-1", session_id="z", generation_id="g", run_id="r1")))], now_ms=20_001)
     assert [(d.reason, d.run_id) for d in late.dead_letters] == [("late", "r1")]
-    restored = PartitionProcessor(0, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
+    restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
     restored.restore(list(log.items()), now_ms=20_002)
     assert set(restored.expired) == set(p.expired) and restored.batches == {}
 
@@ -171,9 +171,9 @@ def test_a_batch_id_past_the_limit_is_counted_nowhere():
     assert bad.batch_id is None and "length <= 1024" in bad.detail and "$.batch_id" in bad.detail
 
 
-def test_records_near_the_64_bit_limit_no_longer_reach_a_partial():
+def test_records_near_the_64_bit_limit_no_longer_reach_a_partial(core):
     """Three such records used to make the partial unencodable and jam the partition."""
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     messages = [(i, _wire(_rec(generation_id=f"g{i}", accepted=2**63 - 1, proposed=2**63 - 1)))
                 for i in range(3)]
     messages.append((3, _wire({"type": "marker", "batch_id": "step-1", "producer_id": "p"})))
@@ -184,12 +184,10 @@ def test_records_near_the_64_bit_limit_no_longer_reach_a_partial():
     encode_partial(partial)
 
 
-def test_sums_at_the_limits_stay_inside_64_bits():
+def test_sums_at_the_limits_stay_inside_64_bits(core):
     """The worker holds at most --max-open-generations per partition; with counters
     and bins at MAX_COUNTER every sum still encodes."""
-    from specmeter.streams import BatchState
-
-    state = BatchState("b")
+    state = core.BatchState("b")
     hist = [MAX_COUNTER] * MAX_BINS
     state.add_many([GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id="g", accepted=MAX_COUNTER,
                                      proposed=MAX_COUNTER, verify=MAX_COUNTER, completion=MAX_COUNTER,
@@ -209,8 +207,8 @@ def test_sums_at_the_limits_stay_inside_64_bits():
     {"type": "marker", "batch_id": "step-1", "producer_id": ""},
     {"type": "marker", "batch_id": "step-1", "producer_id": "p", "run_id": ""},
 ])
-def test_an_invalid_marker_is_dead_lettered_and_counted_in_no_batch(marker):
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+def test_an_invalid_marker_is_dead_lettered_and_counted_in_no_batch(core, marker):
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     messages = [(i, _wire(_rec(generation_id=f"g{i}", producer_id="p"))) for i in range(3)]
     messages.append((3, _wire(marker)))
     effects = p.process(messages, now_ms=0)
@@ -222,10 +220,10 @@ def test_an_invalid_marker_is_dead_lettered_and_counted_in_no_batch(marker):
 
 
 # -- whose records --------------------------------------------------------------------
-def test_records_without_a_producer_count_under_their_envelope():
+def test_records_without_a_producer_count_under_their_envelope(core):
     """The README's producer snippet publishes records without producer_id: the
     publisher's markers must still find them (complete, nothing missing)."""
-    p = PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     records = [GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i}", accepted=1, proposed=2)
                for i in range(5)]
     messages = [(0, encode_records_message(RecordBatch(records=records[:3], producer_id="worker-7"))),

@@ -1,4 +1,5 @@
-"""Invariants of the core on random batches (hypothesis).
+"""Invariants of the core on random batches (hypothesis), on each core (the Python
+reference and the native one: the ``core`` fixture).
 
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmeter.schemas import GenerationRecord
-from specmeter.streams import BatchState, batch_metrics_dict, build_batch_metrics, merge_partials
+from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_partials
 
 from .golden_cases import assert_by_weight_version_equal, assert_metrics_equal
 from .reference import reference_by_weight_version, reference_metrics
@@ -49,12 +50,12 @@ def _records(dicts):
     return [GenerationRecord(**d) for d in dicts]
 
 
-def _metrics(records, algorithm=None, invalid=0, partitions=1):
+def _metrics(core, records, algorithm=None, invalid=0, partitions=1):
     states = {}
     for r in records:
         p = zlib.crc32(r.session_id.encode()) % partitions
-        states.setdefault(p, BatchState("b")).add(r)
-    states.setdefault(0, BatchState("b"))
+        states.setdefault(p, core.BatchState("b")).add(r)
+    states.setdefault(0, core.BatchState("b"))
     for _ in range(invalid):
         states[0].add_invalid("p0")
     if algorithm:
@@ -70,40 +71,42 @@ def _versions(merged):
     return None if entries is None else msgspec.to_builtins(entries)
 
 
-def metrics_are_order_independent(dicts, permutation, algorithm):
+def metrics_are_order_independent(core, dicts, permutation, algorithm):
     records = _records(dicts)
     shuffled = [records[i] for i in permutation]
-    return _metrics(records, algorithm) == _metrics(shuffled, algorithm)
+    return _metrics(core, records, algorithm) == _metrics(core, shuffled, algorithm)
 
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.randoms(use_true_random=False), algorithms)
-def test_reordering_changes_nothing(dicts, rnd, algorithm):
+def test_reordering_changes_nothing(core, dicts, rnd, algorithm):
     permutation = list(range(len(dicts)))
     rnd.shuffle(permutation)
-    assert metrics_are_order_independent(dicts, permutation, algorithm)
+    assert metrics_are_order_independent(core, dicts, permutation, algorithm)
 
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.data(), algorithms)
-def test_redelivering_any_subset_changes_nothing(dicts, data, algorithm):
+def test_redelivering_any_subset_changes_nothing(core, dicts, data, algorithm):
     records = _records(dicts)
     again = data.draw(st.lists(st.sampled_from(records), max_size=20)) if records else []
     position = data.draw(st.integers(0, len(records)))
-    assert _metrics(records, algorithm) == _metrics(records[:position] + again + records[position:], algorithm)
+    redelivered = records[:position] + again + records[position:]
+    assert _metrics(core, records, algorithm) == _metrics(core, redelivered, algorithm)
 
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.integers(1, 5), algorithms, st.integers(0, 2))
-def test_split_by_session_and_merged_is_exact(dicts, k, algorithm, invalid):
+def test_split_by_session_and_merged_is_exact(core, dicts, k, algorithm, invalid):
     records = _records(dicts)
-    assert _metrics(records, algorithm, invalid, partitions=k) == _metrics(records, algorithm, invalid, partitions=1)
+    split = _metrics(core, records, algorithm, invalid, partitions=k)
+    assert split == _metrics(core, records, algorithm, invalid, partitions=1)
 
 
 @settings(max_examples=500, deadline=None)
 @given(batches, algorithms, st.integers(0, 2), st.integers(1, 4))
-def test_core_agrees_with_naive_reading_of_spec(dicts, algorithm, invalid, k):
-    got, _, versions = _metrics(_records(dicts), algorithm, invalid, partitions=k)
+def test_core_agrees_with_naive_reading_of_spec(core, dicts, algorithm, invalid, k):
+    got, _, versions = _metrics(core, _records(dicts), algorithm, invalid, partitions=k)
     assert_metrics_equal(got, reference_metrics(dicts, algorithm, invalid), "random batch")
     assert_by_weight_version_equal(versions, reference_by_weight_version(dicts, algorithm), "random batch")
 
@@ -128,28 +131,28 @@ def versions_add_up_to_the_batch(metrics, versions) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.integers(1, 4), algorithms)
-def test_weight_version_entries_add_up_to_the_batch(dicts, k, algorithm):
-    metrics, _, versions = _metrics(_records(dicts), algorithm, partitions=k)
+def test_weight_version_entries_add_up_to_the_batch(core, dicts, k, algorithm):
+    metrics, _, versions = _metrics(core, _records(dicts), algorithm, partitions=k)
     assert versions_add_up_to_the_batch(metrics, versions)
 
 
-def test_more_than_64_known_versions_give_no_breakdown():
+def test_more_than_64_known_versions_give_no_breakdown(core):
     dicts = [{"batch_id": "b", "session_id": f"s{i}", "generation_id": "g", "accepted": 1, "proposed": 2,
               "weight_version": f"v{i}"} for i in range(65)]
     for k in (1, 3):  # also when no single partition holds more than 64
-        metrics, _, versions = _metrics([GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
+        metrics, _, versions = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
         assert versions is None and metrics["spec/accepted_total"] == 65
-    metrics, _, versions = _metrics([GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
+    metrics, _, versions = _metrics(core, [GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
     assert len(versions) == 64
 
 
 @settings(max_examples=100, deadline=None)
 @given(batches, st.integers(1, 4))
-def test_batch_metrics_envelope_counts_every_delivery(dicts, k):
+def test_batch_metrics_envelope_counts_every_delivery(core, dicts, k):
     records = _records(dicts)
     states = {}
     for r in records:
-        states.setdefault(zlib.crc32(r.session_id.encode()) % k, BatchState("b")).add(r)
+        states.setdefault(zlib.crc32(r.session_id.encode()) % k, core.BatchState("b")).add(r)
     if not states:
         return
     out = build_batch_metrics([s.partial(partition=p) for p, s in states.items()], revision=0,
@@ -160,10 +163,10 @@ def test_batch_metrics_envelope_counts_every_delivery(dicts, k):
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.lists(st.integers(1, 7), min_size=1, max_size=10), st.booleans())
-def test_add_many_equals_add_one_by_one(dicts, chunk_sizes, late):
+def test_add_many_equals_add_one_by_one(core, dicts, chunk_sizes, late):
     """The worker's bulk path must be the same function as the reference path."""
     records = _records(dicts)
-    one, many = BatchState("b"), BatchState("b")
+    one, many = core.BatchState("b"), core.BatchState("b")
     one.start_journal()
     many.start_journal()
     for r in records:
@@ -181,12 +184,12 @@ def test_add_many_equals_add_one_by_one(dicts, chunk_sizes, late):
 
 @settings(max_examples=200, deadline=None)
 @given(batches, st.integers(1, 6))
-def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
+def test_deltas_replayed_rebuild_the_same_state(core, dicts, chunk):
     """What stage 1 writes to its changelog rebuilds exactly what it had in memory."""
     from specmeter.streams._layout import decode_delta, encode_state
 
     records = _records(dicts)
-    live = BatchState("b")
+    live = core.BatchState("b")
     live.start_journal()
     deltas = []
     for i in range(0, len(records), chunk):
@@ -194,7 +197,7 @@ def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
         delta = live.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0)
         if delta is not None:
             deltas.append(decode_delta(encode_state(delta)))
-    rebuilt = BatchState("b")
+    rebuilt = core.BatchState("b")
     for delta in deltas:
         rebuilt.apply_delta(delta)
     assert _canonical(rebuilt.partial()) == _canonical(live.partial())
@@ -202,15 +205,15 @@ def test_deltas_replayed_rebuild_the_same_state(dicts, chunk):
 
 @settings(max_examples=100, deadline=None)
 @given(batches, st.integers(1, 6))
-def test_deltas_written_before_weight_versions_still_restore(dicts, chunk):
+def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk):
     """A changelog from before weight versions (six-item entries, no packed_versioned)
     restores: a worker upgraded mid-run keeps its state."""
     from specmeter.streams._layout import decode_delta, encode_state
 
     records = [msgspec.structs.replace(r, weight_version=None) for r in _records(dicts)]
-    live = BatchState("b")
+    live = core.BatchState("b")
     live.start_journal()
-    rebuilt = BatchState("b")
+    rebuilt = core.BatchState("b")
     for i in range(0, len(records), chunk):
         live.add_many(records[i:i + chunk])
         delta = live.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0)

@@ -1,4 +1,4 @@
-"""Every golden aggregate case, through the core and through the offline CLI."""
+"""Every golden aggregate case, through each core and through the offline CLI."""
 
 from __future__ import annotations
 
@@ -47,9 +47,25 @@ def _check(results: dict, case: dict) -> None:
             assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
 
 
+class _CoreAggregator(OfflineAggregator):
+    """The offline aggregator on a given core's BatchState."""
+
+    def __init__(self, core) -> None:
+        super().__init__()
+        self._core = core
+
+    def _state(self, run_id, batch_id):
+        state = self.batches.get((run_id, batch_id))
+        if state is None:
+            state = self.batches[(run_id, batch_id)] = self._core.BatchState(batch_id, run_id)
+            if self.speculative_algorithm:
+                state.add_algorithm(self.speculative_algorithm)
+        return state
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_case_through_core(case):
-    aggregator = OfflineAggregator()
+def test_case_through_core(core, case):
+    aggregator = _CoreAggregator(core)
     aggregator.feed_lines(json.dumps(line) for line in case_lines(case))
     results = {(m.run_id, m.batch_id): msgspec.to_builtins(m) for m in aggregator.results()}
     _check(results, case)
