@@ -38,6 +38,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _rss_bytes() -> int | None:
+    """This process's resident memory now (Linux), None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 
 
 class StreamShell:
@@ -576,7 +587,10 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     async def stats(self: Any, request: Any) -> Any:
         return self.json({"counters": shell.counters.as_dict(), "gap_fills": shell.gap_fills,
                           "open_generations": sum(p.open_generations for p in shell.processors.values()),
-                          "partitions": sorted(shell.processors)})
+                          "partitions": sorted(shell.processors),
+                          # for lag (log end - checkpoint - 1) and resource figures over time
+                          "checkpoints": {str(p): s.checkpoint for p, s in sorted(shell.processors.items())},
+                          "rss_bytes": _rss_bytes(), "cpu_seconds": time.process_time()})
 
     @app.page("/metrics")
     async def prometheus(self: Any, request: Any) -> Any:
