@@ -1,0 +1,87 @@
+"""Closed batches wait out their grace compacted (issue #16).
+
+A minute of closed batches at 18k records/s held ~450k generations at ~1 KB each
+(dicts, sets and tuples: 96 % of the fleet's records carry a histogram), and the
+garbage collector's full collections walked all of it. The worker now compacts a
+batch once it is closed; a late record thaws it and applies exactly as before.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import msgspec
+
+from specmeter.producers.synthetic import FleetSpec, synthetic_fleet
+from specmeter.schemas import RecordBatch, encode_records_message
+from specmeter.streams import BatchState
+from specmeter.streams._stage1 import PartitionProcessor
+from specmeter.streams.app import _compact_closed
+
+
+def _fleet_messages(batches: int = 2, sessions: int = 30) -> list[bytes]:
+    """One partition's input: each batch's records packed 50 a message, then its markers."""
+    spec = FleetSpec(batches=batches, sessions_per_batch=sessions, producers=2, max_samples_per_session=4,
+                     max_turns=8, invalid_rate=0.0, seed=16)
+    out, pending = [], []
+    for event in synthetic_fleet(spec):
+        if event.kind == "marker":
+            if pending:
+                out.append(encode_records_message(RecordBatch(records=pending)))
+                pending = []
+            out.append(encode_records_message(event.payload))
+        else:
+            pending.append(event.payload)
+            if len(pending) == 50:
+                out.append(encode_records_message(RecordBatch(records=pending)))
+                pending = []
+    return out
+
+
+def _processor() -> PartitionProcessor:
+    return PartitionProcessor(0, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
+
+
+def test_a_late_record_after_compaction_gives_the_same_revision_and_changelog():
+    messages = _fleet_messages()
+    plain, compacted = _processor(), _processor()
+    for p in (plain, compacted):
+        p.process(list(enumerate(messages)), 1_000)
+    assert all(b.closed for b in compacted.batches.values()) and len(compacted.batches) == 2
+    _compact_closed(compacted)
+    assert all(b.state.compacted for b in compacted.batches.values())
+    assert compacted.open_generations == plain.open_generations
+    # late input within grace: a redelivery, a new occurrence and a conflict of batch 0
+    first = msgspec.msgpack.decode(messages[0], type=RecordBatch).records
+    late = [first[0], msgspec.structs.replace(first[1], sample_id="late-sample"),
+            msgspec.structs.replace(first[2], accepted=(first[2].accepted or 0) + 7)]
+    message = [(len(messages), encode_records_message(RecordBatch(records=late)))]
+    effects = [p.process(message, 2_000) for p in (plain, compacted)]
+    assert effects[0].changelog == effects[1].changelog
+    assert [msgspec.to_builtins(x) for x in effects[0].partials] == [msgspec.to_builtins(x) for x in effects[1].partials]
+    assert len(effects[1].partials) == 1 and effects[1].partials[0].revision == 1
+    assert compacted.open_generations == plain.open_generations
+
+
+def test_a_compacted_state_holds_a_fraction_of_the_memory():
+    records = []
+    for event in synthetic_fleet(FleetSpec(batches=1, sessions_per_batch=200, producers=1, max_samples_per_session=8,
+                                           max_turns=24, invalid_rate=0.0, seed=3)):
+        if event.kind == "record":
+            records.append(event.payload)
+    gc.collect()
+    tracemalloc.start()
+    state = BatchState("b")
+    state.start_journal()
+    state.add_many(records)
+    state.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
+    del records
+    gc.collect()
+    live, _ = tracemalloc.get_traced_memory()
+    state.compact()
+    gc.collect()
+    compact, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert state.generation_count > 5_000
+    assert compact < live / 3, (live / state.generation_count, compact / state.generation_count)
