@@ -117,6 +117,7 @@ class Run:
     pings_ms: list[float] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)  # once a second: t, lag, rss, cpu, open generations
     ends: dict[int, int] = field(default_factory=dict)
+    gc: dict | None = None  # the worker's garbage-collector pauses per generation (0, 1, 2)
 
     def batch(self, batch_id: str) -> Batch:
         b = self.batches.get(batch_id)
@@ -192,6 +193,11 @@ async def _sample(bootstrap: str, topic: str, partitions: int, stats_url: str, r
             if stats is not None and "checkpoints" in stats:
                 checkpoints = {int(p): c for p, c in stats["checkpoints"].items()}
                 lag = sum(max(0, offsets[tp] - 1 - checkpoints.get(tp.partition, -1)) for tp in tps)
+                counters = stats.get("counters", {})
+                if "gc_collections" in counters:
+                    run.gc = {"collections": counters["gc_collections"],
+                              "seconds_total": [round(v, 3) for v in counters["gc_seconds"]],
+                              "max_ms": [round(v * 1000, 1) for v in counters["gc_max_seconds"]]}
                 run.samples.append({"t": round(time.monotonic() - t0, 2), "lag": lag, "rss": stats.get("rss_bytes"),
                                     "cpu": stats.get("cpu_seconds"), "open": stats.get("open_generations"),
                                     "pending": stats.get("producer_pending")})
@@ -368,6 +374,7 @@ def analyse(run: Run, spec, partitions: int, warmup_s: float, idle_rss: int | No
         "resident_bytes_per_open_generation": round(statistics.median(per_gen)) if per_gen else None,
         "resident_bytes_per_open_generation_above_idle": (round(statistics.median(per_gen_above_idle))
                                                           if per_gen_above_idle else None),
+        "worker_gc_pauses": run.gc,
         "expected_markers_per_batch": expected_markers,
         "series": {"t": [s["t"] for s in samples], "lag": lags, "rss_mib": [round((s.get("rss") or 0) / 2**20, 1)
                                                                            for s in samples],
@@ -457,6 +464,8 @@ def _report(r: dict) -> None:
         ("open generations (steady)", f"{r['open_generations']['steady_median']}: "
                                       f"{r['resident_bytes_per_open_generation']} B resident each "
                                       f"({r['resident_bytes_per_open_generation_above_idle']} B above idle)"),
+        ("worker GC pauses (gen 0/1/2)", "-" if not r["worker_gc_pauses"] else
+         f"{r['worker_gc_pauses']['collections']} collections, longest {r['worker_gc_pauses']['max_ms']} ms"),
         ("machine load (1 min) before / after", f"{load['loadavg_before'][0]} / {load['loadavg_after'][0]}"),
     ]
     width = max(len(k) for k, _ in rows)

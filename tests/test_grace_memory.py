@@ -85,3 +85,22 @@ def test_a_compacted_state_holds_a_fraction_of_the_memory():
     tracemalloc.stop()
     assert state.generation_count > 5_000
     assert compact < live / 3, (live / state.generation_count, compact / state.generation_count)
+
+
+def test_the_worker_times_every_garbage_collection():
+    """Collector pauses stop the event loop (a marker waits meanwhile): the worker
+    counts them per generation, longest included, on /specmeter/stats."""
+    from specmeter.streams._counters import WorkerCounters
+    from specmeter.streams.worker import _gc_timer
+
+    counters = WorkerCounters()
+    timer = _gc_timer(counters)
+    gc.callbacks.append(timer)
+    try:
+        gc.collect(0)
+        gc.collect()
+    finally:
+        gc.callbacks.remove(timer)
+    assert counters.gc_collections[0] >= 1 and counters.gc_collections[2] >= 1
+    assert counters.gc_max_seconds[2] > 0 and counters.gc_seconds[2] >= counters.gc_max_seconds[2]
+    assert counters.as_dict()["gc_collections"] == counters.gc_collections
