@@ -49,7 +49,9 @@ def test_a_late_record_after_compaction_gives_the_same_revision_and_changelog():
     for p in (plain, compacted):
         p.process(list(enumerate(messages)), 1_000)
     assert all(b.closed for b in compacted.batches.values()) and len(compacted.batches) == 2
-    _compact_closed(compacted)
+    assert _compact_closed([compacted], 1_500) == 0  # closed less than a second ago: not yet
+    assert _compact_closed([compacted], 2_000, budget_s=0.0) == 1  # one at a time when out of budget
+    assert _compact_closed([compacted], 2_000) == 1
     assert all(b.state.compacted for b in compacted.batches.values())
     assert compacted.open_generations == plain.open_generations
     # late input within grace: a redelivery, a new occurrence and a conflict of batch 0
