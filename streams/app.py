@@ -521,9 +521,9 @@ class StreamShell:
         consumer = AIOKafkaConsumer(bootstrap_servers=s.broker, group_id=None, enable_auto_commit=False,
                                     fetch_max_wait_ms=s.fetch_wait_ms,
                                     max_partition_fetch_bytes=max(s.chunk_bytes, 1_048_576), **self._client_kwargs())
-        await consumer.start()
         following: dict[int, PartitionProcessor] = {}  # partition -> the processor its position was set for
         try:
+            await consumer.start()
             while True:
                 owned = self._tail_owned(topic, self.processors)
                 if owned.keys() != following.keys() or any(following[p] is not q for p, q in owned.items()):
