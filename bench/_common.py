@@ -25,11 +25,12 @@ def broker_address() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def fresh_topic(bootstrap: str, prefix: str, partitions: int) -> str:
+def fresh_topic(bootstrap: str, prefix: str, partitions: int, *, name: str | None = None,
+                topic_configs: dict[str, str] | None = None) -> str:
     from specmeter.streams._topics import create_topic
 
-    name = f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
-    asyncio.run(create_topic(bootstrap, name, partitions))
+    name = name or f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create_topic(bootstrap, name, partitions, topic_configs=topic_configs))
     asyncio.run(_wait_for_leaders(bootstrap, name, partitions))
     return name
 
@@ -57,6 +58,15 @@ def _tp(topic: str, partition: int):
     from aiokafka.structs import TopicPartition
 
     return TopicPartition(topic, partition)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a worker's web server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def machine() -> str:

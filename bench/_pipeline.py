@@ -67,17 +67,22 @@ def bare_consumer(bootstrap: str, topic: str, records: int) -> float:
     return asyncio.run(run())
 
 
-def start_workers(bootstrap: str, records_topic: str, partitions: int, workers: int) -> tuple[str, list]:
-    """Start worker processes of a fresh app; returns (app name, processes)."""
-    name = f"bench-{uuid.uuid4().hex[:8]}"
+def start_workers(bootstrap: str, records_topic: str, partitions: int, workers: int, *, name: str | None = None,
+                  web_port: int | None = None, extra: tuple[str, ...] = ()) -> tuple[str, list]:
+    """Start worker processes of a fresh app; returns (app name, processes).
+
+    ``web_port``: serve the (first) worker's web pages there instead of none;
+    ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``)."""
+    name = name or f"bench-{uuid.uuid4().hex[:8]}"
     topics = ["--records-topic", records_topic, "--partials-topic", f"{name}.partials", "--metrics-topic",
               f"{name}.metrics", "--deadletter-topic", f"{name}.deadletter"]
     procs = []
     for _ in range(workers):
+        web = ["--web-port", str(web_port), "--web-host", "127.0.0.1"] if web_port and not procs else ["--no-web"]
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
-             *topics, "--partitions", str(partitions), "--batch-timeout", "120", "--no-web", "--log-level",
-             "info", "--data-dir", tempfile.mkdtemp(prefix="bench-")],
+             *topics, "--partitions", str(partitions), "--batch-timeout", "120", *web, "--log-level",
+             "info", "--data-dir", tempfile.mkdtemp(prefix="bench-"), *extra],
             stdout=open(worker_logs(name, workers)[len(procs)], "wb"),
             stderr=subprocess.STDOUT, start_new_session=True))
     return name, procs

@@ -42,6 +42,10 @@ class WorkerCounters:
     close_latency_buckets: list[int] = field(default_factory=lambda: [0] * len(CLOSE_LATENCY_BUCKETS))
     close_latency_sum: float = 0.0
     close_latency_count: int = 0
+    #: the garbage collector's pauses per generation (0, 1, 2): count, total and longest seconds
+    gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    gc_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    gc_max_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
     def observe_close_latency(self, seconds: float) -> None:
         self.close_latency_sum += seconds
@@ -49,6 +53,11 @@ class WorkerCounters:
         for i, bound in enumerate(CLOSE_LATENCY_BUCKETS):
             if seconds <= bound:
                 self.close_latency_buckets[i] += 1
+
+    def observe_gc(self, generation: int, seconds: float) -> None:
+        self.gc_collections[generation] += 1
+        self.gc_seconds[generation] += seconds
+        self.gc_max_seconds[generation] = max(self.gc_max_seconds[generation], seconds)
 
     def dead_letter(self, reason: str, records: int = 1) -> None:
         self.dead_letters[reason] = self.dead_letters.get(reason, 0) + 1

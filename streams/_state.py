@@ -17,6 +17,7 @@ occurrence or a different value arrives, so both forms mean exactly the same.
 from __future__ import annotations
 
 import enum
+import pickle
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -47,6 +48,9 @@ class _Conflict:
 
     def __repr__(self) -> str:
         return "CONFLICT"
+
+    def __reduce__(self) -> str:
+        return "CONFLICT"  # unpickles as the module's one instance (``compact``)
 
 
 CONFLICT: Final = _Conflict()
@@ -168,6 +172,8 @@ class BatchState:
         "_journal_occurrences",
         "_journal_new",
         "_journal_base",
+        "_frozen",
+        "_frozen_generations",
     )
 
     def __init__(self, batch_id: str, run_id: str | None = None) -> None:
@@ -195,6 +201,9 @@ class BatchState:
         self._journal_occurrences: list[tuple[str, str | None, str]] | None = None
         self._journal_new: list[tuple[str, str, str | None, int]] | None = None
         self._journal_base: tuple | None = None
+        #: the dedup state pickled by ``compact`` (None: live) and its generation count
+        self._frozen: bytes | None = None
+        self._frozen_generations = 0
 
     # -- input ----------------------------------------------------------------
     def add(self, record: GenerationRecord, *, late: bool = False) -> Outcome:
@@ -221,6 +230,8 @@ class BatchState:
         Returns:
             (aggregated, redelivered, conflicting) record counts.
         """
+        if self._frozen is not None:
+            self._thaw()
         values = self._values
         occurrences = self._occurrences
         journal_keys = self._journal_keys
@@ -443,6 +454,8 @@ class BatchState:
 
     def apply_delta(self, delta: BatchDelta) -> None:
         """Replay one durable delta (restoring after a crash or a rebalance)."""
+        if self._frozen is not None:
+            self._thaw()
         values = self._values
         flat = delta.packed
         for i in range(0, len(flat), 5):
@@ -544,7 +557,37 @@ class BatchState:
     @property
     def generation_count(self) -> int:
         """Distinct generations held (the size of the dedup state)."""
-        return len(self._values)
+        return self._frozen_generations if self._frozen is not None else len(self._values)
+
+    # -- a closed batch's grace -----------------------------------------------
+    def compact(self) -> None:
+        """Hold the dedup state as one bytes object until something needs it again.
+
+        For a closed batch waiting out its grace: about 170 bytes per generation
+        instead of about 1 KB of dicts, sets and tuples, and nothing for the garbage
+        collector to walk (its full collections paused the worker for 0.1-0.8 s with
+        a minute of closed batches held). Every method that reads or changes the
+        state thaws it first, so late records apply exactly as before. A no-op while
+        changes wait to be taken as a delta. Only bytes written here are unpickled.
+        """
+        if self._frozen is not None or self._journal_keys or self._journal_occurrences or self._journal_new:
+            return
+        self._frozen_generations = len(self._values)
+        self._frozen = pickle.dumps((self._values, self._occurrences, self._samples, self._versions),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+        self._values, self._occurrences = {}, set()
+        self._samples, self._sample_slot, self._versions, self._version_slot = [], {}, [], {}
+
+    @property
+    def compacted(self) -> bool:
+        return self._frozen is not None
+
+    def _thaw(self) -> None:
+        values, occurrences, samples, versions = pickle.loads(self._frozen)  # type: ignore[arg-type]
+        self._frozen = None
+        self._values, self._occurrences, self._samples, self._versions = values, occurrences, samples, versions
+        self._sample_slot = {sample: slot for slot, sample in enumerate(samples, 1)}
+        self._version_slot = {version: slot for slot, version in enumerate(versions, 1)}
 
     # -- output ---------------------------------------------------------------
     def partial(
@@ -552,6 +595,8 @@ class BatchState:
     ) -> PartialAggregate:
         """This partition's sums for the batch: one pass over the entries (packed ones
         read straight from their bits), one over the occurrences of wide ones."""
+        if self._frozen is not None:
+            self._thaw()
         # per weight_version (None: unknown), only once some record named one:
         # [unique, accepted, proposed, verify, completion, paired accepted, paired proposed,
         #  accept covered, paired completion, paired verify, verify covered] and histograms

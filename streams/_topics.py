@@ -16,14 +16,18 @@ class TopicMismatch(RuntimeError):
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int, *, replication_factor: int = 1,
-                       kafka: dict | None = None) -> None:
-    """Create one topic (for tools, tests and benchmarks; the worker uses ``ensure_topics``)."""
+                       kafka: dict | None = None, topic_configs: dict[str, str] | None = None) -> None:
+    """Create one topic (for tools, tests and benchmarks; the worker uses ``ensure_topics``).
+
+    ``topic_configs``: Kafka topic settings, e.g. ``{"message.timestamp.type": "LogAppendTime"}``.
+    """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(kafka or {}))
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)])
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
+                                            topic_configs=topic_configs or {})])
     finally:
         await admin.close()
 

@@ -2,10 +2,18 @@
 
 It decides nothing: it moves messages into ``PartitionProcessor`` (stage 1)
 and ``BatchMerger`` (stage 2) and carries out the effects they return. State
-lives in two compacted changelog topics written through Faust's producer with
-explicit partitions (stage 1 writes one delta per batch per chunk, never one
-write per record) and read back by ``_changelog`` when a worker takes a
-partition over; Faust's table recovery is not used (it can hang on rebalances).
+lives in two compacted changelog topics written through the shell's own ordered
+producer (``_output``) with explicit partitions (stage 1 writes one delta per
+batch per chunk, never one write per record) and read back by ``_changelog``
+when a worker takes a partition over; Faust's table recovery is not used (it
+can hang on rebalances).
+
+Input: Faust runs the consumer group (assignment, rebalances), the agents, the
+timers and the web server, but under load each stage reads its owned partitions
+through a consumer of its own (``tail_records``, ``tail_partials``): Faust's
+fetch wait (1.5 s) and its per-message hand-over put seconds between a marker
+and its batch's close. Faust's delivery of the records topic is paused while
+the records tail runs and stays as the fallback.
 
 Offsets: Faust's committed offsets are not trusted (see ``_gate``). Each
 stage keeps a durable checkpoint of the last offset it applied; the shell
@@ -15,6 +23,7 @@ consumer generation, and seeks back when the consumer resumed past a gap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -25,6 +34,7 @@ from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics
 from ._changelog import changelog_topics, read_changelog_partition, read_range
 from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
+from ._output import OrderedProducer
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings, faust_security_kwargs
@@ -36,6 +46,17 @@ log = logging.getLogger("specmeter.worker")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory now (Linux), None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 
@@ -70,34 +91,64 @@ class StreamShell:
         self.gap_fills = 0
         self.idle_catch_ups = 0
         self._end_offsets: Any = None  # a standalone consumer for log-end queries
-        self._partials_tail: Any = None  # the task of ``tail_partials``
-        self._partials_tail_started = 0.0
+        #: the tasks of ``tail_records`` and ``tail_partials`` and when each started
+        self._tails: dict[str, tuple[Any, float]] = {}
         #: bumped on every revocation; work that awaited across one is discarded
         self.epoch = 0
         self.crash_points = CrashPoints.from_env()
+        s = settings
+        self.output = OrderedProducer(
+            on_failed=self._on_failed, bootstrap_servers=s.broker, client_id=f"{s.app_id}-output", acks="all",
+            linger_ms=0, max_batch_size=1_048_576, max_request_size=max(s.max_message_bytes, 1_048_576) * 2,
+            # as Faust's producer: retry through a broker restart rather than fail the worker
+            request_timeout_ms=1_200_000, **s.security.aiokafka_kwargs())
+        self._output_starting: Any = None
         #: the first produce that failed after the producer's own retries: the worker
         #: stops on it (an output or state write must never be skipped)
         self.fatal: str | None = None
 
     # -- state per partition ------------------------------------------------------
     def _send(self, topic: Any, key: bytes, value: bytes | None, partition: int | None = None) -> None:
-        """Produce through Faust's producer (ordered per partition, flushed before it
-        commits offsets or gives up partitions); a failure stops the worker."""
-        topic.send_soon(key=key, value=value, partition=partition).add_done_callback(self._on_sent)
+        """Produce through the shell's own ordered producer (``_output``): in order per
+        partition, flushed before a partition is given up, at crash points and at
+        shutdown; a failure stops the worker."""
+        self.output.send(topic.get_topic_name(), key, value, partition)
 
-    def _on_sent(self, future: Any) -> None:
-        if future.cancelled() or future.exception() is None or self.fatal is not None:
+    def _on_failed(self, topic: str, exc: BaseException) -> None:
+        if self.fatal is not None:
             return
         import os
         import signal
 
-        exc = future.exception()
-        self.fatal = (f"producing to {future.message.channel.get_topic_name()} failed after the producer's retries "
+        self.fatal = (f"producing to {topic} failed after the producer's retries "
                       f"({type(exc).__name__}: {shorten(str(exc), 200)}); the worker stops rather than skip an "
                       f"output. Operator action: check the broker (message.max.bytes, ACLs, disk) and restart; "
                       f"state and outputs are restored from the changelog")
         log.critical("%s", self.fatal)
         os.kill(os.getpid(), signal.SIGTERM)  # a graceful stop; run_worker exits non-zero
+
+    async def flush_output(self) -> None:
+        """Wait for every write sent so far (nothing to wait for before the producer started)."""
+        if self.output.started or self.output.pending:
+            await self._flush()
+
+    async def _connect_output(self) -> None:
+        with contextlib.suppress(Exception):  # logged by start_output; the next tick retries
+            await self.start_output()
+
+    async def start_output(self) -> None:
+        """Connect the ordered producer (once; sends before it are queued)."""
+        if self.output.started:
+            return
+        import asyncio
+
+        if self._output_starting is None or (self._output_starting.done() and not self.output.started):
+            self._output_starting = asyncio.ensure_future(self.output.start())  # (again, after a failed start)
+        try:
+            await asyncio.shield(self._output_starting)
+        except Exception as exc:  # noqa: BLE001 - the next tick tries again
+            log.warning("connecting the output producer failed (%r); retrying", exc)
+            raise
 
     def _write(self, log_topic: Any, partition: int, key: bytes, value: bytes | None) -> None:
         """Append to a state changelog."""
@@ -227,7 +278,8 @@ class StreamShell:
             await self.crash_points.reached("stage2-published", self._flush)
 
     async def _flush(self) -> None:
-        await self.app.producer.flush()
+        await self.start_output()
+        await self.output.flush()
 
     def _client_kwargs(self) -> dict[str, Any]:
         return self.settings.security.aiokafka_kwargs()
@@ -409,7 +461,7 @@ class StreamShell:
 
         topic = self.settings.topics.partials
         consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.broker, group_id=None, enable_auto_commit=False,
-                                    fetch_max_wait_ms=200, **self._client_kwargs())
+                                    fetch_max_wait_ms=self.settings.fetch_wait_ms, **self._client_kwargs())
         await consumer.start()
         following: dict[int, Any] = {}  # partition -> the merger its position was set for
         try:
@@ -446,20 +498,107 @@ class StreamShell:
         finally:
             await consumer.stop()
 
-    def start_partials_tail(self) -> None:
-        """Start the tail, or restart it at most every 5 s after it stopped on an error."""
+    async def tail_records(self) -> None:
+        """Feed stage 1 from a consumer of its own, beside Faust's: the main path under load.
+
+        Faust's consumer fetches with ``fetch_max_wait_ms`` fixed at 1500 ms, and aiokafka
+        sends a new fetch only for the partitions holding no untaken records while the
+        others wait for that fetch to return: under sustained load a partition's next
+        messages (a batch's marker among them) waited up to 1.5 s behind a fetch for
+        quiet partitions, and Faust then handed them over a few messages at a time,
+        each hand-over costing a changelog delta and a checkpoint. This consumer follows
+        every owned, restored records partition from its checkpoint with a short fetch
+        wait (``fetch_wait_ms``), takes everything fetched at once, and applies it in
+        chunks of at most ``chunk_bytes`` per partition, round robin between partitions:
+        a fetched marker waits behind at most one chunk of each partition, never behind
+        a fetch. Whichever path delivers first applies; the other finds the offsets at
+        or below the checkpoint and skips them (Faust's still acks and commits).
+        """
         import asyncio
 
-        task = self._partials_tail
-        if task is not None and (not task.done() or time.monotonic() - self._partials_tail_started < 5.0):
-            return
-        self._partials_tail_started = time.monotonic()
-        self._partials_tail = asyncio.get_running_loop().create_task(self.tail_partials(), name="partials-tail")
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        s = self.settings
+        topic = s.topics.records
+        consumer = AIOKafkaConsumer(bootstrap_servers=s.broker, group_id=None, enable_auto_commit=False,
+                                    fetch_max_wait_ms=s.fetch_wait_ms,
+                                    max_partition_fetch_bytes=max(s.chunk_bytes, 1_048_576), **self._client_kwargs())
+        following: dict[int, PartitionProcessor] = {}  # partition -> the processor its position was set for
+        try:
+            await consumer.start()
+            while True:
+                owned = self._tail_owned(topic, self.processors)
+                if owned.keys() != following.keys() or any(following[p] is not q for p, q in owned.items()):
+                    consumer.assign([TopicPartition(topic, p) for p in owned])
+                    for p, processor in owned.items():
+                        consumer.seek(TopicPartition(topic, p), processor.checkpoint + 1)
+                    following = dict(owned)
+                if not following:
+                    await asyncio.sleep(0.1)
+                    continue
+                epoch = self.epoch
+                fetched = await consumer.getmany(timeout_ms=200)
+                pending = {tp.partition: [(m.offset, m.value) for m in messages]
+                           for tp, messages in fetched.items() if messages}
+                while pending:
+                    for partition in list(pending):
+                        processor = following.get(partition)
+                        if (processor is None or self.processors.get(partition) is not processor
+                                or epoch != self.epoch or self.app.rebalancing):
+                            del pending[partition]  # read again from the checkpoint once ours
+                            continue
+                        fresh = [m for m in pending.pop(partition) if m[0] > processor.checkpoint]
+                        if not fresh:
+                            continue
+                        if fresh[0][0] != processor.checkpoint + 1:  # a gap: read from the checkpoint again
+                            consumer.seek(TopicPartition(topic, partition), processor.checkpoint + 1)
+                            continue
+                        chunk, rest = _split_chunk(fresh, s.chunk_bytes)
+                        if rest:
+                            pending[partition] = rest
+                        self.last_event_at[partition] = time.time()
+                        self._last_progress[(topic, partition)] = time.monotonic()
+                        await self._run_stage1(processor, partition, chunk)
+                    await asyncio.sleep(0)  # stage 2 and the producer between rounds
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Faust's own delivery still feeds stage 1
+            log.warning("records tail stopped (%r); stage 1 is fed by Faust's consumer alone until restart", exc)
+        finally:
+            await consumer.stop()
+
+    def _tail_owned(self, topic: str, states: dict[int, Any]) -> dict[int, Any]:
+        """The partitions a tail follows: owned, restored, not being caught up by their restore."""
+        app = self.app
+        if app.consumer is None or app.rebalancing:
+            return {}
+        assigned = self._assigned(topic)
+        owned = {}
+        for p, state in states.items():
+            restoring = self._restoring.get((topic, p))
+            if p in assigned and (restoring is None or restoring.done()):
+                owned[p] = state
+        return owned
+
+    def start_tails(self) -> None:
+        """Start the records and partials tails, or restart one at most every 5 s after
+        it stopped on an error."""
+        import asyncio
+
+        for name, run in (("output", self._connect_output), ("records-tail", self.tail_records),
+                          ("partials-tail", self.tail_partials)):
+            task, started = self._tails.get(name, (None, 0.0))
+            if task is not None and (not task.done() or time.monotonic() - started < 5.0):
+                continue
+            self._tails[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
 
     async def close(self) -> None:
         """Stop what the shell owns besides Faust (restore tasks, the log-end consumer)."""
-        if self._partials_tail is not None:
-            self._partials_tail.cancel()
+        for task, _ in self._tails.values():
+            task.cancel()
+        if self.output.started:
+            await self.output.stop()
         for task in self._restoring.values():
             task.cancel()
         if self._end_offsets is not None:
@@ -474,11 +613,50 @@ class StreamShell:
         t = self.settings.topics
         return self._assigned(t.records) <= set(self.processors) and self._assigned(t.partials) <= set(self.mergers)
 
+    def steer_records_delivery(self) -> None:
+        """Pause Faust's delivery of the records partitions while the records tail runs
+        (one reader: on 2 cores a second fetch, decompression and Faust's per-message
+        hand-over of the same input cost a fifth of the worker's CPU), and resume it
+        when the tail has stopped. Faust resumes its partitions after every rebalance;
+        this runs every tick."""
+        consumer = self.app.consumer
+        if consumer is None or self.app.rebalancing:
+            return
+        topic = self.settings.topics.records
+        tps = {tp for tp in consumer.assignment() if tp.topic == topic}
+        paused = getattr(consumer, "_paused_partitions", set())
+        task, _ = self._tails.get("records-tail", (None, 0.0))
+        if task is not None and not task.done():
+            if tps - paused:
+                consumer.pause_partitions(tps - paused)
+        elif tps & paused:
+            consumer.resume_partitions(tps & paused)
+
+    async def commit_records(self) -> None:
+        """Commit the records offsets stage 1 has applied (checkpoint + 1) for the consumer
+        group, every ``commit_interval_s``: Faust commits only what it delivered, and while
+        the records tail reads the input the group's lag (what operators watch) would
+        otherwise never move. Recovery never reads these offsets (see ``_restore``)."""
+        app = self.app
+        consumer = app.consumer
+        commit = getattr(consumer, "_commit", None)
+        if consumer is None or commit is None or app.rebalancing:
+            return
+        from faust.types import TP
+
+        topic = self.settings.topics.records
+        assigned = self._assigned(topic)
+        offsets = {TP(topic, p): q.checkpoint + 1 for p, q in self.processors.items()
+                   if p in assigned and q.checkpoint >= 0}
+        if offsets:
+            await commit(offsets)
+
     def on_tick(self) -> None:
         app = self.app
         if app.consumer is None or app.rebalancing:
             return
         t = self.settings.topics
+        self.steer_records_delivery()
         for partition in sorted(self._assigned(t.records)):
             processor = self.processors.get(partition)
             if processor is None:
@@ -491,6 +669,39 @@ class StreamShell:
                 self._ensure_restore(t.partials, partition)
             else:
                 self._apply_merge(merger.tick(_now_ms()), partition)
+        _compact_closed(self.processors.values(), _now_ms())
+
+
+def _compact_closed(processors: Any, now_ms: int, *, min_age_ms: int = 1_000, budget_s: float = 0.02) -> int:
+    """Compact closed batches (``BatchState.compact``): in grace they hold a sixth of the
+    memory and nothing for the garbage collector to walk; a late record thaws one.
+
+    Here, on the tick, never in the chunk that closes a batch; only batches closed at
+    least ``min_age_ms`` ago (their partials and publication are out), oldest first,
+    and no more than ``budget_s`` of work per tick (one partition's batch of 6k
+    generations takes ~15 ms): a marker never waits behind a whole batch's compaction.
+    Returns how many were compacted."""
+    waiting = sorted((batch.closed_at_ms, id(batch), batch) for processor in processors
+                     for batch in processor.batches.values()
+                     if batch.closed and not batch.state.compacted and now_ms - batch.closed_at_ms >= min_age_ms)
+    started = time.perf_counter()
+    done = 0
+    for _, _, batch in waiting:
+        if done and time.perf_counter() - started >= budget_s:
+            break
+        batch.state.compact()
+        done += 1
+    return done
+
+
+def _split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list, list]:
+    """The first messages up to ``max_bytes`` of values (at least one), and the rest."""
+    size = 0
+    for i, (_, value) in enumerate(messages):
+        size += len(value)
+        if size >= max_bytes:
+            return messages[:i + 1], messages[i + 1:]
+    return messages, []
 
 
 def _table_manager() -> type:
@@ -557,7 +768,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.timer(settings.tick_s)
     async def tick() -> None:
-        shell.start_partials_tail()  # (re)started here: a task of the running app's loop
+        shell.start_tails()  # (re)started here: tasks of the running app's loop
         shell.on_tick()
 
     @app.timer(1.0)
@@ -567,9 +778,17 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         except Exception as exc:  # noqa: BLE001 - retried next second
             log.warning("catch-up failed: %r", exc)
 
+    @app.timer(settings.commit_interval_s)
+    async def commit() -> None:
+        try:
+            await shell.commit_records()
+        except Exception as exc:  # noqa: BLE001 - retried at the next interval
+            log.warning("committing records offsets failed: %r", exc)
+
     @app.on_partitions_revoked.connect
     async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
         shell.forget(revoked)
+        await shell.flush_output()  # the next owner must find everything written for these partitions
 
     @app.on_before_shutdown.connect
     async def on_shutdown(app: Any, **kwargs: Any) -> None:
@@ -579,7 +798,11 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     async def stats(self: Any, request: Any) -> Any:
         return self.json({"counters": shell.counters.as_dict(), "gap_fills": shell.gap_fills,
                           "open_generations": sum(p.open_generations for p in shell.processors.values()),
-                          "partitions": sorted(shell.processors)})
+                          "partitions": sorted(shell.processors),
+                          # for lag (log end - checkpoint - 1) and resource figures over time
+                          "checkpoints": {str(p): s.checkpoint for p, s in sorted(shell.processors.items())},
+                          "rss_bytes": _rss_bytes(), "cpu_seconds": time.process_time(),
+                          "producer_pending": shell.output.pending})
 
     @app.page("/metrics")
     async def prometheus(self: Any, request: Any) -> Any:

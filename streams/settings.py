@@ -35,8 +35,14 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             markers never complete (close_reason ``timeout``).
         grace_s: keep a closed batch this long: late records within it give a
             new revision; after it they are dead-lettered as ``late``.
-        chunk_messages: Kafka messages processed (and checkpointed) together.
-        chunk_wait_s: longest wait to fill a chunk.
+        chunk_messages: Kafka messages Faust's delivery hands over (and stage 1
+            checkpoints) together.
+        chunk_wait_s: longest wait to fill such a chunk.
+        chunk_bytes: input bytes the worker's own records reader applies (and
+            checkpoints) together at most, per partition: a marker waits behind at
+            most one such chunk of each partition (1 MiB: about 60 ms of work).
+        fetch_wait_ms: how long the worker's own readers let the broker hold a fetch
+            that finds nothing new (a fetch that finds data returns at once).
         tick_s: how often timeouts and grace are checked.
         max_message_bytes: larger input messages are dead-lettered as ``too_large``.
         max_open_generations: distinct generations one records partition may hold
@@ -61,6 +67,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     grace_s: float = 300.0
     chunk_messages: int = 200
     chunk_wait_s: float = 0.01
+    chunk_bytes: int = 1_048_576
+    fetch_wait_ms: int = 50
     tick_s: float = 0.25
     max_message_bytes: int = 8 * 1024 * 1024
     max_open_generations: int = 1_000_000

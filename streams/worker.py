@@ -24,6 +24,7 @@ def run_worker(settings: WorkerSettings) -> None:
     asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)
     _tune_gc()
+    gc.callbacks.append(_gc_timer(shell.counters))
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
@@ -31,6 +32,22 @@ def run_worker(settings: WorkerSettings) -> None:
         if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
             print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
             raise SystemExit(1)
+
+
+def _gc_timer(counters):
+    """A gc callback that counts each collection's pause (on /specmeter/stats): a full
+    collection walks everything the worker holds and stops the event loop meanwhile."""
+    import time
+
+    started = [0.0]
+
+    def timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            counters.observe_gc(info["generation"], time.perf_counter() - started[0])
+
+    return timer
 
 
 def _tune_gc() -> None:

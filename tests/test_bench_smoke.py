@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+#: soak_latency has a test of its own below (its JSON is checked too)
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_") and p.stem != "soak_latency")
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -29,3 +30,25 @@ def test_benchmark_runs_at_smoke_size(script, kafka_bootstrap):
         for key in ("records", "steady_state_records_per_s", "end_to_end_records_per_s", "baseline_records_per_s",
                     "fetch_only_records_per_s", "startup_to_ready_s"):
             assert figures[key] > 0, key
+
+
+def test_soak_latency_reports_every_batch_split_by_hop(kafka_bootstrap):
+    """A few seconds of load: one JSON object with every batch's latency, its hops, the
+    baseline and the worker's lag and memory series (issue #16)."""
+    proc = subprocess.run([sys.executable, str(BENCH / "soak_latency.py"), "--smoke", "--json"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["batches"] == result["batches_expected"] >= 3 and result["batches_without_metrics"] == 0
+    assert result["incomplete_batches"] == 0
+    e2e, hops = result["e2e_ms"], result["hops_ms"]
+    assert e2e["n"] == result["batches"] - result["warmup_excluded"] and 0 <= e2e["p50"] <= e2e["p99"] <= e2e["max"]
+    for hop in ("marker_to_partial", "marker_to_close", "partial_to_metrics"):
+        assert hops[hop]["n"] == e2e["n"] and hops[hop]["p50"] is not None, hop
+    for row in result["per_batch"]:  # the hops of a batch add up to its end-to-end latency
+        assert row["marker_to_partial_ms"] + row["partial_to_metrics_ms"] == row["e2e_ms"]
+        assert row["markers"] == result["expected_markers_per_batch"]
+    assert result["baseline_round_trip_ms"]["n"] >= 1 and result["p99_over_baseline_p99"] is not None
+    assert result["lag_messages"]["samples"] >= 1 and result["rss_mib"]["max"] > 0
+    assert result["resident_bytes_per_open_generation"] > 0
+    assert "progress" not in result and "batches" in proc.stderr  # progress goes to stderr

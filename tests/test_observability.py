@@ -121,6 +121,38 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
     assert json.loads(ready.read()) == {"ready": True}
 
 
+def test_stats_page_reports_checkpoints_memory_cpu_and_gc_pauses(fed_worker):
+    """What bench/soak_latency.py samples (issue #16): lag is the log end minus the
+    checkpoint, plus the worker's resident memory, CPU time and collector pauses."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    d, port, published, events = fed_worker
+
+    async def log_ends() -> dict[str, int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=d.bootstrap, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(d.topics.records, p) for p in range(d.partitions)]
+            ends = await consumer.end_offsets(tps)
+            return {str(tp.partition): ends[tp] - 1 for tp in tps}
+        finally:
+            await consumer.stop()
+
+    ends = asyncio.run(log_ends())
+    stats = {}
+    for _ in range(50):  # every message applied: checkpoints at the log end
+        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/specmeter/stats", timeout=5).read())
+        if stats["checkpoints"] == ends:
+            break
+        time.sleep(0.2)
+    assert stats["checkpoints"] == ends
+    assert stats["rss_bytes"] > 10 * 2**20 and stats["cpu_seconds"] > 0 and stats["producer_pending"] >= 0
+    counters = stats["counters"]
+    assert len(counters["gc_collections"]) == len(counters["gc_max_seconds"]) == 3
+    assert all(m >= 0 for m in counters["gc_max_seconds"]) and sum(counters["gc_collections"]) >= 0
+
+
 def test_tail_json_from_beginning(fed_worker):
     d, _port, published, _events = fed_worker
     proc = subprocess.run(

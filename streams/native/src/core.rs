@@ -295,6 +295,17 @@ impl State {
     }
 
     /// Heap bytes held (for the memory benchmark).
+    /// Give back the spare capacity of the growable arenas (a closed batch waiting out its
+    /// grace takes no more new generations, so the slack of their last doubling is waste).
+    pub fn shrink(&mut self) {
+        self.gens.shrink_to_fit();
+        self.entries.shrink_to_fit();
+        self.aux.shrink_to_fit();
+        self.bins.shrink_to_fit();
+        self.strings.bytes.shrink_to_fit();
+        self.strings.spans.shrink_to_fit();
+    }
+
     pub fn heap_bytes(&self) -> usize {
         self.strings.heap_bytes()
             + self.gens.capacity()

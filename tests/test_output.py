@@ -1,0 +1,119 @@
+"""The worker's ordered producer and the records tail's chunking (issue #16).
+
+Faust's producer handed its buffer to Kafka one message per event-loop turn, so
+a partial waited behind every changelog write queued before it; the worker's
+own producer must hand a whole queue over at once, keep the order of ``send``
+per partition, and say when Kafka refuses a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specmeter.streams._output import OrderedProducer
+from specmeter.streams.app import _split_chunk
+
+from .kafka_helpers import create_topic, read_topic
+
+
+@pytest.mark.parametrize(("sizes", "max_bytes", "first"), [
+    ([10, 10, 10], 100, 3),  # all fit
+    ([10, 10, 10], 20, 2),  # the message that reaches the bound ends the chunk
+    ([500, 10], 100, 1),  # one message larger than the bound is a chunk of its own
+    ([10], 1, 1),  # never an empty chunk
+])
+def test_a_chunk_is_bounded_by_bytes_and_never_empty(sizes, max_bytes, first):
+    messages = [(offset, b"x" * size) for offset, size in enumerate(sizes)]
+    chunk, rest = _split_chunk(messages, max_bytes)
+    assert chunk == messages[:first] and rest == messages[first:]
+
+
+@pytest.mark.kafka
+def test_sends_keep_their_order_per_partition_and_flush_waits_for_kafka(kafka_bootstrap, unique_name):
+    topic_a, topic_b = unique_name("out-a"), unique_name("out-b")
+    asyncio.run(create_topic(kafka_bootstrap, topic_a, 3))
+    asyncio.run(create_topic(kafka_bootstrap, topic_b, 1))
+    failures: list = []
+
+    async def run() -> None:
+        out = OrderedProducer(on_failed=lambda topic, exc: failures.append((topic, exc)),
+                              bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
+        out.send(topic_a, b"k", b"before-start", 0)  # queued until the producer connects
+        await out.start()
+        for i in range(3000):
+            out.send(topic_a, None, f"{i}".encode(), i % 3)
+            if i % 100 == 0:
+                out.send(topic_b, b"k", f"b{i}".encode())
+        await out.flush()
+        await out.stop()
+        await out.stop()  # idempotent
+
+    asyncio.run(run())
+    assert failures == []
+    # flush returned: everything is on the broker already, in the order sent per partition
+    got = asyncio.run(read_topic(kafka_bootstrap, topic_a, until=lambda ms: len(ms) >= 3001, timeout_s=20))
+    by_partition: dict[int, list[bytes]] = {}
+    for message in got:
+        by_partition.setdefault(message.partition, []).append(message.value)
+    assert by_partition[0][0] == b"before-start"
+    for p in range(3):
+        values = [v for v in by_partition[p] if v != b"before-start"]
+        assert values == [f"{i}".encode() for i in range(p, 3000, 3)]
+    got_b = asyncio.run(read_topic(kafka_bootstrap, topic_b, until=lambda ms: len(ms) >= 30, timeout_s=20))
+    assert [m.value for m in got_b] == [f"b{i}".encode() for i in range(0, 3000, 100)]
+
+
+@pytest.mark.kafka
+def test_a_queue_is_handed_to_kafka_in_a_few_loop_turns_not_one_per_message(kafka_bootstrap, unique_name):
+    """The regression of #16: with one hand-over per loop turn, a partial queued behind
+    a few hundred changelog writes waited a few hundred turns of a busy worker."""
+    topic = unique_name("out")
+    asyncio.run(create_topic(kafka_bootstrap, topic, 4))
+
+    async def run() -> int:
+        out = OrderedProducer(on_failed=lambda topic, exc: None, bootstrap_servers=kafka_bootstrap, acks="all")
+        await out.start()
+        try:
+            for i in range(4):  # metadata and leaders known (a first send to a topic waits for them)
+                out.send(topic, None, b"warm", i)
+            await out.flush()
+            for i in range(500):
+                out.send(topic, None, b"x" * 100, i % 4)
+            turns = 0
+            while out.pending and turns < 50:
+                await asyncio.sleep(0)
+                turns += 1
+            await out.flush()
+            return turns
+        finally:
+            await out.stop()
+
+    assert asyncio.run(run()) <= 3
+
+
+@pytest.mark.kafka
+def test_a_message_kafka_refuses_is_reported_with_its_topic(kafka_bootstrap, unique_name):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = unique_name("tiny")
+
+    async def run() -> list:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1,
+                                                topic_configs={"max.message.bytes": "200"})])
+        finally:
+            await admin.close()
+        failures: list = []
+        out = OrderedProducer(on_failed=lambda t, exc: failures.append((t, type(exc).__name__)),
+                              bootstrap_servers=kafka_bootstrap, acks="all")
+        await out.start()
+        out.send(topic, None, b"x" * 5000, 0)
+        await out.flush()
+        await out.stop()
+        return failures
+
+    assert asyncio.run(run()) == [(topic, "MessageSizeTooLargeError")]
