@@ -25,8 +25,14 @@ def broker_address() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def fresh_topic(bootstrap: str, prefix: str, partitions: int, *, name: str | None = None,
-                topic_configs: dict[str, str] | None = None) -> str:
+def fresh_topic(
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    *,
+    name: str | None = None,
+    topic_configs: dict[str, str] | None = None,
+) -> str:
     from specmeter.streams._topics import create_topic
 
     name = name or f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
@@ -82,8 +88,11 @@ def load() -> str:
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object with the figures on stdout (the table goes to stderr)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object with the figures on stdout (the table goes to stderr)",
+    )
 
 
 def report(title: str, rows: list[tuple[str, str]], data: dict | None = None, *, as_json: bool = False) -> None:

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import re
 import uuid
 from typing import NamedTuple
 
+from _common import fresh_topic
+
 from specmeter.producers import PublisherSettings
+from specmeter.schemas import decode_records_message
 from specmeter.streams._loadgen import publish_fleet
 from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
-from specmeter.schemas import decode_records_message
-
-from _common import fresh_topic
 
 
 def fleet(records_target: int) -> FleetSpec:
@@ -26,16 +26,31 @@ def fleet(records_target: int) -> FleetSpec:
     shared ancestors, 1 % conflicts, 5 % missing counters."""
     batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
     sessions = max(1, round(records_target / batches / 101))
-    return FleetSpec(batches=batches, sessions_per_batch=sessions, producers=4, max_samples_per_session=8,
-                     max_turns=24, redelivery_rate=0.2, conflict_rate=0.01, missing_rate=0.05, invalid_rate=0.0,
-                     seed=1, batch_prefix="bench-")
+    return FleetSpec(
+        batches=batches,
+        sessions_per_batch=sessions,
+        producers=4,
+        max_samples_per_session=8,
+        max_turns=24,
+        redelivery_rate=0.2,
+        conflict_rate=0.01,
+        missing_rate=0.05,
+        invalid_rate=0.0,
+        seed=1,
+        batch_prefix="bench-",
+    )
 
 
 def preload(bootstrap: str, spec: FleetSpec, partitions: int, records_per_message: int = 500) -> tuple[str, int, int]:
     """A fresh records topic holding the whole fleet; returns (topic, records, batches)."""
     topic = fresh_topic(bootstrap, "records", partitions)
-    settings = PublisherSettings(bootstrap_servers=bootstrap, topic=topic, max_message_bytes=records_per_message * 120,
-                                 linger_ms=50, max_queued_records=2_000_000)
+    settings = PublisherSettings(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        max_message_bytes=records_per_message * 120,
+        linger_ms=50,
+        max_queued_records=2_000_000,
+    )
     summary = asyncio.run(publish_fleet(synthetic_fleet(spec), settings))
     return topic, summary.records, spec.batches
 
@@ -45,9 +60,15 @@ def bare_consumer(bootstrap: str, topic: str, records: int) -> float:
     from aiokafka import AIOKafkaConsumer
 
     async def run() -> float:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"bare-{uuid.uuid4().hex[:6]}",
-                                    auto_offset_reset="earliest", enable_auto_commit=False,
-                                    max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024)
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=f"bare-{uuid.uuid4().hex[:6]}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
         await consumer.start()
         seen: dict = {}
         count = 0
@@ -67,24 +88,39 @@ def bare_consumer(bootstrap: str, topic: str, records: int) -> float:
     return asyncio.run(run())
 
 
-def start_workers(bootstrap: str, records_topic: str, partitions: int, workers: int, *, name: str | None = None,
-                  web_port: int | None = None, extra: tuple[str, ...] = ()) -> tuple[str, list]:
+def start_workers(
+    bootstrap: str,
+    records_topic: str,
+    partitions: int,
+    workers: int,
+    *,
+    name: str | None = None,
+    web_port: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[str, list]:
     """Start worker processes of a fresh app; returns (app name, processes).
 
     ``web_port``: serve the (first) worker's web pages there instead of none;
     ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``)."""
     name = name or f"bench-{uuid.uuid4().hex[:8]}"
-    topics = ["--records-topic", records_topic, "--partials-topic", f"{name}.partials", "--metrics-topic",
-              f"{name}.metrics", "--deadletter-topic", f"{name}.deadletter"]
-    procs = []
+    topics = [
+        "--records-topic",
+        records_topic,
+        "--partials-topic",
+        f"{name}.partials",
+        "--metrics-topic",
+        f"{name}.metrics",
+        "--deadletter-topic",
+        f"{name}.deadletter",
+    ]
+    procs: list[subprocess.Popen] = []
     for _ in range(workers):
         web = ["--web-port", str(web_port), "--web-host", "127.0.0.1"] if web_port and not procs else ["--no-web"]
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name,
-             *topics, "--partitions", str(partitions), "--batch-timeout", "120", *web, "--log-level",
-             "info", "--data-dir", tempfile.mkdtemp(prefix="bench-"), *extra],
-            stdout=open(worker_logs(name, workers)[len(procs)], "wb"),
-            stderr=subprocess.STDOUT, start_new_session=True))
+        flags = ["--partitions", str(partitions), "--batch-timeout", "120", *web, "--log-level", "info"]
+        command = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name]
+        command += [*topics, *flags, "--data-dir", tempfile.mkdtemp(prefix="bench-"), *extra]
+        with open(worker_logs(name, workers)[len(procs)], "wb") as log:  # the worker keeps its own descriptor
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return name, procs
 
 
@@ -109,9 +145,14 @@ def fetch_only(bootstrap: str, topic: str, records: int, partitions: int) -> flo
     from aiokafka.structs import TopicPartition
 
     async def run() -> float:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                    enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024,
-                                    fetch_max_bytes=32 * 1024 * 1024)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
         await consumer.start()
         try:
             assigned = [TopicPartition(topic, p) for p in range(partitions)]
@@ -150,8 +191,9 @@ class WorkerRun(NamedTuple):
         return self.last_metrics - self.ready
 
 
-def run_workers(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
-                timeout_s: float = 900.0) -> float:
+def run_workers(
+    bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int, timeout_s: float = 900.0
+) -> float:
     """Seconds from starting ``workers`` worker processes to the last batch's BatchMetrics."""
     return run_workers_timed(bootstrap, records_topic, partitions, batches, workers, timeout_s).seconds
 
@@ -173,8 +215,9 @@ def _ready_at(log_path: str) -> float | None:
     return ready
 
 
-def run_workers_timed(bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int,
-                      timeout_s: float = 900.0) -> WorkerRun:
+def run_workers_timed(
+    bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int, timeout_s: float = 900.0
+) -> WorkerRun:
     """Start ``workers`` worker processes and time them to the last batch's BatchMetrics
     (and to ready, read from their logs)."""
     from aiokafka import AIOKafkaConsumer
@@ -187,8 +230,9 @@ def run_workers_timed(bootstrap: str, records_topic: str, partitions: int, batch
     async def wait_metrics() -> float:
         deadline = time.time() + timeout_s
         while True:  # the metrics topic appears when the worker starts
-            consumer = AIOKafkaConsumer(f"{name}.metrics", bootstrap_servers=bootstrap, group_id=None,
-                                        auto_offset_reset="earliest")
+            consumer = AIOKafkaConsumer(
+                f"{name}.metrics", bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+            )
             await consumer.start()
             done: set[str] = set()
             try:

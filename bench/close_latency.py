@@ -21,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, broker_address, core_name, fresh_topic, report  # noqa: E402
-from _pipeline import start_workers, stop_workers  # noqa: E402
+from _common import add_json_flag, broker_address, core_name, fresh_topic, report
+from _pipeline import start_workers, stop_workers
 
-from specmeter.producers import PublisherSettings  # noqa: E402
-from specmeter.streams._loadgen import publish_fleet  # noqa: E402
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
-from specmeter.schemas import decode_metrics  # noqa: E402
+from specmeter.producers import PublisherSettings
+from specmeter.schemas import decode_metrics
+from specmeter.streams._loadgen import publish_fleet
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -38,8 +38,9 @@ def percentile(values: list[float], q: float) -> float:
 async def ping_baseline(bootstrap: str, topic: str, n: int) -> list[float]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="latest",
-                                fetch_max_wait_ms=100)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="latest", fetch_max_wait_ms=100
+    )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     await consumer.start()
     await producer.start()
@@ -64,8 +65,9 @@ async def measure(bootstrap: str, records_topic: str, metrics_topic: str, spec: 
     last_marker: dict[str, float] = {}
     markers_seen: dict[str, int] = {}
     arrived: dict[str, float] = {}
-    consumer = AIOKafkaConsumer(metrics_topic, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=50)
+    consumer = AIOKafkaConsumer(
+        metrics_topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=50
+    )
     await consumer.start()
 
     def on_event(event) -> None:
@@ -84,9 +86,12 @@ async def measure(bootstrap: str, records_topic: str, metrics_topic: str, spec: 
                         arrived[m.batch_id] = now
 
     consuming = asyncio.create_task(consume())
-    summary = await publish_fleet(synthetic_fleet(spec), PublisherSettings(
-        bootstrap_servers=bootstrap, topic=records_topic, linger_ms=5, max_message_bytes=64 * 1024), rate=rate,
-        on_event=on_event)
+    summary = await publish_fleet(
+        synthetic_fleet(spec),
+        PublisherSettings(bootstrap_servers=bootstrap, topic=records_topic, linger_ms=5, max_message_bytes=64 * 1024),
+        rate=rate,
+        on_event=on_event,
+    )
     try:
         await asyncio.wait_for(consuming, 120)
     finally:
@@ -104,9 +109,19 @@ def main() -> None:
     args = parser.parse_args()
     batches, rate, sessions = (3, 2_000, 2) if args.smoke else (args.batches, args.rate, 20)
     bootstrap = broker_address()
-    spec = FleetSpec(batches=batches, sessions_per_batch=sessions, producers=4, max_samples_per_session=8,
-                     max_turns=24, redelivery_rate=0.2, conflict_rate=0.01, missing_rate=0.05, invalid_rate=0.0,
-                     seed=2, batch_prefix=f"lat-{uuid.uuid4().hex[:4]}-")
+    spec = FleetSpec(
+        batches=batches,
+        sessions_per_batch=sessions,
+        producers=4,
+        max_samples_per_session=8,
+        max_turns=24,
+        redelivery_rate=0.2,
+        conflict_rate=0.01,
+        missing_rate=0.05,
+        invalid_rate=0.0,
+        seed=2,
+        batch_prefix=f"lat-{uuid.uuid4().hex[:4]}-",
+    )
     records_topic = fresh_topic(bootstrap, "records", 4)
     name, procs = start_workers(bootstrap, records_topic, 4, workers=1)
     try:
@@ -117,15 +132,25 @@ def main() -> None:
     pings = asyncio.run(ping_baseline(bootstrap, fresh_topic(bootstrap, "ping", 1), 5 if args.smoke else 50))
     lat = result["latencies"]
     p99, base99 = percentile(lat, 0.99), percentile(pings, 0.99)
-    report(f"close latency ({len(lat)} batches at {result['rate']:,.0f} records/s, 4 partitions, "
-           f"{core_name()} core)", [
-        ("p50", f"{statistics.median(lat) * 1000:.0f} ms"),
-        ("p99", f"{p99 * 1000:.0f} ms   (goal < 250 ms)"),
-        ("max", f"{max(lat) * 1000:.0f} ms"),
-        ("baseline produce->consume p99", f"{base99 * 1000:.1f} ms   ratio {p99 / base99:.1f}x"),
-    ], {"batches": len(lat), "records_per_s": result["rate"], "core": core_name(),
-        "p50_ms": statistics.median(lat) * 1000, "p99_ms": p99 * 1000, "max_ms": max(lat) * 1000,
-        "baseline_p99_ms": base99 * 1000}, as_json=args.json)
+    report(
+        f"close latency ({len(lat)} batches at {result['rate']:,.0f} records/s, 4 partitions, {core_name()} core)",
+        [
+            ("p50", f"{statistics.median(lat) * 1000:.0f} ms"),
+            ("p99", f"{p99 * 1000:.0f} ms   (goal < 250 ms)"),
+            ("max", f"{max(lat) * 1000:.0f} ms"),
+            ("baseline produce->consume p99", f"{base99 * 1000:.1f} ms   ratio {p99 / base99:.1f}x"),
+        ],
+        {
+            "batches": len(lat),
+            "records_per_s": result["rate"],
+            "core": core_name(),
+            "p50_ms": statistics.median(lat) * 1000,
+            "p99_ms": p99 * 1000,
+            "max_ms": max(lat) * 1000,
+            "baseline_p99_ms": base99 * 1000,
+        },
+        as_json=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, report  # noqa: E402
+from _common import add_json_flag, report
 
-from specmeter.schemas import GenerationRecord, RecordBatch, encode_records_message  # noqa: E402
+from specmeter.schemas import GenerationRecord, RecordBatch, encode_records_message
 
 PER_MESSAGE = 500
 
@@ -44,17 +44,29 @@ def records(n: int, histograms: bool) -> list[GenerationRecord]:
     out = []
     for i in range(n):
         session = f"step-000123/sess-{i // 40:07d}"
-        out.append(GenerationRecord(batch_id="huge", session_id=session, generation_id=f"{session}/gen-{i % 40}",
-                                    sample_id=f"traj-{i % 4}", accepted=300 + i % 97, proposed=560 + i % 13,
-                                    verify=140 + i % 7, completion=440 + i % 101, producer_id="w0",
-                                    accept_histogram=[i % 5, 30 + i % 7, 20, 90 + i % 11] if histograms else None))
+        out.append(
+            GenerationRecord(
+                batch_id="huge",
+                session_id=session,
+                generation_id=f"{session}/gen-{i % 40}",
+                sample_id=f"traj-{i % 4}",
+                accepted=300 + i % 97,
+                proposed=560 + i % 13,
+                verify=140 + i % 7,
+                completion=440 + i % 101,
+                producer_id="w0",
+                accept_histogram=[i % 5, 30 + i % 7, 20, 90 + i % 11] if histograms else None,
+            )
+        )
     return out
 
 
 def messages(n: int, histograms: bool) -> list[bytes]:
     recs = records(n, histograms)
-    return [encode_records_message(RecordBatch(records=recs[i:i + PER_MESSAGE], producer_id="w0"))
-            for i in range(0, n, PER_MESSAGE)]
+    return [
+        encode_records_message(RecordBatch(records=recs[i : i + PER_MESSAGE], producer_id="w0"))
+        for i in range(0, n, PER_MESSAGE)
+    ]
 
 
 def measure(kind: str, n: int, histograms: bool) -> dict:
@@ -124,23 +136,37 @@ def main() -> None:
         base, py, native = (run(kind, n, histograms) for kind in ("dict", "python", "native"))
         per = {"plain_dict": base["traced"] / n, "python": py["traced"] / n}
         label = "4-bin histogram" if histograms else "counters only"
-        rows += [(f"{label}: plain dict of the keys", f"{per['plain_dict']:.0f} B/generation allocated"),
-                 (f"{label}: python core", f"{per['python']:.0f} B/generation allocated, "
-                                           f"ratio {per['python'] / per['plain_dict']:.2f}x")]
+        rows += [
+            (f"{label}: plain dict of the keys", f"{per['plain_dict']:.0f} B/generation allocated"),
+            (
+                f"{label}: python core",
+                f"{per['python']:.0f} B/generation allocated, ratio {per['python'] / per['plain_dict']:.2f}x",
+            ),
+        ]
         if "skipped" not in native:
             per.update(native_heap=native["heap"] / n, native_rss=native["rss"] / n)
-            rows += [(f"{label}: native core", f"{per['native_heap']:.0f} B/generation heap, "
-                                               f"{per['native_rss']:.0f} B resident, ratio "
-                                               f"{per['native_heap'] / per['plain_dict']:.2f}x heap, "
-                                               f"{per['native_rss'] / per['plain_dict']:.2f}x resident"),
-                     (f"{label}: native, released after drop",
-                      f"{native['released'] / max(native['rss'], 1):.0%} of its resident memory")]
-            per.update(native_ratio=per["native_heap"] / per["plain_dict"],
-                       native_rss_ratio=per["native_rss"] / per["plain_dict"],
-                       native_released=native["released"] / max(native["rss"], 1))
+            rows += [
+                (
+                    f"{label}: native core",
+                    f"{per['native_heap']:.0f} B/generation heap, "
+                    f"{per['native_rss']:.0f} B resident, ratio "
+                    f"{per['native_heap'] / per['plain_dict']:.2f}x heap, "
+                    f"{per['native_rss'] / per['plain_dict']:.2f}x resident",
+                ),
+                (
+                    f"{label}: native, released after drop",
+                    f"{native['released'] / max(native['rss'], 1):.0%} of its resident memory",
+                ),
+            ]
+            per.update(
+                native_ratio=per["native_heap"] / per["plain_dict"],
+                native_rss_ratio=per["native_rss"] / per["plain_dict"],
+                native_released=native["released"] / max(native["rss"], 1),
+            )
         per["python_ratio"] = per["python"] / per["plain_dict"]
-        data[shape] = {f"{k}_bytes_per_generation" if not k.endswith(("ratio", "released")) else k: v
-                       for k, v in per.items()}
+        data[shape] = {
+            f"{k}_bytes_per_generation" if not k.endswith(("ratio", "released")) else k: v for k, v in per.items()
+        }
     rows.append(("ratio", "native heap / plain dict: floor 1.0x, goal 0.5x"))
     report(f"dedup state memory ({n:,} open generations, one batch)", rows, data, as_json=args.json)
 

@@ -19,17 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, broker_address, fresh_topic, report  # noqa: E402
+from _common import add_json_flag, broker_address, fresh_topic, report
 
-from specmeter.producers import Publisher, PublisherSettings  # noqa: E402
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet  # noqa: E402
-from specmeter.schemas import GenerationRecord, encode_records_message  # noqa: E402
+from specmeter.producers import Publisher, PublisherSettings
+from specmeter.schemas import GenerationRecord, encode_records_message
+from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 
 def make_records(n: int) -> list[GenerationRecord]:
     out: list[GenerationRecord] = []
-    spec = FleetSpec(batches=max(1, n // 2000), sessions_per_batch=400, producers=1, seed=3, invalid_rate=0.0,
-                     redelivery_rate=0.0)
+    spec = FleetSpec(
+        batches=max(1, n // 2000), sessions_per_batch=400, producers=1, seed=3, invalid_rate=0.0, redelivery_rate=0.0
+    )
     for event in synthetic_fleet(spec):
         if event.kind == "record":
             out.append(event.payload)
@@ -50,8 +51,9 @@ def baseline_caller_us(records: list[GenerationRecord]) -> float:
 
 
 async def publisher_run(bootstrap: str, topic: str, records: list[GenerationRecord]) -> tuple[float, float]:
-    settings = PublisherSettings(bootstrap_servers=bootstrap, topic=topic, producer_id="bench",
-                                 max_queued_records=len(records) + 1)
+    settings = PublisherSettings(
+        bootstrap_servers=bootstrap, topic=topic, producer_id="bench", max_queued_records=len(records) + 1
+    )
     async with Publisher(settings) as publisher:
         publish = publisher.publish_nowait
         t0 = time.perf_counter()
@@ -66,8 +68,9 @@ async def publisher_run(bootstrap: str, topic: str, records: list[GenerationReco
 async def naive_run(bootstrap: str, topic: str, records: list[GenerationRecord]) -> float:
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-                                compression_type="lz4", linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", compression_type="lz4", linger_ms=5
+    )
     await producer.start()
     try:
         t0 = time.perf_counter()
@@ -92,13 +95,23 @@ def main() -> None:
     base_us = min(baseline_caller_us(records) for _ in range(3))
     caller_us, sustained = asyncio.run(publisher_run(bootstrap, fresh_topic(bootstrap, "pub", 8), records))
     naive = asyncio.run(naive_run(bootstrap, fresh_topic(bootstrap, "naive", 8), records[:naive_n]))
-    report(f"producer overhead ({n:,} records, 8 partitions)", [
-        ("publish_nowait, per call", f"{caller_us:.2f} µs   (target < 5 µs)"),
-        ("baseline encode+append", f"{base_us:.2f} µs   ratio {caller_us / base_us:.2f}x"),
-        ("sustained to the broker", f"{sustained:,.0f} records/s   (target >= 100,000)"),
-        ("naive aiokafka, 1 msg/record", f"{naive:,.0f} records/s   ratio {sustained / naive:.1f}x"),
-    ], {"records": n, "publish_us_per_call": caller_us, "baseline_us_per_call": base_us,
-        "sustained_records_per_s": sustained, "naive_records_per_s": naive}, as_json=args.json)
+    report(
+        f"producer overhead ({n:,} records, 8 partitions)",
+        [
+            ("publish_nowait, per call", f"{caller_us:.2f} µs   (target < 5 µs)"),
+            ("baseline encode+append", f"{base_us:.2f} µs   ratio {caller_us / base_us:.2f}x"),
+            ("sustained to the broker", f"{sustained:,.0f} records/s   (target >= 100,000)"),
+            ("naive aiokafka, 1 msg/record", f"{naive:,.0f} records/s   ratio {sustained / naive:.1f}x"),
+        ],
+        {
+            "records": n,
+            "publish_us_per_call": caller_us,
+            "baseline_us_per_call": base_us,
+            "sustained_records_per_s": sustained,
+            "naive_records_per_s": naive,
+        },
+        as_json=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, broker_address, core_name, report  # noqa: E402
-from _pipeline import fleet, preload, run_workers  # noqa: E402
+from _common import add_json_flag, broker_address, core_name, report
+from _pipeline import fleet, preload, run_workers
 
 
 def main() -> None:
@@ -32,12 +32,22 @@ def main() -> None:
     rates = {}
     for workers in (1, 2):
         rates[workers] = records / run_workers(bootstrap, topic, 8, batches, workers=workers)
-    report(f"scaling ({records:,} records, {batches} batches, 8 partitions)", [
-        ("1 worker", f"{rates[1]:,.0f} records/s"),
-        ("2 workers", f"{rates[2]:,.0f} records/s"),
-        ("ratio 2/1", f"{rates[2] / rates[1]:.2f}x   (baseline: 1 worker, same run)"),
-    ], {"records": records, "batches": batches, "core": core_name(), "one_worker_records_per_s": rates[1],
-        "two_workers_records_per_s": rates[2]}, as_json=args.json)
+    report(
+        f"scaling ({records:,} records, {batches} batches, 8 partitions)",
+        [
+            ("1 worker", f"{rates[1]:,.0f} records/s"),
+            ("2 workers", f"{rates[2]:,.0f} records/s"),
+            ("ratio 2/1", f"{rates[2] / rates[1]:.2f}x   (baseline: 1 worker, same run)"),
+        ],
+        {
+            "records": records,
+            "batches": batches,
+            "core": core_name(),
+            "one_worker_records_per_s": rates[1],
+            "two_workers_records_per_s": rates[2],
+        },
+        as_json=args.json,
+    )
 
 
 if __name__ == "__main__":

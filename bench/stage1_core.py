@@ -21,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, report  # noqa: E402
-from _pipeline import fleet  # noqa: E402
+from _common import add_json_flag, report
+from _pipeline import fleet
 
-from specmeter.streams.synthetic import synthetic_fleet  # noqa: E402
-from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message  # noqa: E402
-from specmeter.streams import _core  # noqa: E402
-from specmeter.streams._stage1 import PartitionProcessor, _digest  # noqa: E402
+from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
+from specmeter.streams import _core
+from specmeter.streams._stage1 import PartitionProcessor, _digest
+from specmeter.streams.synthetic import synthetic_fleet
 
 PER_MESSAGE = 500
 CHUNK_RECORDS = 10_000
@@ -61,7 +61,7 @@ def messages(target: int) -> tuple[list[tuple[int, bytes]], list[int], int]:
 
 def chunks(msgs: list[tuple[int, bytes]], sizes: list[int]) -> list[list[tuple[int, bytes]]]:
     out, chunk, held = [], [], 0
-    for message, size in zip(msgs, sizes):
+    for message, size in zip(msgs, sizes, strict=True):
         chunk.append(message)
         held += size
         if held >= CHUNK_RECORDS:
@@ -125,20 +125,38 @@ def main() -> None:
         raise SystemExit("the native and the Python core emitted different partials: a bug, please report it")
     py = results["python"]
     native = results.get("native")
-    rows = [("records, messages, chunks", f"{records:,}, {len(msgs):,}, {len(work):,}"),
-            ("python core: processor / apply", f"{py['process']:.2f} / {py['apply']:.2f} µs per record")]
-    data: dict = {"records": records, "messages": len(msgs), "python_us_per_record": py["process"],
-                  "python_apply_us_per_record": py["apply"]}
+    rows = [
+        ("records, messages, chunks", f"{records:,}, {len(msgs):,}, {len(work):,}"),
+        ("python core: processor / apply", f"{py['process']:.2f} / {py['apply']:.2f} µs per record"),
+    ]
+    data: dict = {
+        "records": records,
+        "messages": len(msgs),
+        "python_us_per_record": py["process"],
+        "python_apply_us_per_record": py["apply"],
+    }
     if native is not None:
-        rows += [("native core: processor / apply", f"{native['process']:.2f} / {native['apply']:.2f} µs per record"),
-                 ("ratio python/native: processor / apply",
-                  f"{py['process'] / native['process']:.1f}x / {py['apply'] / native['apply']:.1f}x faster")]
-        data.update(native_us_per_record=native["process"], native_apply_us_per_record=native["apply"],
-                    speedup=py["process"] / native["process"], apply_speedup=py["apply"] / native["apply"])
+        rows += [
+            ("native core: processor / apply", f"{native['process']:.2f} / {native['apply']:.2f} µs per record"),
+            (
+                "ratio python/native: processor / apply",
+                f"{py['process'] / native['process']:.1f}x / {py['apply'] / native['apply']:.1f}x faster",
+            ),
+        ]
+        data.update(
+            native_us_per_record=native["process"],
+            native_apply_us_per_record=native["apply"],
+            speedup=py["process"] / native["process"],
+            apply_speedup=py["apply"] / native["apply"],
+        )
     else:
         rows.append(("ratio", "native core not built: nothing to compare"))
-    report(f"stage 1 without Kafka ({records:,} records, best of {1 if args.smoke else args.repeat})", rows, data,
-           as_json=args.json)
+    report(
+        f"stage 1 without Kafka ({records:,} records, best of {1 if args.smoke else args.repeat})",
+        rows,
+        data,
+        as_json=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, broker_address, core_name, report  # noqa: E402
-from _pipeline import bare_consumer, fetch_only, fleet, preload, run_workers_timed  # noqa: E402
+from _common import add_json_flag, broker_address, core_name, report
+from _pipeline import bare_consumer, fetch_only, fleet, preload, run_workers_timed
 
 
 def main() -> None:
@@ -48,22 +48,34 @@ def main() -> None:
     run = run_workers_timed(bootstrap, topic, args.partitions, batches, workers=1)
     end_to_end = records / run.seconds
     steady = records / run.steady_s
-    report(f"throughput ({records:,} records, {batches} batches, {args.partitions} partitions, "
-           f"{core_name()} core)", [
-        ("worker, steady state (ready to last metrics)", f"{steady:,.0f} records/s  ({run.steady_s:.2f} s)"),
-        ("worker, end to end (start to last metrics)", f"{end_to_end:,.0f} records/s  ({run.seconds:.2f} s)"),
-        ("worker start-up to ready (state restored)", f"{run.startup_s:.2f} s"),
-        ("baseline bare aiokafka+msgspec+dict", f"{baseline:,.0f} records/s"),
-        ("fetch only (aiokafka getmany, no decoding)", f"{fetch:,.0f} records/s"),
-        ("ratio steady / baseline", f"{steady / baseline:.2f}x   (floor 1.0x, goal 2x)"),
-        ("ratio end to end / baseline", f"{end_to_end / baseline:.2f}x   (floor 0.7x, goal 1.0x)"),
-    ], {
-        "records": records, "batches": batches, "partitions": args.partitions, "core": core_name(),
-        "steady_state_records_per_s": steady, "end_to_end_records_per_s": end_to_end,
-        "baseline_records_per_s": baseline, "fetch_only_records_per_s": fetch, "startup_to_ready_s": run.startup_s,
-        "steady_state_s": run.steady_s, "end_to_end_s": run.seconds,
-        "steady_state_ratio": steady / baseline, "end_to_end_ratio": end_to_end / baseline,
-    }, as_json=args.json)
+    report(
+        f"throughput ({records:,} records, {batches} batches, {args.partitions} partitions, {core_name()} core)",
+        [
+            ("worker, steady state (ready to last metrics)", f"{steady:,.0f} records/s  ({run.steady_s:.2f} s)"),
+            ("worker, end to end (start to last metrics)", f"{end_to_end:,.0f} records/s  ({run.seconds:.2f} s)"),
+            ("worker start-up to ready (state restored)", f"{run.startup_s:.2f} s"),
+            ("baseline bare aiokafka+msgspec+dict", f"{baseline:,.0f} records/s"),
+            ("fetch only (aiokafka getmany, no decoding)", f"{fetch:,.0f} records/s"),
+            ("ratio steady / baseline", f"{steady / baseline:.2f}x   (floor 1.0x, goal 2x)"),
+            ("ratio end to end / baseline", f"{end_to_end / baseline:.2f}x   (floor 0.7x, goal 1.0x)"),
+        ],
+        {
+            "records": records,
+            "batches": batches,
+            "partitions": args.partitions,
+            "core": core_name(),
+            "steady_state_records_per_s": steady,
+            "end_to_end_records_per_s": end_to_end,
+            "baseline_records_per_s": baseline,
+            "fetch_only_records_per_s": fetch,
+            "startup_to_ready_s": run.startup_s,
+            "steady_state_s": run.steady_s,
+            "end_to_end_s": run.seconds,
+            "steady_state_ratio": steady / baseline,
+            "end_to_end_ratio": end_to_end / baseline,
+        },
+        as_json=args.json,
+    )
 
 
 if __name__ == "__main__":

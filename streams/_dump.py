@@ -47,7 +47,7 @@ def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | Inval
         return InvalidRecord(reason="undecodable", detail=str(exc), raw=raw)
     if not isinstance(obj, dict) or not ("meta_info" in obj or "attempts" in obj):
         return decode_json_line(raw)
-    identity = {k: obj.get(k) for k in _IDENTITY}
+    identity: dict[str, Any] = {k: obj.get(k) for k in _IDENTITY}
     try:
         if "attempts" in obj:
             return record_from_attempts(obj["attempts"], **identity)

@@ -44,7 +44,9 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
+from ._core import CORE, Core
 from ._counters import WorkerCounters
+from ._exact import exact_sum
 from ._layout import (
     BatchKey,
     BatchStatus,
@@ -62,8 +64,6 @@ from ._layout import (
     state_key_prefix,
     status_key,
 )
-from ._core import CORE, Core
-from ._exact import exact_sum
 from ._state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "shorten"]
@@ -112,27 +112,46 @@ class _Batch:
         return (self.state.run_id, self.state.batch_id)
 
     def status(self) -> BatchStatus:
-        return BatchStatus(batch_id=self.state.batch_id, run_id=self.state.run_id, closed=self.closed,
-                           close_reason=self.close_reason, closed_at_ms=self.closed_at_ms, revision=self.revision,
-                           partial_digest=self.partial_digest)
+        return BatchStatus(
+            batch_id=self.state.batch_id,
+            run_id=self.state.run_id,
+            closed=self.closed,
+            close_reason=self.close_reason,
+            closed_at_ms=self.closed_at_ms,
+            revision=self.revision,
+            partial_digest=self.partial_digest,
+        )
 
 
 def _digest(partial: PartialAggregate) -> bytes:
     """Identity of a partial's content, revision and close time aside. The ratio
     sums count by their exact value: their expansion terms depend on the order the
     samples were folded in, which differs between a live and a restored state."""
-    body = msgspec.structs.replace(partial, revision=0, closed_at_ms=0,
-                                   accept_ratio_parts=[str(exact_sum(partial.accept_ratio_parts))],
-                                   length_ratio_parts=[str(exact_sum(partial.length_ratio_parts))])
+    body = msgspec.structs.replace(
+        partial,
+        revision=0,
+        closed_at_ms=0,
+        accept_ratio_parts=[str(exact_sum(partial.accept_ratio_parts))],
+        length_ratio_parts=[str(exact_sum(partial.length_ratio_parts))],
+    )
     return content_digest(body)
 
 
 class PartitionProcessor:
     """All open and recently closed batches of one records-topic partition."""
 
-    def __init__(self, partition: int, *, source_topic: str, batch_timeout_ms: int, grace_ms: int,
-                 max_message_bytes: int | None = None, max_open_generations: int | None = None,
-                 counters: WorkerCounters | None = None, core: Core | None = None) -> None:
+    def __init__(
+        self,
+        partition: int,
+        *,
+        source_topic: str,
+        batch_timeout_ms: int,
+        grace_ms: int,
+        max_message_bytes: int | None = None,
+        max_open_generations: int | None = None,
+        counters: WorkerCounters | None = None,
+        core: Core | None = None,
+    ) -> None:
         self.partition = partition
         #: the stage-1 core: the loaded one unless a test picks one
         self.core = core if core is not None else CORE
@@ -170,7 +189,7 @@ class PartitionProcessor:
         for key, value in entries:
             if not key.startswith(prefix) or value is None:
                 continue
-            kind = key[len(prefix):len(prefix) + 1].lower()  # upper case: a named run's
+            kind = key[len(prefix) : len(prefix) + 1].lower()  # upper case: a named run's
             if kind == b"c":
                 checkpoint = decode_checkpoint(value)
                 self.checkpoint = checkpoint.offset
@@ -198,13 +217,13 @@ class PartitionProcessor:
             batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
             batch.delta_keys.append(key)
         for batch_key, (key, status) in statuses.items():
-            batch = self.batches.get(batch_key)
-            if batch is None:
+            restored = self.batches.get(batch_key)
+            if restored is None:
                 effects.changelog.append((key, None))
                 continue
-            batch.closed, batch.close_reason = status.closed, status.close_reason
-            batch.closed_at_ms, batch.revision = status.closed_at_ms, status.revision
-            batch.partial_digest = status.partial_digest
+            restored.closed, restored.close_reason = status.closed, status.close_reason
+            restored.closed_at_ms, restored.revision = status.closed_at_ms, status.revision
+            restored.partial_digest = status.partial_digest
         self.open_generations = sum(b.state.generation_count for b in self.batches.values())
         # Send every closed batch's latest partial again: its status may be durable while
         # the partial itself was lost in a crash (stage 2 ignores a revision it has).
@@ -224,8 +243,13 @@ class PartitionProcessor:
                 self._emit(batch, now_ms, effects)
         self._flush_statuses(effects)
         effects.partials.extend(overflow_partials)
-        log.info("partition=%d restored batches=%d checkpoint=%d stale_deltas=%d", self.partition,
-                 len(self.batches), self.checkpoint, len(effects.changelog))
+        log.info(
+            "partition=%d restored batches=%d checkpoint=%d stale_deltas=%d",
+            self.partition,
+            len(self.batches),
+            self.checkpoint,
+            len(effects.changelog),
+        )
         return effects
 
     def _open(self, key: BatchKey, now_ms: int) -> _Batch:
@@ -253,19 +277,28 @@ class PartitionProcessor:
             last = offset
             try:
                 self._apply_message(offset, value, now_ms, touched, effects)
-            except Exception as exc:  # noqa: BLE001 - a bug must not jam the partition on one input
-                log.exception("partition=%d offset=%d: applying the message failed; dead-lettered", self.partition,
-                              offset)
+            except Exception as exc:
+                log.exception(
+                    "partition=%d offset=%d: applying the message failed; dead-lettered", self.partition, offset
+                )
                 counters.dead_letter("internal_error")
-                effects.dead_letters.append(self._dead_letter(
-                    "internal_error", f"the worker failed on this message ({shorten(exc, 400)}); please report it",
-                    value, offset, None, now_ms))
+                effects.dead_letters.append(
+                    self._dead_letter(
+                        "internal_error",
+                        f"the worker failed on this message ({shorten(exc, 400)}); please report it",
+                        value,
+                        offset,
+                        None,
+                        now_ms,
+                    )
+                )
         if last is None:
             return effects
         assert first is not None
         for batch_key, batch in touched.items():
-            delta = batch.state.take_delta_encoded(first_offset=first, last_offset=last,
-                                                   last_input_ms=batch.last_input_ms)
+            delta = batch.state.take_delta_encoded(
+                first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms
+            )
             if delta is not None:
                 key = delta_key(self.partition, batch_key, last)
                 effects.changelog.append((key, delta))
@@ -285,8 +318,9 @@ class PartitionProcessor:
             self._dropped.clear()
         return effects
 
-    def _apply_message(self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch],
-                       effects: Effects) -> None:
+    def _apply_message(
+        self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
+    ) -> None:
         """Decode one records-topic message and apply what it holds."""
         counters = self.counters
         decoded = self.core.decode(value, max_bytes=self.max_message_bytes)
@@ -297,8 +331,9 @@ class PartitionProcessor:
         for bad in decoded.invalid:
             counters.records_invalid += 1
             counters.dead_letter(bad.reason)
-            effects.dead_letters.append(self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id,
-                                                          now_ms, bad.run_id))
+            effects.dead_letters.append(
+                self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id, now_ms, bad.run_id)
+            )
             if bad.batch_id is not None:
                 key = (bad.run_id, bad.batch_id)
                 batch = self._batch_for_input(key, now_ms)
@@ -319,22 +354,41 @@ class PartitionProcessor:
         batch.last_input_ms = now_ms
         return batch
 
-    def _apply_records(self, key: BatchKey, decoded: Decoded, group: int, count: int, producer_id: str | None,
-                       offset: int, now_ms: int, touched: dict, effects: Effects) -> None:
+    def _apply_records(
+        self,
+        key: BatchKey,
+        decoded: Decoded,
+        group: int,
+        count: int,
+        producer_id: str | None,
+        offset: int,
+        now_ms: int,
+        touched: dict,
+        effects: Effects,
+    ) -> None:
         """Apply a group of ``count`` records of one batch from one message
         (``producer_id``: the envelope's)."""
         counters = self.counters
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
             if key in self.overflowed:
-                self._dead_letter_records("overflow", self._overflow_detail(key), decoded.records(group), offset, key,
-                                          now_ms, effects)
+                self._dead_letter_records(
+                    "overflow", self._overflow_detail(key), decoded.records(group), offset, key, now_ms, effects
+                )
                 return
             for record in decoded.records(group):
                 counters.dead_letter("late")
-                effects.dead_letters.append(self._dead_letter(
-                    "late", f"{_describe(key)} closed more than grace ago on partition {self.partition}",
-                    encode_records_message(record), offset, key[1], now_ms, key[0]))
+                effects.dead_letters.append(
+                    self._dead_letter(
+                        "late",
+                        f"{_describe(key)} closed more than grace ago on partition {self.partition}",
+                        encode_records_message(record),
+                        offset,
+                        key[1],
+                        now_ms,
+                        key[0],
+                    )
+                )
             return
         touched[key] = batch
         limit = self.max_open_generations
@@ -348,17 +402,18 @@ class PartitionProcessor:
             if start < count:
                 del touched[key]
                 self._overflow(batch, now_ms, effects)
-                self._dead_letter_records("overflow", self._overflow_detail(key), decoded.records(group, start),
-                                          offset, key, now_ms, effects)
+                self._dead_letter_records(
+                    "overflow", self._overflow_detail(key), decoded.records(group, start), offset, key, now_ms, effects
+                )
             return
         self._add(batch, decoded, group, 0, count, producer_id)
 
-    def _add(self, batch: _Batch, decoded: Decoded, group: int, start: int, stop: int,
-             producer_id: str | None) -> None:
+    def _add(self, batch: _Batch, decoded: Decoded, group: int, start: int, stop: int, producer_id: str | None) -> None:
         counters = self.counters
         held = batch.state.generation_count
-        aggregated, redelivered, conflicting = batch.state.add_decoded(decoded, group, start, stop, late=batch.closed,
-                                                                       producer_id=producer_id)
+        aggregated, redelivered, conflicting = batch.state.add_decoded(
+            decoded, group, start, stop, late=batch.closed, producer_id=producer_id
+        )
         self.open_generations += batch.state.generation_count - held
         counters.records_conflicting += conflicting
         if batch.closed:
@@ -368,9 +423,11 @@ class PartitionProcessor:
             counters.records_redelivered += redelivered
 
     def _overflow_detail(self, key: BatchKey) -> str:
-        return (f"{_describe(key)} passed the limit of {self.max_open_generations} open generations on "
-                f"partition {self.partition} and was closed early as incomplete (raise --max-open-generations "
-                f"if batches are really this large)")
+        return (
+            f"{_describe(key)} passed the limit of {self.max_open_generations} open generations on "
+            f"partition {self.partition} and was closed early as incomplete (raise --max-open-generations "
+            f"if batches are really this large)"
+        )
 
     def _overflow(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
         """Close the batch now (its partial holds everything up to this message) and drop its state."""
@@ -384,8 +441,9 @@ class PartitionProcessor:
         self.open_generations -= batch.state.generation_count
         self.overflowed[key] = None
         # its last partial stays in the changelog until grace ends (sent again on restore)
-        effects.changelog.append((overflow_key(self.partition, key),
-                                  encode_partial(self._partial(batch, batch.revision))))
+        effects.changelog.append(
+            (overflow_key(self.partition, key), encode_partial(self._partial(batch, batch.revision)))
+        )
         self._overflow_partials[key] = batch.closed_at_ms
         while len(self.overflowed) > EXPIRED_MEMORY:
             self.overflowed.popitem(last=False)
@@ -396,24 +454,32 @@ class PartitionProcessor:
         effects.changelog.extend((key, None) for key in batch.delta_keys)
         effects.changelog.append((status_key(self.partition, batch.key), None))
 
-    def _apply_marker(self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict,
-                      effects: Effects) -> None:
+    def _apply_marker(
+        self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict, effects: Effects
+    ) -> None:
         self.counters.markers += 1
         key = (marker.run_id, marker.batch_id)
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
             overflowed = key in self.overflowed
             reason = "overflow" if overflowed else "late"
-            detail = (self._overflow_detail(key) if overflowed
-                      else f"marker for {_describe(key)} after its grace ended")
+            detail = self._overflow_detail(key) if overflowed else f"marker for {_describe(key)} after its grace ended"
             self.counters.dead_letter(reason, records=0)
             effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
             return
         batch.state.add_marker(marker)
         touched[key] = batch
 
-    def _dead_letter_records(self, reason: str, detail: str, records: list[GenerationRecord], offset: int,
-                             key: BatchKey, now_ms: int, effects: Effects) -> None:
+    def _dead_letter_records(
+        self,
+        reason: str,
+        detail: str,
+        records: list[GenerationRecord],
+        offset: int,
+        key: BatchKey,
+        now_ms: int,
+        effects: Effects,
+    ) -> None:
         """Dead-letter valid records as packed batches, each small enough to carry whole."""
         raw = encode_records_message(RecordBatch(records=records, run_id=key[0]))
         if len(raw) > DEAD_LETTER_RAW_LIMIT and len(records) > 1:
@@ -424,15 +490,33 @@ class PartitionProcessor:
         self.counters.dead_letter(reason, records=len(records))
         effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
 
-    def _dead_letter(self, reason: str, detail: str, raw: bytes, offset: int, batch_id: str | None,
-                     now_ms: int, run_id: str | None = None) -> DeadLetter:
+    def _dead_letter(
+        self,
+        reason: str,
+        detail: str,
+        raw: bytes,
+        offset: int,
+        batch_id: str | None,
+        now_ms: int,
+        run_id: str | None = None,
+    ) -> DeadLetter:
         if len(raw) > DEAD_LETTER_RAW_LIMIT:  # the whole message stays in the records topic, named here
-            detail = (f"{detail} (raw cut to its first {DEAD_LETTER_RAW_LIMIT} of {len(raw)} bytes; the whole "
-                      f"message is {self.source_topic} partition {self.partition} offset {offset})")
+            detail = (
+                f"{detail} (raw cut to its first {DEAD_LETTER_RAW_LIMIT} of {len(raw)} bytes; the whole "
+                f"message is {self.source_topic} partition {self.partition} offset {offset})"
+            )
             raw = raw[:DEAD_LETTER_RAW_LIMIT]
-        return DeadLetter(reason=reason, detail=detail, raw=raw, source_topic=self.source_topic,
-                          source_partition=self.partition, source_offset=offset, batch_id=batch_id,
-                          rejected_at=now_ms / 1000, run_id=run_id)
+        return DeadLetter(
+            reason=reason,
+            detail=detail,
+            raw=raw,
+            source_topic=self.source_topic,
+            source_partition=self.partition,
+            source_offset=offset,
+            batch_id=batch_id,
+            rejected_at=now_ms / 1000,
+            run_id=run_id,
+        )
 
     # -- closing ----------------------------------------------------------------
     def _close(self, batch: _Batch, reason: str, now_ms: int, effects: Effects) -> None:
@@ -445,13 +529,21 @@ class PartitionProcessor:
         try:
             partial = self._partial(batch, batch.revision + 1)
             digest = _digest(partial)
-        except Exception as exc:  # noqa: BLE001 - a bug must not jam the partition: say so, go on
+        except Exception as exc:
             log.exception("partition=%d %s: building its partial failed", self.partition, _describe(batch.key))
             self.counters.dead_letter("internal_error", records=0)
-            effects.dead_letters.append(self._dead_letter(
-                "internal_error", f"building the partial of {_describe(batch.key)} failed ({shorten(exc, 400)}); "
-                "its input is applied but not published; please report it", b"", self.checkpoint,
-                batch.state.batch_id, now_ms, batch.state.run_id))
+            effects.dead_letters.append(
+                self._dead_letter(
+                    "internal_error",
+                    f"building the partial of {_describe(batch.key)} failed ({shorten(exc, 400)}); "
+                    "its input is applied but not published; please report it",
+                    b"",
+                    self.checkpoint,
+                    batch.state.batch_id,
+                    now_ms,
+                    batch.state.run_id,
+                )
+            )
             return
         if digest == batch.partial_digest:
             return
@@ -470,8 +562,12 @@ class PartitionProcessor:
         self._statuses.clear()
 
     def _partial(self, batch: _Batch, revision: int) -> PartialAggregate:
-        return batch.state.partial(partition=self.partition, revision=revision,
-                                   close_reason=batch.close_reason or "markers", closed_at_ms=batch.closed_at_ms)
+        return batch.state.partial(
+            partition=self.partition,
+            revision=revision,
+            close_reason=batch.close_reason or "markers",
+            closed_at_ms=batch.closed_at_ms,
+        )
 
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
@@ -502,5 +598,10 @@ class PartitionProcessor:
         return effects
 
     def _checkpoint_value(self) -> bytes:
-        return encode_state(Checkpoint(offset=self.checkpoint, expired=[durable_batch(k) for k in self.expired],
-                                       overflowed=[durable_batch(k) for k in self.overflowed]))
+        return encode_state(
+            Checkpoint(
+                offset=self.checkpoint,
+                expired=[durable_batch(k) for k in self.expired],
+                overflowed=[durable_batch(k) for k in self.overflowed],
+            )
+        )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import pickle
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from specmeter.schemas import (
     MAX_WEIGHT_VERSIONS,
@@ -32,8 +32,8 @@ from specmeter.schemas import (
     decode_records_message,
 )
 
-from ._layout import BatchDelta, encode_state
 from ._exact import grow
+from ._layout import BatchDelta, encode_state
 
 __all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message"]
 
@@ -107,7 +107,7 @@ class Decoded:
     ``BatchState.add_decoded`` applies a slice of a group.
     """
 
-    __slots__ = ("groups", "producer_id", "run_id", "invalid", "marker", "_groups")
+    __slots__ = ("_groups", "groups", "invalid", "marker", "producer_id", "run_id")
 
     def __init__(self, message: DecodedMessage) -> None:
         #: the envelope's producer and run: a record without its own belongs to them
@@ -124,7 +124,8 @@ class Decoded:
             else:
                 self._groups = [[r] for r in records]
         self.groups: list[tuple[tuple[str | None, str], int]] = [
-            ((self.run_id if g[0].run_id is None else g[0].run_id, g[0].batch_id), len(g)) for g in self._groups]
+            ((self.run_id if g[0].run_id is None else g[0].run_id, g[0].batch_id), len(g)) for g in self._groups
+        ]
 
     def records(self, group: int, start: int = 0, stop: int | None = None) -> list[GenerationRecord]:
         """The records ``start:stop`` of a group."""
@@ -150,30 +151,30 @@ class BatchState:
     """
 
     __slots__ = (
-        "batch_id",
-        "run_id",
-        "_versions",
-        "_version_slot",
-        "_values",
-        "_occurrences",
-        "_packed",
-        "_samples",
-        "_sample_slot",
-        "record_count",
-        "invalid_record_count",
-        "late_record_count",
-        "conflicting_record_count",
-        "_received",
-        "_markers",
         "_algorithms",
-        "_counters_seen",
         "_conflicts",
-        "_journal_keys",
-        "_journal_occurrences",
-        "_journal_new",
-        "_journal_base",
+        "_counters_seen",
         "_frozen",
         "_frozen_generations",
+        "_journal_base",
+        "_journal_keys",
+        "_journal_new",
+        "_journal_occurrences",
+        "_markers",
+        "_occurrences",
+        "_packed",
+        "_received",
+        "_sample_slot",
+        "_samples",
+        "_values",
+        "_version_slot",
+        "_versions",
+        "batch_id",
+        "conflicting_record_count",
+        "invalid_record_count",
+        "late_record_count",
+        "record_count",
+        "run_id",
     )
 
     def __init__(self, batch_id: str, run_id: str | None = None) -> None:
@@ -181,7 +182,9 @@ class BatchState:
         self.run_id = run_id
         self._versions: list[str] = []  # slot k+1 -> weight_version
         self._version_slot: dict[str, int] = {}
-        self._values: dict[tuple[str, str], Value | _Conflict] = {}
+        #: a generation seen once with small counters is one packed int (counters, sample
+        #: and version slots); any other is a ``Value`` tuple or CONFLICT
+        self._values: dict[tuple[str, str], Value | _Conflict | int] = {}
         self._occurrences: set[tuple[str, str | None, str]] = set()  # of wide entries only
         self._packed = 0  # entries in packed form (each one occurrence)
         self._samples: list[str] = []  # slot k+1 -> sample_id
@@ -219,8 +222,9 @@ class BatchState:
         aggregated, _, _ = self.add_many([record], late=late)
         return Outcome.AGGREGATED if aggregated else Outcome.REDELIVERED
 
-    def add_many(self, records: list[GenerationRecord], *, late: bool = False,
-                 producer_id: str | None = None) -> tuple[int, int, int]:
+    def add_many(
+        self, records: list[GenerationRecord], *, late: bool = False, producer_id: str | None = None
+    ) -> tuple[int, int, int]:
         """Apply a run of valid records: the one implementation of the dedup rule
         (``add`` is its one-record case; the worker calls it once per chunk).
 
@@ -279,8 +283,15 @@ class BatchState:
                     if journal_new is not None:
                         journal_new((session, generation, sample, packed))
                 else:
-                    values[key] = (r.state_hash, accepted, proposed, verify, completion,
-                                   None if histogram is None else tuple(histogram), version)
+                    values[key] = (
+                        r.state_hash,
+                        accepted,
+                        proposed,
+                        verify,
+                        completion,
+                        None if histogram is None else tuple(histogram),
+                        version,
+                    )
                     occurrence = (session, sample, generation)
                     occurrences.add(occurrence)
                     if journal_keys is not None:
@@ -295,10 +306,18 @@ class BatchState:
                     first_slot = known >> _SAMPLE_SHIFT
                     journal_keys.add(key)
                     journal_occurrences.append(  # type: ignore[union-attr]
-                        (session, samples[first_slot - 1] if first_slot else None, generation))
+                        (session, samples[first_slot - 1] if first_slot else None, generation)
+                    )
                 known = self._widen(key, known)
-            value = (r.state_hash, accepted, proposed, verify, completion,
-                     None if histogram is None else tuple(histogram), version)
+            value = (
+                r.state_hash,
+                accepted,
+                proposed,
+                verify,
+                completion,
+                None if histogram is None else tuple(histogram),
+                version,
+            )
             if known is CONFLICT:
                 conflicting += 1
             elif known != value:
@@ -326,8 +345,16 @@ class BatchState:
         self.conflicting_record_count += conflicting
         return aggregated, redelivered, conflicting
 
-    def add_decoded(self, decoded: Decoded, group: int, start: int = 0, stop: int | None = None, *,
-                    late: bool = False, producer_id: str | None = None) -> tuple[int, int, int]:
+    def add_decoded(
+        self,
+        decoded: Decoded,
+        group: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        late: bool = False,
+        producer_id: str | None = None,
+    ) -> tuple[int, int, int]:
         """Apply records ``start:stop`` of a group of a decoded message (``add_many``
         over them; the native core applies them without a Python object per record).
 
@@ -352,7 +379,7 @@ class BatchState:
             samples = self._samples
             for (session, generation), value in self._values.items():
                 if value.__class__ is int:
-                    slot = value >> _SAMPLE_SHIFT  # type: ignore[operator]
+                    slot = value >> _SAMPLE_SHIFT
                     yield session, samples[slot - 1] if slot else None, generation
         yield from self._occurrences
 
@@ -378,9 +405,16 @@ class BatchState:
 
     # -- durability -----------------------------------------------------------
     def _counters(self) -> tuple:
-        return (self.record_count, self.invalid_record_count, self.late_record_count,
-                self.conflicting_record_count, dict(self._received), dict(self._markers),
-                frozenset(self._algorithms), self._counters_seen)
+        return (
+            self.record_count,
+            self.invalid_record_count,
+            self.late_record_count,
+            self.conflicting_record_count,
+            dict(self._received),
+            dict(self._markers),
+            frozenset(self._algorithms),
+            self._counters_seen,
+        )
 
     def start_journal(self) -> None:
         """Begin recording changes, to be taken as deltas by ``take_delta``."""
@@ -392,7 +426,12 @@ class BatchState:
     def take_delta(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> BatchDelta | None:
         """What changed since the last call (or ``start_journal``); None if nothing did."""
         journal_keys, journal_new = self._journal_keys, self._journal_new
-        if journal_keys is None or self._journal_base is None or self._journal_occurrences is None or journal_new is None:
+        if (
+            journal_keys is None
+            or self._journal_base is None
+            or self._journal_occurrences is None
+            or journal_new is None
+        ):
             raise RuntimeError("take_delta() needs start_journal() first")
         base = self._journal_base
         now = self._counters()
@@ -402,14 +441,15 @@ class BatchState:
         # split below 2^64 for msgpack); one widened since is in ``entries`` instead
         packed: list[str | int | None] = []
         versioned: list[str | int | None] = []
-        for session, generation, sample, value in journal_new:
+        for session, generation, sample, bits in journal_new:
             if journal_keys and (session, generation) in journal_keys:
                 continue
-            counters = value & _COUNTERS_MASK
-            vslot = (value >> _VERSION_SHIFT) & _VERSION_SLOTS
+            counters = bits & _COUNTERS_MASK
+            vslot = (bits >> _VERSION_SHIFT) & _VERSION_SLOTS
             if vslot:
-                versioned.extend((session, generation, sample, counters & _LO64, counters >> 64,
-                                  self._versions[vslot - 1]))
+                versioned.extend(
+                    (session, generation, sample, counters & _LO64, counters >> 64, self._versions[vslot - 1])
+                )
             else:
                 packed.extend((session, generation, sample, counters & _LO64, counters >> 64))
         values = self._values
@@ -457,35 +497,42 @@ class BatchState:
         if self._frozen is not None:
             self._thaw()
         values = self._values
-        flat = delta.packed
-        for i in range(0, len(flat), 5):
-            session, generation, sample, low, high = flat[i:i + 5]
-            self._restore_packed((session, generation), sample, low | high << 64, None)  # type: ignore[operator]
-        flat = delta.packed_versioned
-        for i in range(0, len(flat), 6):
-            session, generation, sample, low, high, version = flat[i:i + 6]
-            self._restore_packed((session, generation), sample, low | high << 64, version)  # type: ignore[operator]
-        for session, generation, conflict, *value in delta.entries:
+        packed: list[Any] = delta.packed  # (session, generation, sample, low, high) flat
+        for i in range(0, len(packed), 5):
+            session, generation, sample, low, high = packed[i : i + 5]
+            self._restore_packed((session, generation), sample, low | high << 64, None)
+        versioned: list[Any] = delta.packed_versioned  # the same and the weight version
+        for i in range(0, len(versioned), 6):
+            session, generation, sample, low, high, version = versioned[i : i + 6]
+            self._restore_packed((session, generation), sample, low | high << 64, version)
+        for session, generation, conflict, *fields in delta.entries:
             key = (session, generation)
             before = values.get(key)
             if before.__class__ is int:
-                before = self._widen(key, before)  # type: ignore[arg-type]
+                before = self._widen(key, before)
             if conflict:
                 if before is not CONFLICT:
                     self._conflicts += 1
                 values[key] = CONFLICT
             else:
                 # entries written before weight versions existed have six items
-                state_hash, accepted, proposed, verify, completion, histogram, *version = value
-                weight_version = version[0] if version else None
+                state_hash, accepted, proposed, verify, completion, histogram, *appended = fields
+                weight_version = appended[0] if appended else None
                 if weight_version is not None and weight_version not in self._version_slot:
                     self._new_version_slot(weight_version)
-                values[key] = (state_hash, accepted, proposed, verify, completion,
-                               tuple(histogram) if histogram is not None else None, weight_version)
+                values[key] = (
+                    state_hash,
+                    accepted,
+                    proposed,
+                    verify,
+                    completion,
+                    tuple(histogram) if histogram is not None else None,
+                    weight_version,
+                )
         for session, sample, generation in delta.occurrences:
             known = values.get((session, generation))
             if known.__class__ is int:
-                self._widen((session, generation), known)  # type: ignore[arg-type]
+                self._widen((session, generation), known)
             self._occurrences.add((session, sample, generation))
         self.record_count += delta.record_count
         self.invalid_record_count += delta.invalid_record_count
@@ -533,7 +580,7 @@ class BatchState:
                 return
         # not new after all, or no slot left: the wide form, with add's conflict rule
         if known.__class__ is int:
-            known = self._widen(key, known)  # type: ignore[arg-type]
+            known = self._widen(key, known)
         value = (None, *_unpack(counters), None, version)
         if known is None:
             values[key] = value
@@ -573,8 +620,9 @@ class BatchState:
         if self._frozen is not None or self._journal_keys or self._journal_occurrences or self._journal_new:
             return
         self._frozen_generations = len(self._values)
-        self._frozen = pickle.dumps((self._values, self._occurrences, self._samples, self._versions),
-                                    protocol=pickle.HIGHEST_PROTOCOL)
+        self._frozen = pickle.dumps(
+            (self._values, self._occurrences, self._samples, self._versions), protocol=pickle.HIGHEST_PROTOCOL
+        )
         self._values, self._occurrences = {}, set()
         self._samples, self._sample_slot, self._versions, self._version_slot = [], {}, [], {}
 
@@ -618,7 +666,7 @@ class BatchState:
                 continue
             if value.__class__ is int:
                 # packed: counters stored as value + 1 (0: unknown)
-                packed: int = value  # type: ignore[assignment]
+                packed: int = value
                 a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
                 hist = None
                 if by_version is not None:
@@ -650,9 +698,14 @@ class BatchState:
             for session, sample, generation in self._occurrences:
                 value = values[(session, generation)]
                 _, accepted, proposed, verify, completion, _, _ = value  # type: ignore[misc]
-                _fold(folds, (session, sample) if sample is not None else (session, None, generation),
-                      0 if accepted is None else accepted + 1, 0 if proposed is None else proposed + 1,
-                      0 if verify is None else verify + 1, 0 if completion is None else completion + 1)
+                _fold(
+                    folds,
+                    (session, sample) if sample is not None else (session, None, generation),
+                    0 if accepted is None else accepted + 1,
+                    0 if proposed is None else proposed + 1,
+                    0 if verify is None else verify + 1,
+                    0 if completion is None else completion + 1,
+                )
             sample_count = len(folds)
             for a, p, v, c in folds.values():
                 if a and p > 1:
@@ -662,8 +715,9 @@ class BatchState:
                     length_samples += 1
                     grow(length_parts, (c - 1) / (v - 1))
         else:
-            sample_count = len({(s, sample) if sample is not None else (s, None, g)
-                                for s, sample, g in self._all_occurrences()})
+            sample_count = len(
+                {(s, sample) if sample is not None else (s, None, g) for s, sample, g in self._all_occurrences()}
+            )
         weight_versions: list[WeightVersionSums] = []
         too_many = False
         if by_version is not None and any(v is not None for v in by_version):
@@ -675,8 +729,19 @@ class BatchState:
                     for version in sorted(by_version, key=lambda v: (v is None, v or ""))
                 ]
         markers = self._markers
-        (_, accepted_total, proposed_total, verify_total, completion_total, paired_accepted, paired_proposed,
-         accept_covered, paired_completion, paired_verify, verify_covered) = totals
+        (
+            _,
+            accepted_total,
+            proposed_total,
+            verify_total,
+            completion_total,
+            paired_accepted,
+            paired_proposed,
+            accept_covered,
+            paired_completion,
+            paired_verify,
+            verify_covered,
+        ) = totals
         return PartialAggregate(
             batch_id=self.batch_id,
             run_id=self.run_id,

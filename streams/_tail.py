@@ -135,7 +135,7 @@ def batch_label(m: BatchMetrics, width: int) -> str:
     return _fit_left(f"{m.run_id}/{m.batch_id}", width)
 
 
-def _count(n: int | None) -> str:
+def _count(n: float | None) -> str:
     if n is None:
         return "-"
     if n >= 10_000_000:
@@ -144,7 +144,7 @@ def _count(n: int | None) -> str:
         return f"{n / 1e6:.1f}M"
     if n >= 100_000:
         return f"{n / 1e3:.0f}k"
-    return str(n)
+    return f"{n:.0f}"
 
 
 def _widths(total: int, labels: list[str], drifts: list[str]) -> tuple[int, int]:

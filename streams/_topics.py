@@ -15,8 +15,15 @@ class TopicMismatch(RuntimeError):
     """A topic exists with a partition count the worker cannot use."""
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int, *, replication_factor: int = 1,
-                       kafka: dict | None = None, topic_configs: dict[str, str] | None = None) -> None:
+async def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    *,
+    replication_factor: int = 1,
+    kafka: dict | None = None,
+    topic_configs: dict[str, str] | None = None,
+) -> None:
     """Create one topic (for tools, tests and benchmarks; the worker uses ``ensure_topics``).
 
     ``topic_configs``: Kafka topic settings, e.g. ``{"message.timestamp.type": "LogAppendTime"}``.
@@ -26,8 +33,16 @@ async def create_topic(bootstrap: str, name: str, partitions: int, *, replicatio
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(kafka or {}))
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
-                                            topic_configs=topic_configs or {})])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=partitions,
+                    replication_factor=replication_factor,
+                    topic_configs=topic_configs or {},
+                )
+            ]
+        )
     finally:
         await admin.close()
 
@@ -53,8 +68,15 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
 
     t = settings.topics
     stage1_log, stage2_log = changelog_topics(settings.app_id)
-    wanted = {t.records: settings.partitions, t.partials: settings.partitions, t.metrics: 1, t.deadletter: 1,
-              stage1_log: settings.partitions, stage2_log: settings.partitions, leader_topic(settings.app_id): 1}
+    wanted = {
+        t.records: settings.partitions,
+        t.partials: settings.partitions,
+        t.metrics: 1,
+        t.deadletter: 1,
+        stage1_log: settings.partitions,
+        stage2_log: settings.partitions,
+        leader_topic(settings.app_id): 1,
+    }
     compacted = {stage1_log, stage2_log}
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.security.aiokafka_kwargs())
     await admin.start()
@@ -68,10 +90,19 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
         # chunk's state delta, or a BatchMetrics with 64 weight versions' full histograms,
         # can pass the broker's 1 MiB default
         written = {"max.message.bytes": str(2 * max(settings.max_message_bytes, 1_048_576))}
-        missing = [NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor,
-                            topic_configs={"cleanup.policy": "compact" if name in compacted else "delete",
-                                           **(written if name != t.records else {})})
-                   for name, n in wanted.items() if name not in have]
+        missing = [
+            NewTopic(
+                name,
+                num_partitions=n,
+                replication_factor=settings.replication_factor,
+                topic_configs={
+                    "cleanup.policy": "compact" if name in compacted else "delete",
+                    **(written if name != t.records else {}),
+                },
+            )
+            for name, n in wanted.items()
+            if name not in have
+        ]
         if missing:
             try:
                 await admin.create_topics(missing)
@@ -85,7 +116,8 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
             if name in have and have[name] != settings.partitions:
                 raise TopicMismatch(
                     f"topic {name!r} has {have[name]} partitions but the worker runs with partitions="
-                    f"{settings.partitions}: start it with --partitions {have[name]} (state topics must match)")
+                    f"{settings.partitions}: start it with --partitions {have[name]} (state topics must match)"
+                )
         return {name: have.get(name, n) for name, n in wanted.items()}
     finally:
         await admin.close()

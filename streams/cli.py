@@ -62,10 +62,15 @@ class CommandFailed(click.ClickException):
 def _reason(messages: list[str]) -> str:
     """aiokafka's connection errors, as a person says them."""
     text = " ".join(messages)
-    for needle, said in (("Connect call failed", "connection refused"), ("Connection refused", "connection refused"),
-                         ("Name or service not known", "unknown host"), ("nodename nor servname", "unknown host"),
-                         ("Temporary failure in name resolution", "unknown host"), ("timed out", "timed out"),
-                         ("TimeoutError", "timed out")):
+    for needle, said in (
+        ("Connect call failed", "connection refused"),
+        ("Connection refused", "connection refused"),
+        ("Name or service not known", "unknown host"),
+        ("nodename nor servname", "unknown host"),
+        ("Temporary failure in name resolution", "unknown host"),
+        ("timed out", "timed out"),
+        ("TimeoutError", "timed out"),
+    ):
         if needle in text:
             return said
     last = messages[-1] if messages else "no answer"
@@ -83,36 +88,47 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
 
     broker = params.get("broker", "the broker")
     set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
-    credentials = ("check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and "
-                   "KAFKA_SASL_MECHANISM")
+    credentials = "check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and KAFKA_SASL_MECHANISM"
     if isinstance(exc, BadSecurity):
         return str(exc), None
     if isinstance(exc, BrokerUnreachable):
         if exc.authentication_failed:
             return f"the broker at {broker} refused authentication ({_reason(exc.reasons)})", credentials
         if exc.tls_failed:
-            return (f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
-                    "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE")
+            return (
+                f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
+                "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE",
+            )
         return f"no Kafka broker answers at {broker} ({_reason(exc.reasons)})", set_broker
     if isinstance(exc, PortInUse):
-        return (f"web port {exc.port} on {exc.host} is in use by another process",
-                "pass --web-port N (env SPECMETER_WORKER_WEB_PORT) or --no-web (env SPECMETER_WORKER_NO_WEB=1)")
+        return (
+            f"web port {exc.port} on {exc.host} is in use by another process",
+            "pass --web-port N (env SPECMETER_WORKER_WEB_PORT) or --no-web (env SPECMETER_WORKER_NO_WEB=1)",
+        )
     if isinstance(exc, WebHostInvalid):
         return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
     if isinstance(exc, PartitionMismatch):
-        return str(exc), (f"start it with --partitions {exc.have} (env SPECMETER_WORKER_PARTITIONS={exc.have}): "
-                          "a topic's partition count is fixed, and the state topics must match it")
+        return str(exc), (
+            f"start it with --partitions {exc.have} (env SPECMETER_WORKER_PARTITIONS={exc.have}): "
+            "a topic's partition count is fixed, and the state topics must match it"
+        )
     if isinstance(exc, TopicMismatch):
         text = str(exc)
-        return text, None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions"
+        return (
+            text,
+            None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions",
+        )
     from aiokafka import errors as kafka
 
     name = type(exc).__name__
     if isinstance(exc, kafka.KafkaError) and "Authorization" in name:
-        return (f"the broker at {broker} denied this principal ({name}: {exc})",
-                "grant it the ACLs the README lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME")
-    if isinstance(exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError,
-                        kafka.UnsupportedSaslMechanismError)):
+        return (
+            f"the broker at {broker} denied this principal ({name}: {exc})",
+            "grant it the ACLs the README lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME",
+        )
+    if isinstance(
+        exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError, kafka.UnsupportedSaslMechanismError)
+    ):
         return f"the broker at {broker} refused authentication ({name}: {exc})", credentials
     if isinstance(exc, kafka.KafkaConnectionError):
         return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {set_broker}"
@@ -125,8 +141,7 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
     if isinstance(exc, PublisherError):
         return str(exc).splitlines()[0], None
     if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
-        return (f"cannot read {exc.filename}: {exc.strerror}",
-                f"check {' and '.join(_env_naming(exc.filename))}")
+        return (f"cannot read {exc.filename}: {exc.strerror}", f"check {' and '.join(_env_naming(exc.filename))}")
     import ssl
 
     if isinstance(exc, ssl.SSLError):
@@ -146,7 +161,7 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except KeyboardInterrupt:
             explained = None
-        except Exception as exc:  # noqa: BLE001 - mapped below, or raised again
+        except Exception as exc:
             explained = _explain(exc, ctx.info_name or "", ctx.params)
             if explained is None:
                 raise
@@ -194,8 +209,10 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
             return "not installed"
 
     click.echo(f"specmeter {of('specmeter')}")
-    click.echo(f"faust-streaming {of('faust-streaming')}, aiokafka {of('aiokafka')}, msgspec {of('msgspec')}, "
-               f"python {platform.python_version()}")
+    click.echo(
+        f"faust-streaming {of('faust-streaming')}, aiokafka {of('aiokafka')}, msgspec {of('msgspec')}, "
+        f"python {platform.python_version()}"
+    )
     if NATIVE_CORE:
         click.echo("native core loaded")
     elif NATIVE_DISABLED:
@@ -206,8 +223,14 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
-              help="Show the versions of specmeter, Faust, aiokafka and msgspec, and which core runs, and exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_versions,
+    help="Show the versions of specmeter, Faust, aiokafka and msgspec, and which core runs, and exit.",
+)
 def main() -> None:
     """specmeter: correct speculative-decoding metrics for RL rollout fleets.
 
@@ -270,9 +293,16 @@ def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def _broker_option(func):
     return click.option(
-        "--broker", "--bootstrap", "-b", envvar="KAFKA_BOOTSTRAP_SERVERS", default="127.0.0.1:9092",
-        show_default=True, metavar="HOST:PORT", callback=_bootstrap,
-        help="Kafka bootstrap address(es), comma-separated; kafka://HOST:PORT (Faust's form) is accepted.")(func)
+        "--broker",
+        "--bootstrap",
+        "-b",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        default="127.0.0.1:9092",
+        show_default=True,
+        metavar="HOST:PORT",
+        callback=_bootstrap,
+        help="Kafka bootstrap address(es), comma-separated; kafka://HOST:PORT (Faust's form) is accepted.",
+    )(func)
 
 
 def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -283,47 +313,121 @@ def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 
 def _run_id_option(func):
     return click.option(
-        "--run-id", envvar="SPECMETER_RUN_ID", default=None, metavar="ID", callback=_run_id,
+        "--run-id",
+        envvar="SPECMETER_RUN_ID",
+        default=None,
+        metavar="ID",
+        callback=_run_id,
         help="The training run (attempt) the records belong to; a job restarted from a checkpoint gets a new one, "
-             "so its batches never merge into the old attempt's (default: none).")(func)
+        "so its batches never merge into the old attempt's (default: none).",
+    )(func)
 
 
 def _topic_options(func):
     for name in reversed(("records", "partials", "metrics", "deadletter")):
-        func = click.option(f"--{name}-topic", default=getattr(_DEFAULTS.topics, name), show_default=True,
-                            help=f"Name of the {name} topic.")(func)
+        func = click.option(
+            f"--{name}-topic",
+            default=getattr(_DEFAULTS.topics, name),
+            show_default=True,
+            help=f"Name of the {name} topic.",
+        )(func)
     return func
 
 
 @main.command(epilog=KAFKA_ENV_HELP)
 @_broker_option
 @_topic_options
-@click.option("--app-id", default=_DEFAULTS.app_id, show_default=True,
-              help="Consumer group and prefix of the worker's state topics.")
-@click.option("--partitions", type=click.IntRange(1), default=_DEFAULTS.partitions, show_default=True,
-              help="Partitions of the records topic (state topics use the same).")
-@click.option("--batch-timeout", type=click.FloatRange(0.1), default=_DEFAULTS.batch_timeout_s, show_default=True, metavar="SECONDS",
-              help="Close a batch this long after its last input when its markers never complete.")
-@click.option("--grace", type=click.FloatRange(0), default=_DEFAULTS.grace_s, show_default=True, metavar="SECONDS",
-              help="Keep a closed batch this long; later records are dead-lettered as 'late'.")
-@click.option("--session-timeout", type=click.FloatRange(1), default=_DEFAULTS.session_timeout_s, show_default=True, metavar="SECONDS",
-              help="How long a silent worker keeps its partitions before others take them.")
-@click.option("--max-open-generations", type=click.IntRange(1), default=_DEFAULTS.max_open_generations, show_default=True,
-              metavar="N", help="Distinct generations one partition may hold (130-300 B each); the batch that "
-              "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.")
-@click.option("--max-message-bytes", type=click.IntRange(1024), default=_DEFAULTS.max_message_bytes, show_default=True,
-              metavar="BYTES", help="Larger input messages are dead-lettered as 'too_large'.")
-@click.option("--web-port", type=click.IntRange(0, 65535), default=_DEFAULTS.web_port, show_default=True,
-              help="HTTP port for health, stats and Prometheus metrics.")
+@click.option(
+    "--app-id",
+    default=_DEFAULTS.app_id,
+    show_default=True,
+    help="Consumer group and prefix of the worker's state topics.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1),
+    default=_DEFAULTS.partitions,
+    show_default=True,
+    help="Partitions of the records topic (state topics use the same).",
+)
+@click.option(
+    "--batch-timeout",
+    type=click.FloatRange(0.1),
+    default=_DEFAULTS.batch_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Close a batch this long after its last input when its markers never complete.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0),
+    default=_DEFAULTS.grace_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Keep a closed batch this long; later records are dead-lettered as 'late'.",
+)
+@click.option(
+    "--session-timeout",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.session_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a silent worker keeps its partitions before others take them.",
+)
+@click.option(
+    "--max-open-generations",
+    type=click.IntRange(1),
+    default=_DEFAULTS.max_open_generations,
+    show_default=True,
+    metavar="N",
+    help="Distinct generations one partition may hold (130-300 B each); the batch that "
+    "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.",
+)
+@click.option(
+    "--max-message-bytes",
+    type=click.IntRange(1024),
+    default=_DEFAULTS.max_message_bytes,
+    show_default=True,
+    metavar="BYTES",
+    help="Larger input messages are dead-lettered as 'too_large'.",
+)
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=_DEFAULTS.web_port,
+    show_default=True,
+    help="HTTP port for health, stats and Prometheus metrics.",
+)
 @click.option("--web-host", default=_DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
 @click.option("--data-dir", default=_DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              default=_DEFAULTS.log_level, show_default=True, help="Worker log level.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default=_DEFAULTS.log_level,
+    show_default=True,
+    help="Worker log level.",
+)
 @_one_line_errors
-def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: str, deadletter_topic: str,
-           app_id: str, partitions: int, batch_timeout: float, grace: float, session_timeout: float,
-           max_open_generations: int, max_message_bytes: int, web_port: int, web_host: str, no_web: bool, data_dir: str, log_level: str) -> None:
+def worker(
+    broker: str,
+    records_topic: str,
+    partials_topic: str,
+    metrics_topic: str,
+    deadletter_topic: str,
+    app_id: str,
+    partitions: int,
+    batch_timeout: float,
+    grace: float,
+    session_timeout: float,
+    max_open_generations: int,
+    max_message_bytes: int,
+    web_port: int,
+    web_host: str,
+    no_web: bool,
+    data_dir: str,
+    log_level: str,
+) -> None:
     """Run a stream worker: records topic in, BatchMetrics on the metrics topic.
 
     Creates missing topics, deduplicates each batch per partition (durable
@@ -340,12 +444,23 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
 
     security = _security()
     settings = WorkerSettings(
-        broker=broker, app_id=app_id, partitions=partitions, batch_timeout_s=batch_timeout, grace_s=grace,
-        session_timeout_s=session_timeout, max_open_generations=max_open_generations,
-        max_message_bytes=max_message_bytes, web_enabled=not no_web, web_port=web_port, web_host=web_host,
-        data_dir=data_dir, log_level=log_level.lower(), security=security,
-        topics=TopicNames(records=records_topic, partials=partials_topic, metrics=metrics_topic,
-                          deadletter=deadletter_topic),
+        broker=broker,
+        app_id=app_id,
+        partitions=partitions,
+        batch_timeout_s=batch_timeout,
+        grace_s=grace,
+        session_timeout_s=session_timeout,
+        max_open_generations=max_open_generations,
+        max_message_bytes=max_message_bytes,
+        web_enabled=not no_web,
+        web_port=web_port,
+        web_host=web_host,
+        data_dir=data_dir,
+        log_level=log_level.lower(),
+        security=security,
+        topics=TopicNames(
+            records=records_topic, partials=partials_topic, metrics=metrics_topic, deadletter=deadletter_topic
+        ),
     )
     _preflight(broker, security, {records_topic: partitions})
     if not no_web:
@@ -360,14 +475,30 @@ def worker(broker: str, records_topic: str, partials_topic: str, metrics_topic: 
 @_broker_option
 @click.option("--topic", default=_DEFAULTS.topics.records, show_default=True, help="The records topic.")
 @_run_id_option
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
-              help="Pace the replay (default: as fast as the broker takes it).")
-@click.option("--speculative-algorithm", metavar="NAME", default=None,
-              help="Name the algorithm in markers that the dump does not name one in.")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="RECORDS/S",
+    help="Pace the replay (default: as fast as the broker takes it).",
+)
+@click.option(
+    "--speculative-algorithm",
+    metavar="NAME",
+    default=None,
+    help="Name the algorithm in markers that the dump does not name one in.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @_one_line_errors
-def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float | None,
-           speculative_algorithm: str | None, no_progress: bool) -> None:
+def replay(
+    file: str,
+    broker: str,
+    topic: str,
+    run_id: str | None,
+    rate: float | None,
+    speculative_algorithm: str | None,
+    no_progress: bool,
+) -> None:
     """Publish a saved rollout dump to Kafka, then close every batch it left open.
 
     Reads what `specmeter aggregate` reads: records, marker lines (sent as the
@@ -388,16 +519,33 @@ def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float |
     settings = PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security)
     stream = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
     total = None if file == "-" else os.path.getsize(file)
-    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                        TransferSpeedColumn(), TimeRemainingColumn(), disable=no_progress, transient=False,
-                        console=None)
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        disable=no_progress,
+        transient=False,
+        console=None,
+    )
     with stream, progress:
         task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
-        summary = asyncio.run(replay_lines(stream, settings, rate=rate, speculative_algorithm=speculative_algorithm,
-                                           on_line=lambda n: progress.advance(task, n)))
-    click.echo(f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers from "
-               f"{summary.producers} producer(s) in {summary.seconds:.1f}s; closed {summary.batches_closed_at_end} "
-               f"open batch(es) at the end", err=True)
+        summary = asyncio.run(
+            replay_lines(
+                stream,
+                settings,
+                rate=rate,
+                speculative_algorithm=speculative_algorithm,
+                on_line=lambda n: progress.advance(task, n),
+            )
+        )
+    click.echo(
+        f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers from "
+        f"{summary.producers} producer(s) in {summary.seconds:.1f}s; closed {summary.batches_closed_at_end} "
+        f"open batch(es) at the end",
+        err=True,
+    )
 
 
 @main.command(epilog=KAFKA_ENV_HELP)
@@ -406,43 +554,132 @@ def replay(file: str, broker: str, topic: str, run_id: str | None, rate: float |
 @_run_id_option
 @click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
 @click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
-@click.option("--sessions-per-batch", type=click.IntRange(1), default=200, show_default=True,
-              help="Agentic sessions per training step, spread over the producers.")
-@click.option("--max-samples-per-session", type=click.IntRange(1), default=3, show_default=True,
-              help="Trajectories a session branches into (sharing ancestor generations).")
-@click.option("--max-turns", type=click.IntRange(1), default=4, show_default=True,
-              help="Generations per trajectory, shared ancestors included.")
-@click.option("--algorithm", type=click.Choice(["NGRAM", "EAGLE", "EAGLE3", "STANDALONE", "none"], case_sensitive=False),
-              default="EAGLE3", show_default=True, metavar="[NGRAM|EAGLE|EAGLE3|STANDALONE|none]",
-              help="Counter model (any case); 'none' sends completion-only records.")
-@click.option("--stale-versions", type=click.IntRange(0), default=3, show_default=True,
-              help="Older policy versions mixed into each batch besides the current one (0: on-policy).")
-@click.option("--draft-refresh", type=click.IntRange(0), default=8, show_default=True, metavar="BATCHES",
-              help="Retrain the draft model on the current policy every this many batches (0: never).")
-@click.option("--drift", type=click.FloatRange(0, 1, max_open=True), default=0.06, show_default=True,
-              help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.")
-@click.option("--redelivery-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True,
-              help="Share of records delivered twice (deduplicated by the worker).")
-@click.option("--conflict-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True,
-              help="Share of records redelivered with different counters (conflicting generations).")
-@click.option("--missing-rate", type=click.FloatRange(0, 1), default=0.05, show_default=True,
-              help="Share of generations with some counters unknown.")
-@click.option("--invalid-rate", type=click.FloatRange(0, 1), default=0.005, show_default=True,
-              help="Share of records that are invalid (a negative counter): dead-lettered and counted.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, metavar="RECORDS/S",
-              help="Target rate (default: as fast as the broker takes it).")
+@click.option(
+    "--sessions-per-batch",
+    type=click.IntRange(1),
+    default=200,
+    show_default=True,
+    help="Agentic sessions per training step, spread over the producers.",
+)
+@click.option(
+    "--max-samples-per-session",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Trajectories a session branches into (sharing ancestor generations).",
+)
+@click.option(
+    "--max-turns",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Generations per trajectory, shared ancestors included.",
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(["NGRAM", "EAGLE", "EAGLE3", "STANDALONE", "none"], case_sensitive=False),
+    default="EAGLE3",
+    show_default=True,
+    metavar="[NGRAM|EAGLE|EAGLE3|STANDALONE|none]",
+    help="Counter model (any case); 'none' sends completion-only records.",
+)
+@click.option(
+    "--stale-versions",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="Older policy versions mixed into each batch besides the current one (0: on-policy).",
+)
+@click.option(
+    "--draft-refresh",
+    type=click.IntRange(0),
+    default=8,
+    show_default=True,
+    metavar="BATCHES",
+    help="Retrain the draft model on the current policy every this many batches (0: never).",
+)
+@click.option(
+    "--drift",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.06,
+    show_default=True,
+    help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.",
+)
+@click.option(
+    "--redelivery-rate",
+    type=click.FloatRange(0, 1),
+    default=0.2,
+    show_default=True,
+    help="Share of records delivered twice (deduplicated by the worker).",
+)
+@click.option(
+    "--conflict-rate",
+    type=click.FloatRange(0, 1),
+    default=0.01,
+    show_default=True,
+    help="Share of records redelivered with different counters (conflicting generations).",
+)
+@click.option(
+    "--missing-rate",
+    type=click.FloatRange(0, 1),
+    default=0.05,
+    show_default=True,
+    help="Share of generations with some counters unknown.",
+)
+@click.option(
+    "--invalid-rate",
+    type=click.FloatRange(0, 1),
+    default=0.005,
+    show_default=True,
+    help="Share of records that are invalid (a negative counter): dead-lettered and counted.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="RECORDS/S",
+    help="Target rate (default: as fast as the broker takes it).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same events.")
-@click.option("--expect", type=click.File("wb"), default=None, metavar="FILE",
-              help="Write the BatchMetrics the offline core computes for the same events (JSON lines).")
-@click.option("--dump", type=click.File("wb"), default=None, metavar="FILE",
-              help="Write the events as a JSON-lines dump instead of publishing them.")
+@click.option(
+    "--expect",
+    type=click.File("wb"),
+    default=None,
+    metavar="FILE",
+    help="Write the BatchMetrics the offline core computes for the same events (JSON lines).",
+)
+@click.option(
+    "--dump",
+    type=click.File("wb"),
+    default=None,
+    metavar="FILE",
+    help="Write the events as a JSON-lines dump instead of publishing them.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @_one_line_errors
-def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches: int, sessions_per_batch: int,
-            max_samples_per_session: int, max_turns: int, algorithm: str, stale_versions: int, draft_refresh: int,
-            drift: float, redelivery_rate: float, conflict_rate: float, missing_rate: float, invalid_rate: float,
-            rate: float | None, seed: int, expect: IO[bytes] | None, dump: IO[bytes] | None,
-            no_progress: bool) -> None:
+def loadgen(
+    broker: str,
+    topic: str,
+    run_id: str | None,
+    producers: int,
+    batches: int,
+    sessions_per_batch: int,
+    max_samples_per_session: int,
+    max_turns: int,
+    algorithm: str,
+    stale_versions: int,
+    draft_refresh: int,
+    drift: float,
+    redelivery_rate: float,
+    conflict_rate: float,
+    missing_rate: float,
+    invalid_rate: float,
+    rate: float | None,
+    seed: int,
+    expect: IO[bytes] | None,
+    dump: IO[bytes] | None,
+    no_progress: bool,
+) -> None:
     """Simulate a rollout fleet: publish synthetic records and batch markers.
 
     Sessions branch into trajectories that share ancestor generations; counters
@@ -462,12 +699,23 @@ def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches
     from specmeter.streams._loadgen import publish_fleet, write_dump, write_expected
     from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
-    spec = FleetSpec(batches=batches, sessions_per_batch=sessions_per_batch, producers=producers,
-                     max_samples_per_session=max_samples_per_session, max_turns=max_turns,
-                     redelivery_rate=redelivery_rate, conflict_rate=conflict_rate, missing_rate=missing_rate,
-                     invalid_rate=invalid_rate, algorithm=None if algorithm == "none" else algorithm, seed=seed,
-                     stale_versions=stale_versions, draft_refresh_batches=draft_refresh, drift_per_version=drift,
-                     run_id=run_id)
+    spec = FleetSpec(
+        batches=batches,
+        sessions_per_batch=sessions_per_batch,
+        producers=producers,
+        max_samples_per_session=max_samples_per_session,
+        max_turns=max_turns,
+        redelivery_rate=redelivery_rate,
+        conflict_rate=conflict_rate,
+        missing_rate=missing_rate,
+        invalid_rate=invalid_rate,
+        algorithm=None if algorithm == "none" else algorithm,
+        seed=seed,
+        stale_versions=stale_versions,
+        draft_refresh_batches=draft_refresh,
+        drift_per_version=drift,
+        run_id=run_id,
+    )
     security = None
     if dump is None:  # fail before writing --expect when the broker is not there
         security = _security()
@@ -479,19 +727,33 @@ def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches
         n = write_dump(synthetic_fleet(spec), dump)
         click.echo(f"loadgen: {n} events written to {dump.name}", err=True)
         return
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), disable=no_progress) as progress:
+    assert security is not None  # no dump: the broker run, checked above
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=no_progress,
+    ) as progress:
         task = progress.add_task("batches", total=batches)
 
         def on_event(event) -> None:
             if event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}"):
                 progress.advance(task)
 
-        summary = asyncio.run(publish_fleet(synthetic_fleet(spec), PublisherSettings(
-            bootstrap_servers=broker, topic=topic, run_id=run_id, security=security), rate=rate,
-            on_event=on_event))
-    click.echo(f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
-               f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)", err=True)
+        summary = asyncio.run(
+            publish_fleet(
+                synthetic_fleet(spec),
+                PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security),
+                rate=rate,
+                on_event=on_event,
+            )
+        )
+    click.echo(
+        f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
+        f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
+        err=True,
+    )
 
 
 @main.command(epilog=KAFKA_ENV_HELP)
@@ -499,16 +761,34 @@ def loadgen(broker: str, topic: str, run_id: str | None, producers: int, batches
 @click.option("--topic", default=_DEFAULTS.topics.metrics, show_default=True, help="The metrics topic.")
 @click.option("--json", "as_json", is_flag=True, help="Print each BatchMetrics as a JSON line (for scripts).")
 @click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
-@click.option("--last", type=click.IntRange(0), default=10, show_default=True, metavar="N",
-              help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only "
-                   "new ones).")
+@click.option(
+    "--last",
+    type=click.IntRange(0),
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only new ones).",
+)
 @click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
-@click.option("--max-messages", type=click.IntRange(1), default=None, metavar="N",
-              help="Stop after this many messages (those read back at start count).")
+@click.option(
+    "--max-messages",
+    type=click.IntRange(1),
+    default=None,
+    metavar="N",
+    help="Stop after this many messages (those read back at start count).",
+)
 @click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
 @_one_line_errors
-def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, last: int, rows: int,
-         max_messages: int | None, timeout: float | None) -> None:
+def tail(
+    broker: str,
+    topic: str,
+    as_json: bool,
+    from_beginning: bool,
+    last: int,
+    rows: int,
+    max_messages: int | None,
+    timeout: float | None,
+) -> None:
     """Follow the metrics topic: a live table of the latest batches, or JSON lines.
 
     The table fits the terminal: per batch (run/batch when it names a run) the
@@ -521,8 +801,17 @@ def tail(broker: str, topic: str, as_json: bool, from_beginning: bool, last: int
 
     security = _security()
     _preflight(broker, security)
-    run_tail(broker, topic, as_json=as_json, from_beginning=from_beginning, last=last, rows=rows,
-             max_messages=max_messages, timeout_s=timeout, kafka=security.aiokafka_kwargs())
+    run_tail(
+        broker,
+        topic,
+        as_json=as_json,
+        from_beginning=from_beginning,
+        last=last,
+        rows=rows,
+        max_messages=max_messages,
+        timeout_s=timeout,
+        kafka=security.aiokafka_kwargs(),
+    )
 
 
 def _show_envvars(group: click.Group) -> None:

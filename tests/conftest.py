@@ -78,11 +78,17 @@ def _cores():
     (skipped where it is not built or SPECMETER_NO_NATIVE=1 switched it off)."""
     from specmeter.streams import _core
 
-    native_missing = ("switched off by SPECMETER_NO_NATIVE" if _core.NATIVE_DISABLED
-                      else f"not built ({_core.NATIVE_IMPORT_ERROR})")
-    return [pytest.param(_core.PYTHON, id="python"),
-            pytest.param(_core.NATIVE, id="native",
-                         marks=pytest.mark.skipif(_core.NATIVE is None, reason=f"native core {native_missing}"))]
+    native_missing = (
+        "switched off by SPECMETER_NO_NATIVE" if _core.NATIVE_DISABLED else f"not built ({_core.NATIVE_IMPORT_ERROR})"
+    )
+    return [
+        pytest.param(_core.PYTHON, id="python"),
+        pytest.param(
+            _core.NATIVE,
+            id="native",
+            marks=pytest.mark.skipif(_core.NATIVE is None, reason=f"native core {native_missing}"),
+        ),
+    ]
 
 
 @pytest.fixture(scope="module", params=_cores())

@@ -16,8 +16,21 @@ try:
 except ImportError:  # built without Rust
     _native = None
 
-FIELDS = ("batch_id", "session_id", "generation_id", "sample_id", "state_hash", "accepted", "proposed", "verify",
-          "completion", "accept_histogram", "producer_id", "weight_version", "run_id")
+FIELDS = (
+    "batch_id",
+    "session_id",
+    "generation_id",
+    "sample_id",
+    "state_hash",
+    "accepted",
+    "proposed",
+    "verify",
+    "completion",
+    "accept_histogram",
+    "producer_id",
+    "weight_version",
+    "run_id",
+)
 
 
 def native_agrees(data: bytes, max_bytes: int | None = None) -> bool:

@@ -20,23 +20,39 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_benchmark_runs_at_smoke_size(script, kafka_bootstrap):
-    proc = subprocess.run([sys.executable, str(script), "--smoke", "--json"], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ratio" in proc.stderr
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert isinstance(figures, dict) and "machine" in figures and "load" in figures
     if script.stem == "throughput":
-        for key in ("records", "steady_state_records_per_s", "end_to_end_records_per_s", "baseline_records_per_s",
-                    "fetch_only_records_per_s", "startup_to_ready_s"):
+        for key in (
+            "records",
+            "steady_state_records_per_s",
+            "end_to_end_records_per_s",
+            "baseline_records_per_s",
+            "fetch_only_records_per_s",
+            "startup_to_ready_s",
+        ):
             assert figures[key] > 0, key
 
 
 def test_soak_latency_reports_every_batch_split_by_hop(kafka_bootstrap):
     """A few seconds of load: one JSON object with every batch's latency, its hops, the
     baseline and the worker's lag and memory series (issue #16)."""
-    proc = subprocess.run([sys.executable, str(BENCH / "soak_latency.py"), "--smoke", "--json"], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "soak_latency.py"), "--smoke", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["batches"] == result["batches_expected"] >= 3 and result["batches_without_metrics"] == 0

@@ -195,8 +195,9 @@ def test_version_names_the_stack():
     assert lines[0].startswith("specmeter ")
     for name in ("faust-streaming", "aiokafka", "msgspec"):
         assert name in lines[1]
-    assert lines[2] in ("native core loaded", "python core (native switched off by SPECMETER_NO_NATIVE)") or \
-        lines[2].startswith("python core (native core not built: ")
+    assert lines[2] in ("native core loaded", "python core (native switched off by SPECMETER_NO_NATIVE)") or lines[
+        2
+    ].startswith("python core (native core not built: ")
 
 
 class _Captured:

@@ -25,8 +25,16 @@ from specmeter.streams._stage1 import PartitionProcessor
 
 
 def _rec(**fields) -> dict:
-    base = {"type": "record", "batch_id": "step-1", "session_id": "s", "generation_id": "g", "accepted": 1,
-            "proposed": 2, "verify": 1, "completion": 3}
+    base = {
+        "type": "record",
+        "batch_id": "step-1",
+        "session_id": "s",
+        "generation_id": "g",
+        "accepted": 1,
+        "proposed": 2,
+        "verify": 1,
+        "completion": 3,
+    }
     return {**base, **fields}
 
 
@@ -62,11 +70,22 @@ def test_two_runs_with_equal_batch_ids_never_merge():
 
 def test_a_marker_closes_only_its_own_run(core):
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
-    records = [GenerationRecord(batch_id="step-1", session_id="s", generation_id=f"g{i}", accepted=1, proposed=2,
-                                producer_id="p", run_id=run) for i, run in enumerate([None, "r2"])]
+    records = [
+        GenerationRecord(
+            batch_id="step-1",
+            session_id="s",
+            generation_id=f"g{i}",
+            accepted=1,
+            proposed=2,
+            producer_id="p",
+            run_id=run,
+        )
+        for i, run in enumerate([None, "r2"])
+    ]
     messages = [(i, encode_records_message(r)) for i, r in enumerate(records)]
-    messages.append((2, encode_records_message(BatchMarker(batch_id="step-1", producer_id="p", run_id="r2",
-                                                           records_sent=1))))
+    messages.append(
+        (2, encode_records_message(BatchMarker(batch_id="step-1", producer_id="p", run_id="r2", records_sent=1)))
+    )
     effects = p.process(messages, now_ms=1000)
     assert [(x.run_id, x.batch_id) for x in effects.partials] == [("r2", "step-1")]
     assert effects.partials[0].record_count == 1
@@ -74,11 +93,15 @@ def test_a_marker_closes_only_its_own_run(core):
 
 
 def test_envelope_run_applies_to_its_records_and_another_run_inside_is_invalid(core):
-    batch = RecordBatch(run_id="r1", producer_id="p", records=[
-        GenerationRecord(batch_id="b", session_id="s", generation_id="g1", accepted=1, proposed=2),
-        GenerationRecord(batch_id="b", session_id="s", generation_id="g2", accepted=1, proposed=2, run_id="r1"),
-        GenerationRecord(batch_id="b", session_id="s", generation_id="g3", accepted=1, proposed=2, run_id="r9"),
-    ])
+    batch = RecordBatch(
+        run_id="r1",
+        producer_id="p",
+        records=[
+            GenerationRecord(batch_id="b", session_id="s", generation_id="g1", accepted=1, proposed=2),
+            GenerationRecord(batch_id="b", session_id="s", generation_id="g2", accepted=1, proposed=2, run_id="r1"),
+            GenerationRecord(batch_id="b", session_id="s", generation_id="g3", accepted=1, proposed=2, run_id="r9"),
+        ],
+    )
     decoded = decode_records_message(encode_records_message(batch))
     assert decoded.run_id == "r1" and len(decoded.records) == 2
     (bad,) = decoded.invalid
@@ -91,9 +114,11 @@ def test_envelope_run_applies_to_its_records_and_another_run_inside_is_invalid(c
 
 @pytest.mark.parametrize("run_id", ["", "x" * (MAX_ID + 1), 7, ["r"]])
 def test_a_record_with_an_unreadable_run_is_counted_in_no_batch(run_id):
-    for data in (_wire(_rec(run_id=run_id)),
-                 _wire({"type": "batch", "records": [_rec(run_id=run_id)]}),
-                 _wire({"type": "batch", "run_id": run_id, "records": [_rec()]})):
+    for data in (
+        _wire(_rec(run_id=run_id)),
+        _wire({"type": "batch", "records": [_rec(run_id=run_id)]}),
+        _wire({"type": "batch", "run_id": run_id, "records": [_rec()]}),
+    ):
         decoded = decode_records_message(data)
         assert decoded.records == []
         assert [bad.batch_id for bad in decoded.invalid] == [None]
@@ -115,8 +140,16 @@ def test_stage1_restores_named_runs_from_its_changelog(core):
         return effects
 
     for offset, run in enumerate([None, "r1", "r2", "r1"]):
-        record = GenerationRecord(batch_id="step-1", session_id=f"s{offset}", generation_id="g", accepted=offset,
-                                  proposed=9, weight_version=f"v{offset % 2}", producer_id="p", run_id=run)
+        record = GenerationRecord(
+            batch_id="step-1",
+            session_id=f"s{offset}",
+            generation_id="g",
+            accepted=offset,
+            proposed=9,
+            weight_version=f"v{offset % 2}",
+            producer_id="p",
+            run_id=run,
+        )
         apply(p.process([(offset, encode_records_message(record))], now_ms=0))
     marker = BatchMarker(batch_id="step-1", producer_id="p", run_id="r1", records_sent=2)
     closed = apply(p.process([(4, encode_records_message(marker))], now_ms=10))
@@ -134,8 +167,17 @@ def test_stage1_restores_named_runs_from_its_changelog(core):
     apply(p.tick(now_ms=10_000))  # r1 expires after grace; the others time out
     apply(p.tick(now_ms=20_000))
     assert set(p.expired) == {(None, "step-1"), ("r1", "step-1"), ("r2", "step-1")}
-    late = p.process([(5, encode_records_message(GenerationRecord(
-        batch_id="step-1", session_id="z", generation_id="g", run_id="r1")))], now_ms=20_001)
+    late = p.process(
+        [
+            (
+                5,
+                encode_records_message(
+                    GenerationRecord(batch_id="step-1", session_id="z", generation_id="g", run_id="r1")
+                ),
+            )
+        ],
+        now_ms=20_001,
+    )
     assert [(d.reason, d.run_id) for d in late.dead_letters] == [("late", "r1")]
     restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
     restored.restore(list(log.items()), now_ms=20_002)
@@ -143,21 +185,24 @@ def test_stage1_restores_named_runs_from_its_changelog(core):
 
 
 # -- limits ---------------------------------------------------------------------------
-@pytest.mark.parametrize(("fields", "valid"), [
-    ({"accepted": MAX_COUNTER}, True),
-    ({"accepted": MAX_COUNTER + 1}, False),
-    ({"completion": 2**63 - 1}, False),
-    ({"accept_histogram": [MAX_COUNTER] * MAX_BINS}, True),
-    ({"accept_histogram": [0] * (MAX_BINS + 1)}, False),
-    ({"accept_histogram": [MAX_COUNTER + 1]}, False),
-    ({"session_id": "s" * MAX_ID}, True),
-    ({"session_id": "s" * (MAX_ID + 1)}, False),
-    ({"weight_version": "v" * MAX_ID}, True),
-    ({"weight_version": "v" * (MAX_ID + 1)}, False),
-    ({"weight_version": ""}, False),
-    ({"weight_version": 12}, False),  # only meta_info normalises an int version
-    ({"run_id": "r" * MAX_ID}, True),
-])
+@pytest.mark.parametrize(
+    ("fields", "valid"),
+    [
+        ({"accepted": MAX_COUNTER}, True),
+        ({"accepted": MAX_COUNTER + 1}, False),
+        ({"completion": 2**63 - 1}, False),
+        ({"accept_histogram": [MAX_COUNTER] * MAX_BINS}, True),
+        ({"accept_histogram": [0] * (MAX_BINS + 1)}, False),
+        ({"accept_histogram": [MAX_COUNTER + 1]}, False),
+        ({"session_id": "s" * MAX_ID}, True),
+        ({"session_id": "s" * (MAX_ID + 1)}, False),
+        ({"weight_version": "v" * MAX_ID}, True),
+        ({"weight_version": "v" * (MAX_ID + 1)}, False),
+        ({"weight_version": ""}, False),
+        ({"weight_version": 12}, False),  # only meta_info normalises an int version
+        ({"run_id": "r" * MAX_ID}, True),
+    ],
+)
 def test_wire_limits(fields, valid):
     decoded = decode_records_message(_wire(_rec(**fields)))
     assert (len(decoded.records), len(decoded.invalid)) == ((1, 0) if valid else (0, 1))
@@ -174,8 +219,7 @@ def test_a_batch_id_past_the_limit_is_counted_nowhere():
 def test_records_near_the_64_bit_limit_no_longer_reach_a_partial(core):
     """Three such records used to make the partial unencodable and jam the partition."""
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
-    messages = [(i, _wire(_rec(generation_id=f"g{i}", accepted=2**63 - 1, proposed=2**63 - 1)))
-                for i in range(3)]
+    messages = [(i, _wire(_rec(generation_id=f"g{i}", accepted=2**63 - 1, proposed=2**63 - 1))) for i in range(3)]
     messages.append((3, _wire({"type": "marker", "batch_id": "step-1", "producer_id": "p"})))
     effects = p.process(messages, now_ms=0)
     assert [d.reason for d in effects.dead_letters] == ["invalid"] * 3
@@ -189,24 +233,40 @@ def test_sums_at_the_limits_stay_inside_64_bits(core):
     and bins at MAX_COUNTER every sum still encodes."""
     state = core.BatchState("b")
     hist = [MAX_COUNTER] * MAX_BINS
-    state.add_many([GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id="g", accepted=MAX_COUNTER,
-                                     proposed=MAX_COUNTER, verify=MAX_COUNTER, completion=MAX_COUNTER,
-                                     accept_histogram=hist, weight_version=f"v{i % 3}")
-                    for i in range(2000)])
+    state.add_many(
+        [
+            GenerationRecord(
+                batch_id="b",
+                session_id=f"s{i}",
+                generation_id="g",
+                accepted=MAX_COUNTER,
+                proposed=MAX_COUNTER,
+                verify=MAX_COUNTER,
+                completion=MAX_COUNTER,
+                accept_histogram=hist,
+                weight_version=f"v{i % 3}",
+            )
+            for i in range(2000)
+        ]
+    )
     partial = state.partial()
     assert partial.accepted_total == 2000 * MAX_COUNTER < 2**63
     encode_partial(partial)
-    msgspec.json.encode(build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0,
-                                            partitions_expected=1))
+    msgspec.json.encode(
+        build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0, partitions_expected=1)
+    )
 
 
 # -- markers ------------------------------------------------------------------------
-@pytest.mark.parametrize("marker", [
-    {"type": "marker", "batch_id": "step-1" + "x" * MAX_ID, "producer_id": "p"},
-    {"type": "marker", "batch_id": "step-1", "producer_id": "p", "records_sent": -1},
-    {"type": "marker", "batch_id": "step-1", "producer_id": ""},
-    {"type": "marker", "batch_id": "step-1", "producer_id": "p", "run_id": ""},
-])
+@pytest.mark.parametrize(
+    "marker",
+    [
+        {"type": "marker", "batch_id": "step-1" + "x" * MAX_ID, "producer_id": "p"},
+        {"type": "marker", "batch_id": "step-1", "producer_id": "p", "records_sent": -1},
+        {"type": "marker", "batch_id": "step-1", "producer_id": ""},
+        {"type": "marker", "batch_id": "step-1", "producer_id": "p", "run_id": ""},
+    ],
+)
 def test_an_invalid_marker_is_dead_lettered_and_counted_in_no_batch(core, marker):
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     messages = [(i, _wire(_rec(generation_id=f"g{i}", producer_id="p"))) for i in range(3)]
@@ -224,14 +284,16 @@ def test_records_without_a_producer_count_under_their_envelope(core):
     """The README's producer snippet publishes records without producer_id: the
     publisher's markers must still find them (complete, nothing missing)."""
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
-    records = [GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i}", accepted=1, proposed=2)
-               for i in range(5)]
-    messages = [(0, encode_records_message(RecordBatch(records=records[:3], producer_id="worker-7"))),
-                (1, encode_records_message(RecordBatch(records=records[3:], producer_id="worker-7"))),
-                (2, encode_records_message(BatchMarker(batch_id="b", producer_id="worker-7", records_sent=5)))]
+    records = [
+        GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i}", accepted=1, proposed=2) for i in range(5)
+    ]
+    messages = [
+        (0, encode_records_message(RecordBatch(records=records[:3], producer_id="worker-7"))),
+        (1, encode_records_message(RecordBatch(records=records[3:], producer_id="worker-7"))),
+        (2, encode_records_message(BatchMarker(batch_id="b", producer_id="worker-7", records_sent=5))),
+    ]
     (partial,) = p.process(messages, now_ms=0).partials
-    metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0,
-                                  partitions_expected=1)
+    metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0, partitions_expected=1)
     assert metrics.complete and metrics.missing_record_count == 0 and metrics.record_count == 5
 
 
@@ -258,14 +320,28 @@ def test_the_largest_batch_metrics_the_limits_allow_fits_the_worker_topics():
     from specmeter.schemas import PartialAggregate, WeightVersionSums, encode_metrics
 
     big = 1_000_000 * MAX_COUNTER
-    versions = [WeightVersionSums(weight_version=f"{i:02d}" + "v" * (MAX_ID - 2), unique_generation_count=15625,
-                                  accepted_total=big, proposed_total=big, paired_accepted_total=big,
-                                  paired_proposed_total=big, accept_covered_count=15625,
-                                  accept_histogram=[big] * MAX_BINS) for i in range(64)]
-    partial = PartialAggregate(batch_id="b" * MAX_ID, run_id="r" * MAX_ID, counters_seen=True,
-                               unique_generation_count=1_000_000, accepted_total=64 * big,
-                               accept_histogram=[64 * big] * MAX_BINS, weight_versions=versions)
-    metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0,
-                                  partitions_expected=1)
+    versions = [
+        WeightVersionSums(
+            weight_version=f"{i:02d}" + "v" * (MAX_ID - 2),
+            unique_generation_count=15625,
+            accepted_total=big,
+            proposed_total=big,
+            paired_accepted_total=big,
+            paired_proposed_total=big,
+            accept_covered_count=15625,
+            accept_histogram=[big] * MAX_BINS,
+        )
+        for i in range(64)
+    ]
+    partial = PartialAggregate(
+        batch_id="b" * MAX_ID,
+        run_id="r" * MAX_ID,
+        counters_seen=True,
+        unique_generation_count=1_000_000,
+        accepted_total=64 * big,
+        accept_histogram=[64 * big] * MAX_BINS,
+        weight_versions=versions,
+    )
+    metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0, partitions_expected=1)
     assert len(metrics.by_weight_version) == 64
     assert 1_048_576 < len(encode_metrics(metrics)) < 2 * 8 * 1024 * 1024

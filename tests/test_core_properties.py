@@ -12,7 +12,6 @@ from __future__ import annotations
 import zlib
 
 import msgspec
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +23,9 @@ from .reference import reference_by_weight_version, reference_metrics
 
 # small values collide often (redeliveries, conflicts); the edges of the packed
 # entry form (20-bit counters, 24-bit completion) and beyond force the wide form
-small_counter = st.one_of(st.none(), st.integers(0, 6),
-                          st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**32 - 1]))
+small_counter = st.one_of(
+    st.none(), st.integers(0, 6), st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**32 - 1])
+)
 record_dicts = st.fixed_dictionaries(
     {
         "batch_id": st.just("b"),
@@ -111,10 +111,19 @@ def test_core_agrees_with_naive_reading_of_spec(core, dicts, algorithm, invalid,
     assert_by_weight_version_equal(versions, reference_by_weight_version(dicts, algorithm), "random batch")
 
 
-TOTALS = ("spec/unique_generation_count", "spec/accepted_total", "spec/proposed_total", "spec/verify_total",
-          "spec/completion_total", "spec/paired_accepted_total", "spec/paired_proposed_total",
-          "spec/accept_covered_count", "spec/paired_completion_total", "spec/paired_verify_total",
-          "spec/verify_covered_count")
+TOTALS = (
+    "spec/unique_generation_count",
+    "spec/accepted_total",
+    "spec/proposed_total",
+    "spec/verify_total",
+    "spec/completion_total",
+    "spec/paired_accepted_total",
+    "spec/paired_proposed_total",
+    "spec/accept_covered_count",
+    "spec/paired_completion_total",
+    "spec/paired_verify_total",
+    "spec/verify_covered_count",
+)
 
 
 def versions_add_up_to_the_batch(metrics, versions) -> bool:
@@ -137,8 +146,17 @@ def test_weight_version_entries_add_up_to_the_batch(core, dicts, k, algorithm):
 
 
 def test_more_than_64_known_versions_give_no_breakdown(core):
-    dicts = [{"batch_id": "b", "session_id": f"s{i}", "generation_id": "g", "accepted": 1, "proposed": 2,
-              "weight_version": f"v{i}"} for i in range(65)]
+    dicts = [
+        {
+            "batch_id": "b",
+            "session_id": f"s{i}",
+            "generation_id": "g",
+            "accepted": 1,
+            "proposed": 2,
+            "weight_version": f"v{i}",
+        }
+        for i in range(65)
+    ]
     for k in (1, 3):  # also when no single partition holds more than 64
         metrics, _, versions = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
         assert versions is None and metrics["spec/accepted_total"] == 65
@@ -155,8 +173,13 @@ def test_batch_metrics_envelope_counts_every_delivery(core, dicts, k):
         states.setdefault(zlib.crc32(r.session_id.encode()) % k, core.BatchState("b")).add(r)
     if not states:
         return
-    out = build_batch_metrics([s.partial(partition=p) for p, s in states.items()], revision=0,
-                              close_reason="markers", closed_at=0.0, partitions_expected=len(states))
+    out = build_batch_metrics(
+        [s.partial(partition=p) for p, s in states.items()],
+        revision=0,
+        close_reason="markers",
+        closed_at=0.0,
+        partitions_expected=len(states),
+    )
     assert out.record_count == len(records)
     assert out.partitions_reported == len(states)
 
@@ -175,7 +198,7 @@ def test_add_many_equals_add_one_by_one(core, dicts, chunk_sizes, late):
     for size in chunk_sizes * (len(records) + 1):
         if i >= len(records):
             break
-        many.add_many(records[i:i + size], late=late)
+        many.add_many(records[i : i + size], late=late)
         i += size
     assert many.partial() == one.partial()
     assert many.record_count == one.record_count and many.late_record_count == one.late_record_count
@@ -193,7 +216,7 @@ def test_deltas_replayed_rebuild_the_same_state(core, dicts, chunk):
     live.start_journal()
     deltas = []
     for i in range(0, len(records), chunk):
-        live.add_many(records[i:i + chunk])
+        live.add_many(records[i : i + chunk])
         delta = live.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0)
         if delta is not None:
             deltas.append(decode_delta(encode_state(delta)))
@@ -208,14 +231,14 @@ def test_deltas_replayed_rebuild_the_same_state(core, dicts, chunk):
 def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk):
     """A changelog from before weight versions (six-item entries, no packed_versioned)
     restores: a worker upgraded mid-run keeps its state."""
-    from specmeter.streams._layout import decode_delta, encode_state
+    from specmeter.streams._layout import decode_delta
 
     records = [msgspec.structs.replace(r, weight_version=None) for r in _records(dicts)]
     live = core.BatchState("b")
     live.start_journal()
     rebuilt = core.BatchState("b")
     for i in range(0, len(records), chunk):
-        live.add_many(records[i:i + chunk])
+        live.add_many(records[i : i + chunk])
         delta = live.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0)
         if delta is None:
             continue
@@ -229,17 +252,17 @@ def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk)
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.integers(1, 6), st.data())
-def test_compacting_a_state_anywhere_changes_nothing(dicts, chunk, data):
+def test_compacting_a_state_anywhere_changes_nothing(core, dicts, chunk, data):
     """A closed batch waits out its grace compacted (issue #16); late records thaw it.
     Compacting between any chunks gives the same deltas (the changelog), the same
     generation count and the same partial as a state never compacted."""
     records = _records(dicts)
-    live, compacted = BatchState("b"), BatchState("b")
+    live, compacted = core.BatchState("b"), core.BatchState("b")
     live.start_journal()
     compacted.start_journal()
     for i in range(0, len(records), chunk):
         for state in (live, compacted):
-            state.add_many(records[i:i + chunk], late=i > 0)
+            state.add_many(records[i : i + chunk], late=i > 0)
         deltas = [s.take_delta(first_offset=i, last_offset=i + chunk - 1, last_input_ms=0) for s in (live, compacted)]
         assert msgspec.to_builtins(deltas[0]) == msgspec.to_builtins(deltas[1])
         if data.draw(st.booleans()):
@@ -254,7 +277,10 @@ def test_compacting_a_state_anywhere_changes_nothing(dicts, chunk, data):
 
 
 def test_compact_waits_for_changes_to_be_taken_as_a_delta():
-    """Changes not yet in a delta would be lost to the changelog: compact() leaves the state live."""
+    """Changes not yet in a delta would be lost to the changelog: the Python core's
+    compact() (which pickles the state) leaves the state live."""
+    from specmeter.streams._state import BatchState
+
     state = BatchState("b")
     state.start_journal()
     state.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=1, proposed=2))

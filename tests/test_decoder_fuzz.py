@@ -11,16 +11,41 @@ from specmeter.schemas import decode_records_message
 
 from .native_check import native_agrees
 
-leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),
-                 st.text(max_size=20), st.binary(max_size=20))
-values = st.recursive(leaf, lambda children: st.one_of(st.lists(children, max_size=5),
-                                                       st.dictionaries(st.text(max_size=12), children, max_size=5)),
-                      max_leaves=30)
+leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+values = st.recursive(
+    leaf,
+    lambda children: st.one_of(
+        st.lists(children, max_size=5), st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=30,
+)
 record_like = st.fixed_dictionaries(
     {"type": st.sampled_from(["record", "batch", "marker", "nope", 7])},
-    optional={k: values for k in ("batch_id", "session_id", "generation_id", "sample_id", "accepted", "proposed",
-                                  "verify", "completion", "accept_histogram", "records", "producer_id",
-                                  "records_sent", "expected_producers")},
+    optional=dict.fromkeys(
+        (
+            "batch_id",
+            "session_id",
+            "generation_id",
+            "sample_id",
+            "accepted",
+            "proposed",
+            "verify",
+            "completion",
+            "accept_histogram",
+            "records",
+            "producer_id",
+            "records_sent",
+            "expected_producers",
+        ),
+        values,
+    ),
 )
 
 
@@ -56,10 +81,12 @@ def test_truncated(obj, cut):
 def test_deep_nesting_and_huge_strings():
     deep = b"\x91" * 100_000 + b"\xc0"  # 100k nested one-element arrays
     _check(deep)
-    _check(msgspec.msgpack.encode({"type": "record", "batch_id": "b" * 2_000_000, "session_id": "s",
-                                   "generation_id": "g"}))
-    huge = msgspec.msgpack.encode({"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g",
-                                   "accepted": 2**64 - 1})
+    _check(
+        msgspec.msgpack.encode({"type": "record", "batch_id": "b" * 2_000_000, "session_id": "s", "generation_id": "g"})
+    )
+    huge = msgspec.msgpack.encode(
+        {"type": "record", "batch_id": "b", "session_id": "s", "generation_id": "g", "accepted": 2**64 - 1}
+    )
     (bad,) = decode_records_message(huge).invalid
     assert "accepted" in bad.detail
 
@@ -74,7 +101,8 @@ def test_coverage_guided_fuzzing_with_atheris():
 
     pytest.importorskip("atheris", reason="atheris has no wheel for this platform")
     script = Path(__file__).parent / "fuzz" / "records_decoder.py"
-    proc = subprocess.run([sys.executable, str(script), "-runs=100000", "-seed=20261202"], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(script), "-runs=100000", "-seed=20261202"], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Done 100000 runs" in proc.stderr

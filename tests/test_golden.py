@@ -77,7 +77,9 @@ def test_case_through_cli(case, tmp_path):
     dump.write_text("".join(json.dumps(line) + "\n" for line in case_lines(case)))
     proc = subprocess.run(
         [sys.executable, "-m", "specmeter.streams.cli", "aggregate", str(dump)],
-        capture_output=True, check=True, timeout=60,
+        capture_output=True,
+        check=True,
+        timeout=60,
     )
     results = {}
     for line in proc.stdout.splitlines():

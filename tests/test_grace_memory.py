@@ -24,8 +24,15 @@ from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 def _fleet_messages(batches: int = 2, sessions: int = 30) -> list[bytes]:
     """One partition's input: each batch's records packed 50 a message, then its markers."""
-    spec = FleetSpec(batches=batches, sessions_per_batch=sessions, producers=2, max_samples_per_session=4,
-                     max_turns=8, invalid_rate=0.0, seed=16)
+    spec = FleetSpec(
+        batches=batches,
+        sessions_per_batch=sessions,
+        producers=2,
+        max_samples_per_session=4,
+        max_turns=8,
+        invalid_rate=0.0,
+        seed=16,
+    )
     out, pending = [], []
     for event in synthetic_fleet(spec):
         if event.kind == "marker":
@@ -58,12 +65,17 @@ def test_a_late_record_after_compaction_gives_the_same_revision_and_changelog(co
     assert compacted.open_generations == plain.open_generations
     # late input within grace: a redelivery, a new occurrence and a conflict of batch 0
     first = msgspec.msgpack.decode(messages[0], type=RecordBatch).records
-    late = [first[0], msgspec.structs.replace(first[1], sample_id="late-sample"),
-            msgspec.structs.replace(first[2], accepted=(first[2].accepted or 0) + 7)]
+    late = [
+        first[0],
+        msgspec.structs.replace(first[1], sample_id="late-sample"),
+        msgspec.structs.replace(first[2], accepted=(first[2].accepted or 0) + 7),
+    ]
     message = [(len(messages), encode_records_message(RecordBatch(records=late)))]
     effects = [p.process(message, 2_000) for p in (plain, compacted)]
     assert effects[0].changelog == effects[1].changelog
-    assert [msgspec.to_builtins(x) for x in effects[0].partials] == [msgspec.to_builtins(x) for x in effects[1].partials]
+    assert [msgspec.to_builtins(x) for x in effects[0].partials] == [
+        msgspec.to_builtins(x) for x in effects[1].partials
+    ]
     assert len(effects[1].partials) == 1 and effects[1].partials[0].revision == 1
     assert compacted.open_generations == plain.open_generations
     touched = [b for (_, batch_id), b in compacted.batches.items() if batch_id == first[0].batch_id]
@@ -72,8 +84,17 @@ def test_a_late_record_after_compaction_gives_the_same_revision_and_changelog(co
 
 def test_a_compacted_python_state_holds_a_fraction_of_the_memory():
     records = []
-    for event in synthetic_fleet(FleetSpec(batches=1, sessions_per_batch=200, producers=1, max_samples_per_session=8,
-                                           max_turns=24, invalid_rate=0.0, seed=3)):
+    for event in synthetic_fleet(
+        FleetSpec(
+            batches=1,
+            sessions_per_batch=200,
+            producers=1,
+            max_samples_per_session=8,
+            max_turns=24,
+            invalid_rate=0.0,
+            seed=3,
+        )
+    ):
         if event.kind == "record":
             records.append(event.payload)
     gc.collect()

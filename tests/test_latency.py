@@ -10,10 +10,10 @@ is the issue's "no batch over 1 s after warm-up", with room for a busy machine.
 from __future__ import annotations
 
 import json
-import time
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,13 +24,32 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def test_no_batch_waits_a_second_for_its_metrics_under_sustained_load(kafka_bootstrap):
-    proc = subprocess.run([sys.executable, str(BENCH / "soak_latency.py"), "--rate", "18000", "--duration", "30",
-                           "--grace", "10", "--warmup", "5", "--json"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "soak_latency.py"),
+            "--rate",
+            "18000",
+            "--duration",
+            "30",
+            "--grace",
+            "10",
+            "--warmup",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    slow = [(r["batch_id"], r["at_s"], r["e2e_ms"]) for r in result["per_batch"]
-            if r["at_s"] >= result["warmup_s"] and r["e2e_ms"] > 1000]
+    slow = [
+        (r["batch_id"], r["at_s"], r["e2e_ms"])
+        for r in result["per_batch"]
+        if r["at_s"] >= result["warmup_s"] and r["e2e_ms"] > 1000
+    ]
     assert result["batches_without_metrics"] == 0 and result["incomplete_batches"] == 0
     assert not slow, f"batches over 1 s: {slow}; e2e {result['e2e_ms']}, hops {result['hops_ms']}"
     assert result["lag_messages"]["max"] < 2000, result["lag_messages"]  # the worker kept up
@@ -54,8 +73,9 @@ def test_the_consumer_group_commits_what_stage_1_applied(deployment):
     wait_complete(deployment, {e.batch_id for e in events})
 
     async def committed_and_ends() -> tuple[dict, dict]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=deployment.bootstrap, group_id=deployment.name,
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=deployment.bootstrap, group_id=deployment.name, enable_auto_commit=False
+        )
         await consumer.start()
         try:
             tps = [TopicPartition(deployment.topics.records, p) for p in range(deployment.partitions)]

@@ -15,8 +15,9 @@ from specmeter.streams.cli import main
 
 def _loaded(env: dict[str, str]) -> str:
     code = "import specmeter.streams as s, specmeter.streams._core as c; print(s.NATIVE_CORE, c.CORE.name)"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env={**os.environ, **env}).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    ).stdout.strip()
 
 
 def test_ci_builds_and_runs_the_native_core():

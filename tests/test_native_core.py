@@ -10,7 +10,8 @@ after a restore that goes on journaling.
 
 from __future__ import annotations
 
-import msgspec
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.skipif(_core.NATIVE is None, reason="the native core is
 
 PY, NATIVE = _core.PYTHON, _core.NATIVE
 
-counter = st.one_of(st.none(), st.integers(0, 5),
-                    st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**31, 2**32 - 1]))
+counter = st.one_of(
+    st.none(), st.integers(0, 5), st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**31, 2**32 - 1])
+)
 record = st.builds(
     GenerationRecord,
     batch_id=st.just("b"),
@@ -38,19 +40,29 @@ record = st.builds(
     proposed=counter,
     verify=counter,
     completion=counter,
-    accept_histogram=st.one_of(st.none(), st.none(), st.lists(st.integers(0, 3), max_size=3),
-                               st.just([2**32 - 1] * 2)),
+    accept_histogram=st.one_of(st.none(), st.none(), st.lists(st.integers(0, 3), max_size=3), st.just([2**32 - 1] * 2)),
     producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p1"])),
     weight_version=st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
 )
-message = st.tuples(st.just("message"), st.lists(record, min_size=1, max_size=6),
-                    st.one_of(st.none(), st.sampled_from(["p0", "p9"])), st.booleans(), st.integers(0, 6))
+message = st.tuples(
+    st.just("message"),
+    st.lists(record, min_size=1, max_size=6),
+    st.one_of(st.none(), st.sampled_from(["p0", "p9"])),
+    st.booleans(),
+    st.integers(0, 6),
+)
 invalid = st.tuples(st.just("invalid"), st.one_of(st.none(), st.sampled_from(["p0", "p2"])), st.booleans())
-marker = st.tuples(st.just("marker"),
-                   st.builds(BatchMarker, batch_id=st.just("b"), producer_id=st.sampled_from(["p0", "p1"]),
-                             records_sent=st.integers(0, 9),
-                             speculative_algorithm=st.one_of(st.none(), st.just("EAGLE")),
-                             expected_producers=st.integers(1, 2)))
+marker = st.tuples(
+    st.just("marker"),
+    st.builds(
+        BatchMarker,
+        batch_id=st.just("b"),
+        producer_id=st.sampled_from(["p0", "p1"]),
+        records_sent=st.integers(0, 9),
+        speculative_algorithm=st.one_of(st.none(), st.just("EAGLE")),
+        expected_producers=st.integers(1, 2),
+    ),
+)
 algorithm = st.tuples(st.just("algorithm"), st.sampled_from(["", "NGRAM"]))
 delta = st.tuples(st.just("delta"))
 operations = st.lists(st.one_of(message, message, message, invalid, marker, algorithm, delta), max_size=25)
@@ -67,9 +79,9 @@ def _apply(core, state, op, offset) -> tuple[int, int, int] | None:
         for group, (key, n) in enumerate(decoded.groups):
             assert key == (None, "b")
             bounds = sorted({0, n, min(cut, n)})  # a slice boundary, as the open-generation limit makes one
-            for start, stop in zip(bounds, bounds[1:]):
+            for start, stop in itertools.pairwise(bounds):
                 got = state.add_decoded(decoded, group, start, stop, late=late, producer_id=decoded.producer_id)
-                counts = [a + b for a, b in zip(counts, got)]
+                counts = [a + b for a, b in zip(counts, got, strict=True)]
         return tuple(counts)
     if kind == "invalid":
         state.add_invalid(op[1], late=op[2])
@@ -112,8 +124,15 @@ def _restore(core, deltas):
 
 def _same(a, b) -> None:
     assert _canonical(a.partial()) == _canonical(b.partial())
-    for name in ("record_count", "invalid_record_count", "late_record_count", "conflicting_record_count",
-                 "generation_count", "expected_producers", "markers_complete"):
+    for name in (
+        "record_count",
+        "invalid_record_count",
+        "late_record_count",
+        "conflicting_record_count",
+        "generation_count",
+        "expected_producers",
+        "markers_complete",
+    ):
         assert getattr(a, name) == getattr(b, name), name
 
 
@@ -131,7 +150,7 @@ def test_native_and_python_give_identical_partials_and_counts(ops):
 @given(operations)
 def test_deltas_of_either_core_restore_in_either(ops):
     py, py_deltas, _ = _run(PY, ops)
-    native, native_deltas, _ = _run(NATIVE, ops)
+    _native, native_deltas, _ = _run(NATIVE, ops)
     for deltas in (py_deltas, native_deltas):
         for core in (PY, NATIVE):
             _same(_restore(core, deltas), py)
@@ -177,8 +196,17 @@ def test_the_packed_form_of_a_new_entry_restores_in_python():
     counters, is written in the Python core's packed layout (20/20/20/24 bits)."""
     state = NATIVE.BatchState("b")
     state.start_journal()
-    state.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", sample_id="t", accepted=2**20 - 2,
-                               completion=2**24 - 2, weight_version="v1"))
+    state.add(
+        GenerationRecord(
+            batch_id="b",
+            session_id="s",
+            generation_id="g",
+            sample_id="t",
+            accepted=2**20 - 2,
+            completion=2**24 - 2,
+            weight_version="v1",
+        )
+    )
     state.add(GenerationRecord(batch_id="b", session_id="s", generation_id="h", accepted=2**20 - 1))
     delta = state.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
     assert delta.packed_versioned[:3] == ["s", "g", "t"] and delta.packed_versioned[5] == "v1"
@@ -199,8 +227,11 @@ def test_counters_past_32_bits_from_an_old_changelog_restore_exactly():
     live = PY.BatchState("b")
     live.start_journal()
     big = 2**63 + 5
-    live.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=big, proposed=big + 1,
-                              accept_histogram=[big]))
+    live.add(
+        GenerationRecord(
+            batch_id="b", session_id="s", generation_id="g", accepted=big, proposed=big + 1, accept_histogram=[big]
+        )
+    )
     delta = live.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
     native = NATIVE.BatchState("b")
     native.apply_delta(delta)
@@ -213,13 +244,22 @@ def test_legacy_ratios_are_correctly_rounded_past_2_to_the_53():
     state, reference = NATIVE.BatchState("b"), PY.BatchState("b")
     for i in range(3):
         for s in (state, reference):
-            s.add(GenerationRecord(batch_id="b", session_id="s", generation_id=f"g{i}", sample_id="t",
-                                   accepted=2**32 - 1 - i, proposed=2**32 - 1, completion=2**32 - 3, verify=3))
+            s.add(
+                GenerationRecord(
+                    batch_id="b",
+                    session_id="s",
+                    generation_id=f"g{i}",
+                    sample_id="t",
+                    accepted=2**32 - 1 - i,
+                    proposed=2**32 - 1,
+                    completion=2**32 - 3,
+                    verify=3,
+                )
+            )
     huge = PY.BatchState("b")  # a counter past 2**53 from an old changelog
     delta_source = PY.BatchState("b")
     delta_source.start_journal()
-    delta_source.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=2**62 + 1,
-                                      proposed=3))
+    delta_source.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=2**62 + 1, proposed=3))
     huge_native = NATIVE.BatchState("b")
     d = delta_source.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
     huge.apply_delta(d)

@@ -13,18 +13,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specmeter.schemas import (MAX_BINS, MAX_COUNTER, MAX_ID, BatchMarker, GenerationRecord, RecordBatch,
-                               encode_records_message)
+from specmeter.schemas import (
+    MAX_BINS,
+    MAX_COUNTER,
+    MAX_ID,
+    BatchMarker,
+    GenerationRecord,
+    RecordBatch,
+    encode_records_message,
+)
 
 from .native_check import _native, native_agrees
 
-pytestmark = pytest.mark.skipif(_native is None, reason="the native core is not built (no Rust toolchain, or "
-                                                        "SPECMETER_NO_NATIVE=1)")
+pytestmark = pytest.mark.skipif(
+    _native is None, reason="the native core is not built (no Rust toolchain, or SPECMETER_NO_NATIVE=1)"
+)
 
-ids = st.one_of(st.sampled_from(["s1", "s2", "g", "t1", "v1", "é", "日本", "x" * MAX_ID, "é" * MAX_ID]),
-                st.text(min_size=1, max_size=12))
-counters = st.one_of(st.none(), st.integers(0, 300), st.sampled_from([0, 127, 128, 255, 256, 65535, 65536,
-                                                                      2**31, MAX_COUNTER]))
+ids = st.one_of(
+    st.sampled_from(["s1", "s2", "g", "t1", "v1", "é", "日本", "x" * MAX_ID, "é" * MAX_ID]),
+    st.text(min_size=1, max_size=12),
+)
+counters = st.one_of(
+    st.none(), st.integers(0, 300), st.sampled_from([0, 127, 128, 255, 256, 65535, 65536, 2**31, MAX_COUNTER])
+)
 records = st.builds(
     GenerationRecord,
     batch_id=st.sampled_from(["b", "c", "step-1"]),
@@ -36,15 +47,17 @@ records = st.builds(
     proposed=counters,
     verify=counters,
     completion=counters,
-    accept_histogram=st.one_of(st.none(), st.lists(st.integers(0, MAX_COUNTER), max_size=4),
-                               st.just([1] * MAX_BINS)),
+    accept_histogram=st.one_of(st.none(), st.lists(st.integers(0, MAX_COUNTER), max_size=4), st.just([1] * MAX_BINS)),
     producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p1"])),
     weight_version=st.one_of(st.none(), ids),
     run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
 )
-batches = st.builds(RecordBatch, records=st.lists(records, max_size=8),
-                    producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p9"])),
-                    run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])))
+batches = st.builds(
+    RecordBatch,
+    records=st.lists(records, max_size=8),
+    producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p9"])),
+    run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -73,32 +86,38 @@ def _map(pairs: list[tuple[object, object]]) -> bytes:
 RECORD = [("type", "record"), ("batch_id", "b"), ("session_id", "s"), ("generation_id", "g")]
 
 
-@pytest.mark.parametrize("data", [
-    _map(RECORD + [("batch_id", "other")]),  # duplicate key: msgspec keeps the last, native hands over
-    _map(RECORD + [("type", "record")]),
-    _map(RECORD + [("unknown", 1)]),  # msgspec ignores unknown fields; native is not sure, hands over
-    _map(RECORD + [("accepted", 5.0)]),
-    _map(RECORD + [("accepted", True)]),
-    _map(RECORD + [("accepted", -1)]),
-    _map(RECORD + [("accepted", MAX_COUNTER + 1)]),
-    _map(RECORD + [("accept_histogram", [1] * (MAX_BINS + 1))]),
-    _map(RECORD + [("accept_histogram", [MAX_COUNTER + 1])]),
-    _map(RECORD + [("sample_id", "")]),
-    _map(RECORD + [("sample_id", "x" * (MAX_ID + 1))]),
-    _map(RECORD + [("sample_id", b"bytes")]),
-    _map(RECORD[:3]),  # no generation_id
-    _map([("type", "marker"), ("batch_id", "b"), ("producer_id", "p")]),
-    _map([("type", "nope")] + RECORD[1:]),
-    _map([("type", "batch"), ("records", []), ("batch_id", "b")]),
-    _map([("type", "batch"), ("records", [dict(RECORD[1:], type="batch")])]),
-    _map([("type", "batch"), ("records", [dict(RECORD[1:])]), ("run_id", "r1")]) + b"\xc0",  # trailing byte
-    encode_records_message(RecordBatch(records=[GenerationRecord(batch_id="b", session_id="s", generation_id="g",
-                                                                 run_id="r2")], run_id="r1")),
-    encode_records_message(BatchMarker(batch_id="b", producer_id="p")),
-    b"\x84" + b"".join(msgspec.msgpack.encode(x) for x in ("type", "record", "batch_id")) + b"\xa3\xed\xa0\x80",
-    b"",
-    b"\xc0",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        _map([*RECORD, ("batch_id", "other")]),  # duplicate key: msgspec keeps the last, native hands over
+        _map([*RECORD, ("type", "record")]),
+        _map([*RECORD, ("unknown", 1)]),  # msgspec ignores unknown fields; native is not sure, hands over
+        _map([*RECORD, ("accepted", 5.0)]),
+        _map([*RECORD, ("accepted", True)]),
+        _map([*RECORD, ("accepted", -1)]),
+        _map([*RECORD, ("accepted", MAX_COUNTER + 1)]),
+        _map([*RECORD, ("accept_histogram", [1] * (MAX_BINS + 1))]),
+        _map([*RECORD, ("accept_histogram", [MAX_COUNTER + 1])]),
+        _map([*RECORD, ("sample_id", "")]),
+        _map([*RECORD, ("sample_id", "x" * (MAX_ID + 1))]),
+        _map([*RECORD, ("sample_id", b"bytes")]),
+        _map(RECORD[:3]),  # no generation_id
+        _map([("type", "marker"), ("batch_id", "b"), ("producer_id", "p")]),
+        _map([("type", "nope"), *RECORD[1:]]),
+        _map([("type", "batch"), ("records", []), ("batch_id", "b")]),
+        _map([("type", "batch"), ("records", [dict(RECORD[1:], type="batch")])]),
+        _map([("type", "batch"), ("records", [dict(RECORD[1:])]), ("run_id", "r1")]) + b"\xc0",  # trailing byte
+        encode_records_message(
+            RecordBatch(
+                records=[GenerationRecord(batch_id="b", session_id="s", generation_id="g", run_id="r2")], run_id="r1"
+            )
+        ),
+        encode_records_message(BatchMarker(batch_id="b", producer_id="p")),
+        b"\x84" + b"".join(msgspec.msgpack.encode(x) for x in ("type", "record", "batch_id")) + b"\xa3\xed\xa0\x80",
+        b"",
+        b"\xc0",
+    ],
+)
 def test_anything_unsure_goes_to_python(data):
     assert not native_agrees(data)
 
@@ -117,8 +136,11 @@ def test_a_nested_record_may_name_its_type_or_not():
 
 def test_declared_lengths_are_not_trusted():
     # a map, an array and a str each declaring 4 GiB - 1 with nothing behind
-    for data in (b"\xdf\xff\xff\xff\xff", b"\x82\xa4type\xa5batch\xa7records\xdd\xff\xff\xff\xff",
-                 b"\x81\xa4type\xdb\xff\xff\xff\xff"):
+    for data in (
+        b"\xdf\xff\xff\xff\xff",
+        b"\x82\xa4type\xa5batch\xa7records\xdd\xff\xff\xff\xff",
+        b"\x81\xa4type\xdb\xff\xff\xff\xff",
+    ):
         assert _native.decode(data) is None
 
 
@@ -139,19 +161,47 @@ def test_mutated_messages_agree_or_go_to_python(batch, flips, cut):
     native_agrees(bytes(data[: max(1, len(data) - cut)]))
 
 
-leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6),
-                 st.binary(max_size=6))
-loose_record = st.dictionaries(st.sampled_from(["type", "batch_id", "session_id", "generation_id", "sample_id",
-                                                "state_hash", "accepted", "proposed", "verify", "completion",
-                                                "accept_histogram", "producer_id", "weight_version", "run_id"]),
-                               st.one_of(leaf, st.lists(st.one_of(st.integers(-2, 2**33), leaf), max_size=3)),
-                               max_size=14)
+leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6), st.binary(max_size=6)
+)
+loose_record = st.dictionaries(
+    st.sampled_from(
+        [
+            "type",
+            "batch_id",
+            "session_id",
+            "generation_id",
+            "sample_id",
+            "state_hash",
+            "accepted",
+            "proposed",
+            "verify",
+            "completion",
+            "accept_histogram",
+            "producer_id",
+            "weight_version",
+            "run_id",
+        ]
+    ),
+    st.one_of(leaf, st.lists(st.one_of(st.integers(-2, 2**33), leaf), max_size=3)),
+    max_size=14,
+)
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.fixed_dictionaries({"type": st.sampled_from(["record", "batch"])},
-                             optional={"records": st.lists(loose_record, max_size=3), "producer_id": leaf,
-                                       "run_id": leaf, "batch_id": leaf, "session_id": leaf,
-                                       "generation_id": leaf, "accepted": leaf}))
+@given(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["record", "batch"])},
+        optional={
+            "records": st.lists(loose_record, max_size=3),
+            "producer_id": leaf,
+            "run_id": leaf,
+            "batch_id": leaf,
+            "session_id": leaf,
+            "generation_id": leaf,
+            "accepted": leaf,
+        },
+    )
+)
 def test_wrong_types_agree_or_go_to_python(obj):
     native_agrees(msgspec.msgpack.encode(obj))

@@ -127,7 +127,7 @@ def test_stats_page_reports_checkpoints_memory_cpu_and_gc_pauses(fed_worker):
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition
 
-    d, port, published, events = fed_worker
+    d, port, _published, _events = fed_worker
 
     async def log_ends() -> dict[str, int]:
         consumer = AIOKafkaConsumer(bootstrap_servers=d.bootstrap, group_id=None)

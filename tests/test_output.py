@@ -18,12 +18,15 @@ from specmeter.streams.app import _split_chunk
 from .kafka_helpers import create_topic, read_topic
 
 
-@pytest.mark.parametrize(("sizes", "max_bytes", "first"), [
-    ([10, 10, 10], 100, 3),  # all fit
-    ([10, 10, 10], 20, 2),  # the message that reaches the bound ends the chunk
-    ([500, 10], 100, 1),  # one message larger than the bound is a chunk of its own
-    ([10], 1, 1),  # never an empty chunk
-])
+@pytest.mark.parametrize(
+    ("sizes", "max_bytes", "first"),
+    [
+        ([10, 10, 10], 100, 3),  # all fit
+        ([10, 10, 10], 20, 2),  # the message that reaches the bound ends the chunk
+        ([500, 10], 100, 1),  # one message larger than the bound is a chunk of its own
+        ([10], 1, 1),  # never an empty chunk
+    ],
+)
 def test_a_chunk_is_bounded_by_bytes_and_never_empty(sizes, max_bytes, first):
     messages = [(offset, b"x" * size) for offset, size in enumerate(sizes)]
     chunk, rest = _split_chunk(messages, max_bytes)
@@ -38,8 +41,12 @@ def test_sends_keep_their_order_per_partition_and_flush_waits_for_kafka(kafka_bo
     failures: list = []
 
     async def run() -> None:
-        out = OrderedProducer(on_failed=lambda topic, exc: failures.append((topic, exc)),
-                              bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
+        out = OrderedProducer(
+            on_failed=lambda topic, exc: failures.append((topic, exc)),
+            bootstrap_servers=kafka_bootstrap,
+            acks="all",
+            linger_ms=0,
+        )
         out.send(topic_a, b"k", b"before-start", 0)  # queued until the producer connects
         await out.start()
         for i in range(3000):
@@ -103,13 +110,17 @@ def test_a_message_kafka_refuses_is_reported_with_its_topic(kafka_bootstrap, uni
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         try:
-            await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1,
-                                                topic_configs={"max.message.bytes": "200"})])
+            await admin.create_topics(
+                [NewTopic(topic, num_partitions=1, replication_factor=1, topic_configs={"max.message.bytes": "200"})]
+            )
         finally:
             await admin.close()
         failures: list = []
-        out = OrderedProducer(on_failed=lambda t, exc: failures.append((t, type(exc).__name__)),
-                              bootstrap_servers=kafka_bootstrap, acks="all")
+        out = OrderedProducer(
+            on_failed=lambda t, exc: failures.append((t, type(exc).__name__)),
+            bootstrap_servers=kafka_bootstrap,
+            acks="all",
+        )
         await out.start()
         out.send(topic, None, b"x" * 5000, 0)
         await out.flush()

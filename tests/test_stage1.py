@@ -14,8 +14,16 @@ from specmeter.streams._stage1 import PartitionProcessor
 
 
 def _record(batch: str, i: int, producer: str = "p0") -> GenerationRecord:
-    return GenerationRecord(batch_id=batch, session_id=f"s{i}", generation_id="g", accepted=i % 7, proposed=8,
-                            verify=3, completion=(i % 7) + 3, producer_id=producer)
+    return GenerationRecord(
+        batch_id=batch,
+        session_id=f"s{i}",
+        generation_id="g",
+        accepted=i % 7,
+        proposed=8,
+        verify=3,
+        completion=(i % 7) + 3,
+        producer_id=producer,
+    )
 
 
 def _messages(batch: str, n: int, per_message: int, start_offset: int = 0, first: int = 0):
@@ -31,8 +39,9 @@ def _letter_records(letter) -> int:
 
 
 def test_flooded_batch_closes_early_as_incomplete_and_its_state_is_dropped(core):
-    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                           max_open_generations=1000)
+    p = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=1000
+    )
     small = p.process(_messages("small", 10, 10), now_ms=1)
     assert not small.partials and p.open_generations == 10
     flood = p.process(_messages("flood", 5000, 100, start_offset=1), now_ms=2)
@@ -58,15 +67,17 @@ def test_flooded_batch_closes_early_as_incomplete_and_its_state_is_dropped(core)
 
 
 def test_overflow_survives_a_restart_and_its_stale_deltas_are_deleted(core):
-    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                           max_open_generations=500)
+    p = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=500
+    )
     changelog: dict[bytes, bytes | None] = {}
     for chunk in (_messages("flood", 300, 100), _messages("flood", 900, 100, start_offset=3, first=300)):
         changelog.update(p.process(chunk, now_ms=1).changelog)
     live = {k: v for k, v in changelog.items() if v is not None}
     assert not [k for k in live if b"\x1fd\x1fflood" in k], "the dropped batch's deltas must be deleted"
-    restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                                  max_open_generations=500)
+    restored = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=500
+    )
     restored.restore(live.items(), now_ms=2)
     assert (None, "flood") in restored.overflowed and restored.open_generations == 0
     effects = restored.process(_messages("flood", 5, 5, start_offset=20, first=5000), now_ms=3)
@@ -78,11 +89,12 @@ def test_the_early_close_does_not_depend_on_chunking(core):
     messages = _messages("flood", 3000, 50)
     partials = []
     for chunk_size in (1, 7, len(messages)):
-        p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                               max_open_generations=1234)
+        p = PartitionProcessor(
+            0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=1234
+        )
         out = []
         for k in range(0, len(messages), chunk_size):
-            out += p.process(messages[k:k + chunk_size], now_ms=5).partials
+            out += p.process(messages[k : k + chunk_size], now_ms=5).partials
         (partial,) = out
         partials.append(partial)
     assert partials[0] == partials[1] == partials[2]
@@ -106,7 +118,8 @@ _FLOOD = textwrap.dedent("""
         records = [GenerationRecord(batch_id="flood", session_id=f"session-{i:09d}", generation_id="g", accepted=3,
                                     proposed=8, verify=3, completion=6, producer_id="p0")
                    for i in range(k, k + 200)]
-        p.process([(offset, encode_records_message(RecordBatch(records=records)))], now_ms=1)  # effects dropped, as sent
+        # effects dropped, as sent
+        p.process([(offset, encode_records_message(RecordBatch(records=records)))], now_ms=1)
         offset += 1
     print(json.dumps({"growth_kib": rss_kib("VmHWM") - before, "held": p.open_generations}))
 """)
@@ -114,8 +127,14 @@ _FLOOD = textwrap.dedent("""
 
 def _flood_growth_mib(core, limit: int, total: int) -> tuple[float, int]:
     env = dict(os.environ, SPECMETER_NO_NATIVE="1" if core.name == "python" else "")
-    proc = subprocess.run([sys.executable, "-c", _FLOOD, str(limit), str(total)], capture_output=True, text=True,
-                          timeout=240, check=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FLOOD, str(limit), str(total)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        env=env,
+    )
     result = json.loads(proc.stdout)
     return result["growth_kib"] / 1024, result["held"]
 
@@ -142,7 +161,7 @@ def test_restore_sends_the_partials_and_publications_a_crash_may_have_lost(core)
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     changelog: dict[bytes, bytes | None] = {}
     marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=20, expected_producers=1)
-    effects = p.process(_messages("b", 20, 10) + [(2, encode_records_message(marker))], now_ms=7)
+    effects = p.process([*_messages("b", 20, 10), (2, encode_records_message(marker))], now_ms=7)
     changelog.update(effects.changelog)
     (emitted,) = effects.partials  # ... and lost with the crash
     restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
@@ -159,28 +178,32 @@ def test_restore_sends_the_partials_and_publications_a_crash_may_have_lost(core)
 
 
 def test_an_overflowed_batch_partial_is_sent_again_on_restore(core):
-    p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                           max_open_generations=50)
+    p = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=50
+    )
     effects = p.process(_messages("flood", 200, 20), now_ms=1)
     (partial,) = effects.partials
     live = {}
     for key, value in effects.changelog:
         live[key] = value
-    restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                                  max_open_generations=50)
+    restored = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=50
+    )
     again = restored.restore([(k, v) for k, v in live.items() if v is not None], now_ms=2)
     assert again.partials == [partial] and partial.close_reason == "incomplete"
     # after grace it is forgotten (stage 2 forgets the batch too): deleted, never sent again
     forgotten = restored.tick(now_ms=2 + 60_000).changelog
     (key,) = [k for k, v in forgotten if v is None and b"\x1fo\x1f" in k]
-    late = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000,
-                              max_open_generations=50)
+    late = PartitionProcessor(
+        0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000, max_open_generations=50
+    )
     assert not late.restore([(k, v) for k, v in live.items() if v is not None], now_ms=1 + 60_000).partials
 
 
 def test_a_too_large_message_is_dead_lettered_with_a_bounded_copy(core):
-    p = PartitionProcessor(3, core=core, source_topic="recs", batch_timeout_ms=60_000, grace_ms=60_000,
-                           max_message_bytes=1024)
+    p = PartitionProcessor(
+        3, core=core, source_topic="recs", batch_timeout_ms=60_000, grace_ms=60_000, max_message_bytes=1024
+    )
     big = encode_records_message(GenerationRecord(batch_id="b", session_id="s" * 1_000_000, generation_id="g"))
     (letter,) = p.process([(41, big)], now_ms=1).dead_letters
     assert letter.reason == "too_large" and len(letter.raw) == 256 * 1024 and big.startswith(letter.raw)
@@ -196,8 +219,9 @@ def test_a_timed_out_batch_whose_markers_arrive_within_grace_becomes_complete(co
     (first,) = p.tick(now_ms=1500).partials
     assert first.close_reason == "timeout" and first.revision == 0
     marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=15, expected_producers=1)
-    later = p.process(_messages("b", 5, 5, start_offset=2, first=10) + [(3, encode_records_message(marker))],
-                      now_ms=2000)
+    later = p.process(
+        [*_messages("b", 5, 5, start_offset=2, first=10), (3, encode_records_message(marker))], now_ms=2000
+    )
     (second,) = later.partials
     assert second.close_reason == "markers" and second.revision == 1 and second.record_count == 15
 
@@ -221,7 +245,7 @@ def test_a_crash_anywhere_in_a_changelog_flush_recovers_the_same_partial(core):
     from specmeter.streams._stage1 import _digest
 
     marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=30, expected_producers=1)
-    messages = _messages("b", 30, 10) + [(3, encode_records_message(marker))]
+    messages = [*_messages("b", 30, 10), (3, encode_records_message(marker))]
     reference = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     durable = _replay_log({}, reference.process(messages[:2], now_ms=1).changelog)
     closing = reference.process(messages[2:], now_ms=2)

@@ -30,8 +30,16 @@ with atheris.instrument_imports():
     from tests.native_check import native_agrees
 
 REASONS = {"invalid", "undecodable", "too_large"}
-ID_FIELDS = ("batch_id", "session_id", "generation_id", "sample_id", "state_hash", "producer_id", "weight_version",
-             "run_id")
+ID_FIELDS = (
+    "batch_id",
+    "session_id",
+    "generation_id",
+    "sample_id",
+    "state_hash",
+    "producer_id",
+    "weight_version",
+    "run_id",
+)
 COUNTERS = ("accepted", "proposed", "verify", "completion")
 
 
