@@ -104,7 +104,7 @@ def normalize_weight_version(value: Any) -> str | None:
 
 
 def counters_from_meta_info(meta_info: Mapping[str, Any]) -> SpecCounters:
-    """The counters SPEC §2.1 reads from one SGLang ``meta_info`` dict.
+    """The counters read from one SGLang ``meta_info`` dict (docs/contract.md).
 
     accepted/proposed come from the first alias pair with *both* keys present
     (even if a value is null or invalid); failing that, the first pair with one

@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-from .kafka_broker import NoBroker, broker_log_tail, find_broker
+from .support.kafka_broker import NoBroker, broker_log_tail, find_broker
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
-    """Bootstrap address of a real broker (see tests/kafka_broker.py for the order)."""
+    """Bootstrap address of a real broker (see tests/support/kafka_broker.py for the order)."""
     try:
         address, release = find_broker()
     except NoBroker as exc:
@@ -47,7 +47,7 @@ def unique_name():
 @pytest.fixture
 def new_topic(kafka_bootstrap, unique_name):
     """Factory: create a fresh topic with N partitions and return its name."""
-    from .kafka_helpers import create_topic
+    from .support.kafka_helpers import create_topic
 
     def make(partitions: int = 4, prefix: str = "test") -> str:
         name = unique_name(prefix)
@@ -61,8 +61,8 @@ def new_topic(kafka_bootstrap, unique_name):
 def deployment(kafka_bootstrap, request):
     """A fresh specmeter deployment (own app id and topics, records topic with 4
     partitions); its workers are killed afterwards, their logs shown on failure."""
-    from .kafka_helpers import create_topic
-    from .worker_harness import Deployment
+    from .support.kafka_helpers import create_topic
+    from .support.worker_harness import Deployment
 
     d = Deployment(kafka_bootstrap)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))

@@ -302,7 +302,7 @@ def test_replay_publishes_lines_without_a_run_in_the_run_given(kafka_bootstrap, 
 
     from specmeter.schemas import decode_records_message
 
-    from .kafka_helpers import read_topic
+    from .support.kafka_helpers import read_topic
 
     records = new_topic(partitions=2, prefix="replay-run")
     dump = tmp_path / "dump.jsonl"

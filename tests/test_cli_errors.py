@@ -16,7 +16,7 @@ import pytest
 
 from specmeter.streams.settings import bootstrap_servers
 
-from .tools import free_port
+from .support.tools import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = str(REPO / "streams" / "data" / "sample_rollout.jsonl")

@@ -3,7 +3,7 @@ reference and the native one: the ``core`` fixture).
 
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
-and it must equal a naive reading of the metric definitions (tests/reference.py),
+and it must equal a naive reading of the metric definitions (tests/support/reference.py),
 by_weight_version included: its entries add up to the batch.
 """
 
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from specmeter.schemas import GenerationRecord
 from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_partials
 
-from .golden_cases import assert_by_weight_version_equal, assert_metrics_equal
-from .reference import reference_by_weight_version, reference_metrics
+from .support.golden_cases import assert_by_weight_version_equal, assert_metrics_equal
+from .support.reference import reference_by_weight_version, reference_metrics
 
 # small values collide often (redeliveries, conflicts); the edges of the packed
 # entry form (20-bit counters, 24-bit completion) and beyond force the wide form

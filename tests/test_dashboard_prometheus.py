@@ -28,10 +28,10 @@ from specmeter.schemas import BatchMetrics, GenerationRecord
 from specmeter.streams._prometheus import UNKNOWN_VERSION
 from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
-from .kafka_helpers import create_topic
-from .prometheus_server import PrometheusServer
-from .tools import find_tool, free_port
-from .worker_harness import JUNK, Deployment, latest_by_batch, publish_events, wait_complete
+from .support.kafka_helpers import create_topic
+from .support.prometheus_server import PrometheusServer
+from .support.tools import find_tool, free_port
+from .support.worker_harness import JUNK, Deployment, latest_by_batch, publish_events, wait_complete
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

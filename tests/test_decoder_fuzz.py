@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specmeter.schemas import decode_records_message
 
-from .native_check import native_agrees
+from .support.native_check import native_agrees
 
 leaf = st.one_of(
     st.none(),

@@ -19,7 +19,7 @@ from specmeter.streams._prometheus import (
     EXPORTED_METRICS,
 )
 
-from .tools import find_tool
+from .support.tools import find_tool
 
 #: series of published batches (they carry run_id and algorithm labels)
 PUBLISHED = (

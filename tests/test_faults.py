@@ -15,7 +15,7 @@ import pytest
 
 from specmeter.streams._faults import CRASH_POINTS
 
-from .worker_harness import (
+from .support.worker_harness import (
     assert_conserved,
     assert_matches_offline,
     fleet_events,
@@ -219,7 +219,7 @@ def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
 
 @pytest.fixture
 def private_broker(tmp_path):
-    from .kafka_broker import PrivateBroker, local_broker_tools_missing
+    from .support.kafka_broker import PrivateBroker, local_broker_tools_missing
 
     missing = local_broker_tools_missing()
     if missing:
@@ -239,8 +239,8 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
     from specmeter.schemas import GenerationRecord, decode_records_message
     from specmeter.streams._loadgen import publish_fleet
 
-    from .kafka_helpers import create_topic, read_topic
-    from .worker_harness import Deployment
+    from .support.kafka_helpers import create_topic, read_topic
+    from .support.worker_harness import Deployment
 
     bootstrap = private_broker.start()
     d = Deployment(bootstrap)

@@ -11,7 +11,7 @@ import pytest
 
 from specmeter.streams import OfflineAggregator
 
-from .golden_cases import (
+from .support.golden_cases import (
     GOLDEN,
     SHARED,
     aggregate_cases,

@@ -10,7 +10,7 @@ import pytest
 
 from specmeter.producers import partition_for_key
 
-from .golden_cases import (
+from .support.golden_cases import (
     aggregate_cases,
     assert_by_weight_version_equal,
     assert_metrics_equal,
@@ -58,8 +58,8 @@ async def _send(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> N
 
 
 def test_every_golden_case_through_the_stream(kafka_bootstrap):
-    from .kafka_helpers import create_topic
-    from .worker_harness import Deployment
+    from .support.kafka_helpers import create_topic
+    from .support.worker_harness import Deployment
 
     d = Deployment(kafka_bootstrap, batch_timeout_s=3.0, grace_s=30.0)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))

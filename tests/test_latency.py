@@ -64,7 +64,7 @@ def test_the_consumer_group_commits_what_stage_1_applied(deployment):
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition
 
-    from .worker_harness import fleet_events, publish_events, wait_complete
+    from .support.worker_harness import fleet_events, publish_events, wait_complete
 
     events = fleet_events(seed=16, batches=3, sessions=12)
     worker = deployment.start_worker()

@@ -16,8 +16,8 @@ from specmeter.producers import (
 )
 from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
 
-from .fixtures.sglang_meta_info import ABORTED_BEFORE_RUN, RESUMED, SGLANG_OUTPUTS
-from .golden_cases import meta_info_cases
+from .support.golden_cases import meta_info_cases
+from .support.sglang_meta_info import ABORTED_BEFORE_RUN, RESUMED, SGLANG_OUTPUTS
 
 CASES = meta_info_cases()
 

@@ -1,7 +1,7 @@
 """The native records decoder (streams/native, issue #14) against msgspec's.
 
 Whatever the input, a message the native decoder accepts decodes to exactly what
-the Python path decodes (tests/native_check.py); every clean record or packed batch
+the Python path decodes (tests/support/native_check.py); every clean record or packed batch
 is accepted (the hot path is really taken); anything it is not sure of goes to
 Python, so dead-letter reasons stay as precise as msgspec's.
 """
@@ -23,7 +23,7 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
-from .native_check import _native, native_agrees
+from .support.native_check import _native, native_agrees
 
 pytestmark = pytest.mark.skipif(
     _native is None, reason="the native core is not built (no Rust toolchain, or SPECMETER_NO_NATIVE=1)"

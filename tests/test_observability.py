@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
-from .kafka_helpers import create_topic
-from .tools import find_tool, free_port
-from .worker_harness import Deployment, latest_by_batch, publish_events
+from .support.kafka_helpers import create_topic
+from .support.tools import find_tool, free_port
+from .support.worker_harness import Deployment, latest_by_batch, publish_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

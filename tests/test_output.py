@@ -15,7 +15,7 @@ import pytest
 from specmeter.streams._output import OrderedProducer
 from specmeter.streams.app import _split_chunk
 
-from .kafka_helpers import create_topic, read_topic
+from .support.kafka_helpers import create_topic, read_topic
 
 
 @pytest.mark.parametrize(

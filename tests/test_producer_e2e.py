@@ -15,10 +15,10 @@ import pytest
 from specmeter.producers import Publisher, PublisherSettings, QueueFullError
 from specmeter.schemas import GenerationRecord, decode_records_message
 
-from .golden_cases import assert_metrics_equal
-from .kafka_broker import BROKER_SCRIPT
-from .kafka_helpers import create_topic, read_topic
-from .worker_harness import Deployment, latest_by_batch
+from .support.golden_cases import assert_metrics_equal
+from .support.kafka_broker import BROKER_SCRIPT
+from .support.kafka_helpers import create_topic, read_topic
+from .support.worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -81,7 +81,7 @@ def test_loadgen_expect_is_what_the_worker_publishes(kafka_bootstrap, tmp_path):
 
 
 def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_path):
-    from .fixtures.sglang_meta_info import RESUMED, SGLANG_OUTPUTS
+    from .support.sglang_meta_info import RESUMED, SGLANG_OUTPUTS
 
     lines = []
     for i, (_version, (meta_info, _)) in enumerate(sorted(SGLANG_OUTPUTS.items())):

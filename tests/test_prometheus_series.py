@@ -15,7 +15,7 @@ from specmeter.schemas import BatchMetrics, WeightVersionMetrics
 from specmeter.streams._counters import PUBLISHED_QUANTITIES, PublishedTotals, WorkerCounters
 from specmeter.streams._prometheus import EXPORTED_METRICS, render
 
-from .tools import find_tool
+from .support.tools import find_tool
 
 STEMS = [stem for stem, _, _ in PUBLISHED_QUANTITIES]
 

@@ -10,7 +10,7 @@ from specmeter.producers import Publisher, PublisherSettings, SyncPublisher, par
 from specmeter.producers._errors import PublisherNotStartedError
 from specmeter.schemas import GenerationRecord, decode_records_message
 
-from .kafka_helpers import create_topic, read_topic
+from .support.kafka_helpers import create_topic, read_topic
 
 # Kafka's own Java murmur2 (org.apache.kafka.common.utils.UtilsTest#testMurmur2), as signed ints.
 JAVA_MURMUR2 = {

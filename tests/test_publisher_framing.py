@@ -15,7 +15,7 @@ from specmeter.producers import BrokerUnavailableError, Publisher, PublisherSett
 from specmeter.producers._framing import frame_batch, frame_overhead
 from specmeter.schemas import MAX_ID, GenerationRecord, RecordBatch, decode_records_message, encode_records_message
 
-from .kafka_helpers import create_topic, read_topic
+from .support.kafka_helpers import create_topic, read_topic
 
 RECORDS = [
     GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id=f"g{i}", accepted=i, proposed=i + 1)

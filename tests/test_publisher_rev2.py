@@ -19,7 +19,7 @@ from specmeter.producers import (
 )
 from specmeter.schemas import BatchMarker, GenerationRecord, decode_records_message
 
-from .kafka_helpers import create_topic, read_topic
+from .support.kafka_helpers import create_topic, read_topic
 
 
 def _closed_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .fixtures.sglang_meta_info import SGLANG_OUTPUTS
+from .support.sglang_meta_info import SGLANG_OUTPUTS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

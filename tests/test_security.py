@@ -15,10 +15,10 @@ import pytest
 
 from specmeter.schemas import decode_metrics
 
-from .kafka_broker import PrivateBroker, local_broker_tools_missing
-from .kafka_helpers import create_topic
-from .tools import free_port
-from .worker_harness import Deployment, latest_by_batch
+from .support.kafka_broker import PrivateBroker, local_broker_tools_missing
+from .support.kafka_helpers import create_topic
+from .support.tools import free_port
+from .support.worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

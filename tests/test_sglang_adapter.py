@@ -8,7 +8,7 @@ import pytest
 
 from specmeter.producers.sglang_adapter import records_from_outputs
 
-from .fixtures.sglang_meta_info import SGLANG_OUTPUTS
+from .support.sglang_meta_info import SGLANG_OUTPUTS
 
 
 def _output(version: str, rid: str) -> dict:
@@ -75,7 +75,7 @@ def test_publish_outputs_publishes_in_the_publishers_run(kafka_bootstrap, unique
     from specmeter.producers.sglang_adapter import publish_outputs
     from specmeter.schemas import decode_records_message
 
-    from .kafka_helpers import create_topic, read_topic
+    from .support.kafka_helpers import create_topic, read_topic
 
     topic = unique_name("records")
 

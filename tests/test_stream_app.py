@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from .golden_cases import assert_metrics_equal
-from .kafka_helpers import create_topic
-from .worker_harness import (
+from .support.golden_cases import assert_metrics_equal
+from .support.kafka_helpers import create_topic
+from .support.worker_harness import (
     JUNK,
     Deployment,
     assert_conserved,

@@ -6,7 +6,7 @@
 Any exception out of ``decode_records_message``, or a reject without a reason,
 is a crash: atheris prints the input and exits non-zero. Where the native core is
 built, its decoder is driven too: a message it accepts must decode to exactly what
-msgspec decodes (tests/native_check.py), and nothing may panic or raise.
+msgspec decodes (tests/support/native_check.py), and nothing may panic or raise.
 
 Both decoders' hard work happens in compiled code that libFuzzer does not see, so
 random bytes rarely reach a valid message. Each input is therefore also read as a
@@ -23,11 +23,11 @@ from pathlib import Path
 import atheris
 import msgspec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.native_check
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.support.native_check
 
 with atheris.instrument_imports():
     from specmeter.schemas import decode_records_message
-    from tests.native_check import native_agrees
+    from tests.support.native_check import native_agrees
 
 REASONS = {"invalid", "undecodable", "too_large"}
 ID_FIELDS = (

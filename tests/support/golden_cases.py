@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-GOLDEN = Path(__file__).parent / "golden" / "cases.json"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "cases.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cases.json"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "cases.json"
 DEFAULT_BATCH = "batch-0"
 
 
