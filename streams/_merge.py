@@ -52,20 +52,12 @@ _SUMMED = (
 )
 
 
-#: the sums of a weight_version entry (``WeightVersionSums`` less its name and histogram)
-_VERSION_SUMMED = (
-    "unique_generation_count",
-    "accepted_total",
-    "proposed_total",
-    "verify_total",
-    "completion_total",
-    "paired_accepted_total",
-    "paired_proposed_total",
-    "accept_covered_count",
-    "paired_completion_total",
-    "paired_verify_total",
-    "verify_covered_count",
+#: the sums of a weight_version entry: ``WeightVersionSums`` less its name and histogram
+#: (read off the struct, so a field added there is merged without a second list)
+_VERSION_SUMMED = tuple(
+    name for name in WeightVersionSums.__struct_fields__ if name not in ("weight_version", "accept_histogram")
 )
+assert _VERSION_SUMMED[0] == "unique_generation_count"  # _unversioned computes it and takes the rest
 
 
 def _unversioned(p: PartialAggregate) -> list[WeightVersionSums]:

@@ -7,8 +7,9 @@ import math
 from typing import Any
 
 
-def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | None, invalid: int) -> dict:
-    keys = {}
+def _values_by_key(records: list[dict[str, Any]]) -> dict[tuple[str, str], set[tuple]]:
+    """Every distinct value reported for each (session, generation) key."""
+    keys: dict[tuple[str, str], set[tuple]] = {}
     for r in records:
         keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
             (
@@ -21,13 +22,21 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
                 r.get("weight_version"),
             )
         )
+    return keys
+
+
+def _speculative(records: list[dict[str, Any]], marker_algorithm: str | None) -> bool:
+    return bool(marker_algorithm) or any(
+        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records
+    )
+
+
+def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | None, invalid: int) -> dict:
+    keys = _values_by_key(records)
     G = set(keys)
     C = {k for k, values in keys.items() if len(values) > 1}
     clean = {k: next(iter(keys[k])) for k in G - C}
-    speculative = bool(marker_algorithm) or any(
-        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records
-    )
-    if not speculative:
+    if not _speculative(records, marker_algorithm):
         return {}
 
     def sample_of(r):
@@ -39,33 +48,14 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
 
     occurrences = {(sample_of(r), r["generation_id"]) for r in records}
     samples = {o[0] for o in occurrences}
-    total = lambda i: sum(v[i] for v in clean.values() if v[i] is not None)  # noqa: E731
-    acc_pairs = [v for v in clean.values() if v[1] is not None and v[2] is not None]
-    ver_pairs = [v for v in clean.values() if v[4] is not None and v[3] is not None]
     out = {
         "spec/record_occurrence_count": len(occurrences),
-        "spec/unique_generation_count": len(G),
         "spec/conflicting_generation_count": len(C),
         "spec/invalid_record_count": invalid,
         "spec/sample_count": len(samples),
-        "spec/accepted_total": total(1),
-        "spec/proposed_total": total(2),
-        "spec/verify_total": total(3),
-        "spec/completion_total": total(4),
-        "spec/paired_accepted_total": sum(v[1] for v in acc_pairs),
-        "spec/paired_proposed_total": sum(v[2] for v in acc_pairs),
-        "spec/accept_covered_count": len(acc_pairs),
-        "spec/paired_completion_total": sum(v[4] for v in ver_pairs),
-        "spec/paired_verify_total": sum(v[3] for v in ver_pairs),
-        "spec/verify_covered_count": len(ver_pairs),
+        # the sums run over G \ C; the generation count and the coverages over G
+        **_sums(list(clean.values()), generations=len(G)),
     }
-    if G:
-        out["spec/accept_count_coverage"] = len(acc_pairs) / len(G)
-        out["spec/verify_count_coverage"] = len(ver_pairs) / len(G)
-    if out["spec/paired_proposed_total"] > 0:
-        out["spec/accept_rate"] = out["spec/paired_accepted_total"] / out["spec/paired_proposed_total"]
-    if out["spec/paired_verify_total"] > 0:
-        out["spec/tokens_per_verify"] = out["spec/paired_completion_total"] / out["spec/paired_verify_total"]
     if samples and not C and not invalid:
         folds = {}
         for sample, gen in occurrences:
@@ -85,12 +75,18 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
     return out
 
 
-def _sums(values: list[tuple]) -> dict:
-    total = lambda i: sum(v[i] for v in values if v[i] is not None)  # noqa: E731
+def _sums(values: list[tuple], generations: int | None = None) -> dict:
+    """The totals, paired sums, coverages and ratios over clean ``values``;
+    ``generations`` (default: their number) is the count the coverages divide by."""
+    generations = len(values) if generations is None else generations
+
+    def total(i: int) -> int:
+        return sum(v[i] for v in values if v[i] is not None)
+
     acc_pairs = [v for v in values if v[1] is not None and v[2] is not None]
     ver_pairs = [v for v in values if v[4] is not None and v[3] is not None]
     out = {
-        "spec/unique_generation_count": len(values),
+        "spec/unique_generation_count": generations,
         "spec/accepted_total": total(1),
         "spec/proposed_total": total(2),
         "spec/verify_total": total(3),
@@ -101,9 +97,10 @@ def _sums(values: list[tuple]) -> dict:
         "spec/paired_completion_total": sum(v[4] for v in ver_pairs),
         "spec/paired_verify_total": sum(v[3] for v in ver_pairs),
         "spec/verify_covered_count": len(ver_pairs),
-        "spec/accept_count_coverage": len(acc_pairs) / len(values),
-        "spec/verify_count_coverage": len(ver_pairs) / len(values),
     }
+    if generations:
+        out["spec/accept_count_coverage"] = len(acc_pairs) / generations
+        out["spec/verify_count_coverage"] = len(ver_pairs) / generations
     if out["spec/paired_proposed_total"] > 0:
         out["spec/accept_rate"] = out["spec/paired_accepted_total"] / out["spec/paired_proposed_total"]
     if out["spec/paired_verify_total"] > 0:
@@ -115,23 +112,8 @@ def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm:
     """by_weight_version read naively: one entry per distinct version over G \\ C,
     sorted with the unknown version last; null when not speculative, when no key of
     G \\ C knows its version, or past 64 known versions."""
-    keys: dict = {}
-    for r in records:
-        keys.setdefault((r["session_id"], r["generation_id"]), set()).add(
-            (
-                r["state_hash"],
-                r["accepted"],
-                r["proposed"],
-                r["verify"],
-                r["completion"],
-                tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
-                r.get("weight_version"),
-            )
-        )
-    clean = [next(iter(v)) for v in keys.values() if len(v) == 1]
-    speculative = bool(marker_algorithm) or any(
-        r["accepted"] is not None or r["proposed"] is not None or r["verify"] is not None for r in records
-    )
+    clean = [next(iter(v)) for v in _values_by_key(records).values() if len(v) == 1]
+    speculative = _speculative(records, marker_algorithm)
     known = {v[6] for v in clean if v[6] is not None}
     if not speculative or not known or len(known) > 64:
         return None
