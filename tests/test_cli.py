@@ -355,3 +355,34 @@ def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
     assert "next (" in proc.stderr and f"specmeter tail --broker {kafka_bootstrap} --topic demo-" in proc.stderr
     assert "curl -s localhost:6066/metrics" in proc.stderr
     assert "every batch matches" in proc.stderr and "drift" in proc.stdout
+
+
+def test_every_worker_flag_reaches_the_settings(monkeypatch):
+    """Each tuning flag of `specmeter worker` lands in the one settings object, and the
+    flags' defaults are the settings' defaults."""
+    import specmeter.streams.cli as cli
+    import specmeter.streams.worker as worker_module
+    from specmeter.streams.settings import WorkerSettings
+
+    seen = []
+    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker_module, "run_worker", seen.append)
+    flags = {
+        "--chunk-bytes": ("chunk_bytes", 4096),
+        "--fetch-wait-ms": ("fetch_wait_ms", 7),
+        "--max-open-generations": ("max_open_generations", 99),
+        "--grace": ("grace_s", 12.5),
+        "--batch-timeout": ("batch_timeout_s", 3.0),
+        "--max-message-bytes": ("max_message_bytes", 2048),
+    }
+    args = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
+    for flag, (_, value) in flags.items():
+        args += [flag, str(value)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    for flag, (field, value) in flags.items():
+        assert getattr(settings, field) == value, flag
+    defaults = {p.name: p.default for p in main.commands["worker"].params}
+    for field in ("chunk_bytes", "fetch_wait_ms", "max_open_generations", "max_message_bytes", "partitions"):
+        assert defaults[field] == getattr(WorkerSettings(), field), field
