@@ -54,17 +54,9 @@ class Value(msgspec.Struct, frozen=True, gc=False):
     weight_version: str | None = None  # entries written before weight versions lack it
 
     @classmethod
-    def of(cls, record: GenerationRecord) -> Value:
-        hist = record.accept_histogram
-        return cls(
-            record.state_hash,
-            record.accepted,
-            record.proposed,
-            record.verify,
-            record.completion,
-            None if hist is None else tuple(hist),
-            record.weight_version,
-        )
+    def of(cls, r: GenerationRecord) -> Value:
+        hist = None if r.accept_histogram is None else tuple(r.accept_histogram)
+        return cls(r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version)
 
 
 class _Conflict:
@@ -170,24 +162,6 @@ class BatchState:
     generation that is its own sample. A key seen with two different values is
     conflicting for good (order-independent).
     """
-
-    __slots__ = (
-        "_algorithms",
-        "_counters_seen",
-        "_frozen",
-        "_frozen_generations",
-        "_journal",
-        "_markers",
-        "_occurrences",
-        "_received",
-        "_values",
-        "batch_id",
-        "conflicting_record_count",
-        "invalid_record_count",
-        "late_record_count",
-        "record_count",
-        "run_id",
-    )
 
     def __init__(self, batch_id: str, run_id: str | None = None) -> None:
         self.batch_id = batch_id
@@ -494,7 +468,8 @@ class BatchState:
 
 class _Sums:
     """Totals, paired totals, covered counts and histogram over non-conflicting
-    generations: the batch's, or one weight version's (named as in the partial)."""
+    generations: the batch's, or one weight version's. The attributes are named as
+    the fields of ``PartialAggregate`` and ``WeightVersionSums`` they fill."""
 
     def __init__(self) -> None:
         self.unique_generation_count = 0
@@ -567,18 +542,10 @@ def _fold(known: list[int | None] | None, counters: list[int | None]) -> list[in
     return [None if a is None or b is None else a + b for a, b in zip(known, counters, strict=True)]
 
 
-def _restored_value(
-    state_hash: str | None,
-    accepted: int | None,
-    proposed: int | None,
-    verify: int | None,
-    completion: int | None,
-    histogram: Sequence[int] | None,
-    weight_version: str | None = None,
-) -> Value:
-    """A wide entry's value as a delta holds it (the histogram decoded as a list)."""
-    hist = None if histogram is None else tuple(histogram)
-    return Value(state_hash, accepted, proposed, verify, completion, hist, weight_version)
+def _restored_value(*fields: Any) -> Value:
+    """A wide entry's value as a delta holds it: six or seven fields, the histogram a list."""
+    state_hash, accepted, proposed, verify, completion, hist, *version = fields
+    return Value(state_hash, accepted, proposed, verify, completion, None if hist is None else tuple(hist), *version)
 
 
 #: the packed delta layout's counters (accepted, proposed, verify, completion): bit
@@ -598,5 +565,4 @@ def _packed_entries(delta: BatchDelta) -> Iterator[tuple[Occurrence, Value]]:
             bits = low | high << 64
             counters = [(bits >> shift) & ((1 << size) - 1) for shift, size in _PACKED_COUNTERS]
             accepted, proposed, verify, completion = (c - 1 if c else None for c in counters)
-            value = Value(None, accepted, proposed, verify, completion, None, version[0] if version else None)
-            yield (session, sample, generation), value
+            yield (session, sample, generation), Value(None, accepted, proposed, verify, completion, None, *version)
