@@ -140,8 +140,9 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     counters_seen: bool = False
     #: generations first seen in this delta's chunk with one occurrence, no state
     #: hash or histogram and small counters, five flat items each: session,
-    #: generation, sample, counters' low 64 bits and high bits (the packed layout
-    #: of ``_state``)
+    #: generation, sample, counters' low 64 bits and high bits (20/20/20/24 bits, each
+    #: value + 1). The native core writes them; the Python core wrote them before
+    #: it wrote only ``entries`` and reads them still (``_state._packed_entries``)
     packed: list[str | int | None] = []
     run_id: str | None = None
     #: like ``packed`` for entries that name a weight_version: six items each, the

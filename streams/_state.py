@@ -3,23 +3,20 @@
 Pure: no Kafka, no asyncio, no clocks (times come in as arguments). Both the
 Faust agents and the offline ``aggregate`` command drive exactly this class.
 
-Memory is proportional to distinct generations and occurrences, never to
-records: a redelivery changes a counter and nothing else.
-
-Two forms of a generation's entry: the common one (no state hash, no histogram,
-counters below 2^20 (completion 2^24), one occurrence so far) is one packed int
-holding the four counters, the weight_version's slot and the occurrence's sample;
-anything else is a wide 7-tuple with its occurrences in a set. A packed entry widens the moment a second
-occurrence or a different value arrives, so both forms mean exactly the same.
-(Histograms stay wide: packing them cost more CPU in the dedup than it saved.)
+This is the reference core: written to be read against docs/contract.md §3, not
+to be fast (the native core in ``streams/native`` is the fast one, and must agree
+with this one). Memory is proportional to distinct generations and occurrences,
+never to records: a redelivery changes a counter and nothing else.
 """
 
 from __future__ import annotations
 
 import enum
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
+
+import msgspec
 
 from specmeter.schemas import (
     MAX_WEIGHT_VERSIONS,
@@ -37,8 +34,29 @@ from ._layout import BatchDelta, encode_state
 
 __all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message"]
 
-#: (state_hash, accepted, proposed, verify, completion, accept_histogram, weight_version)
-Value = tuple[str | None, int | None, int | None, int | None, int | None, tuple[int, ...] | None, str | None]
+#: a generation's key: (session_id, generation_id)
+Key = tuple[str, str]
+#: an occurrence: (session_id, sample_id, generation_id)
+Occurrence = tuple[str, str | None, str]
+
+
+class Value(msgspec.Struct, frozen=True, gc=False):
+    """What a record says about its generation (docs/contract.md §3); two records of
+    one key agree when their values are equal. ``gc=False``: only strings, ints and
+    tuples of ints inside, so the collector need not walk a big batch's values."""
+
+    state_hash: str | None
+    accepted: int | None
+    proposed: int | None
+    verify: int | None
+    completion: int | None
+    accept_histogram: tuple[int, ...] | None
+    weight_version: str | None = None  # entries written before weight versions lack it
+
+    @classmethod
+    def of(cls, r: GenerationRecord) -> Value:
+        hist = None if r.accept_histogram is None else tuple(r.accept_histogram)
+        return cls(r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version)
 
 
 class _Conflict:
@@ -54,23 +72,6 @@ class _Conflict:
 
 
 CONFLICT: Final = _Conflict()
-
-# Packed entry layout (an int): four counters stored as value + 1 (0: unknown) in
-# 20/20/20/24 bits, the slot of the weight_version in 12 bits (0: None), then the
-# slot of the occurrence's sample (0: sample_id None).
-_C20: Final = (1 << 20) - 1
-_C24: Final = (1 << 24) - 1
-_SLOTS: Final = (1 << 20) - 1
-_VERSION_SHIFT: Final = 84
-_VERSION_SLOTS: Final = (1 << 12) - 1
-_SAMPLE_SHIFT: Final = 96
-_COUNTERS_MASK: Final = (1 << 84) - 1
-_LO64: Final = (1 << 64) - 1
-
-
-def _unpack(packed: int) -> tuple[int | None, int | None, int | None, int | None]:
-    a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
-    return (a - 1 if a else None, p - 1 if p else None, v - 1 if v else None, c - 1 if c else None)
 
 
 class Outcome(enum.Enum):
@@ -141,6 +142,18 @@ def decode_message(data: bytes, *, max_bytes: int | None = None) -> Decoded:
     return Decoded(decode_records_message(data, max_bytes=max_bytes))
 
 
+class _Journal:
+    """Changes not yet taken as a delta: keys whose value changed (in order), the
+    occurrences added, and the counters as of the last delta."""
+
+    __slots__ = ("base", "keys", "occurrences")
+
+    def __init__(self, base: tuple) -> None:
+        self.keys: dict[Key, None] = {}
+        self.occurrences: list[Occurrence] = []
+        self.base = base
+
+
 class BatchState:
     """Everything one partition knows about one batch.
 
@@ -150,45 +163,11 @@ class BatchState:
     conflicting for good (order-independent).
     """
 
-    __slots__ = (
-        "_algorithms",
-        "_conflicts",
-        "_counters_seen",
-        "_frozen",
-        "_frozen_generations",
-        "_journal_base",
-        "_journal_keys",
-        "_journal_new",
-        "_journal_occurrences",
-        "_markers",
-        "_occurrences",
-        "_packed",
-        "_received",
-        "_sample_slot",
-        "_samples",
-        "_values",
-        "_version_slot",
-        "_versions",
-        "batch_id",
-        "conflicting_record_count",
-        "invalid_record_count",
-        "late_record_count",
-        "record_count",
-        "run_id",
-    )
-
     def __init__(self, batch_id: str, run_id: str | None = None) -> None:
         self.batch_id = batch_id
         self.run_id = run_id
-        self._versions: list[str] = []  # slot k+1 -> weight_version
-        self._version_slot: dict[str, int] = {}
-        #: a generation seen once with small counters is one packed int (counters, sample
-        #: and version slots); any other is a ``Value`` tuple or CONFLICT
-        self._values: dict[tuple[str, str], Value | _Conflict | int] = {}
-        self._occurrences: set[tuple[str, str | None, str]] = set()  # of wide entries only
-        self._packed = 0  # entries in packed form (each one occurrence)
-        self._samples: list[str] = []  # slot k+1 -> sample_id
-        self._sample_slot: dict[str, int] = {}
+        self._values: dict[Key, Value | _Conflict] = {}
+        self._occurrences: set[Occurrence] = set()
         self.record_count = 0
         self.invalid_record_count = 0
         self.late_record_count = 0
@@ -197,16 +176,33 @@ class BatchState:
         self._markers: dict[str, BatchMarker] = {}
         self._algorithms: set[str] = set()
         self._counters_seen = False
-        self._conflicts = 0
-        #: changes since the last delta: keys of wide entries changed, occurrences of
-        #: wide entries added, and entries created packed (session, generation, sample, packed)
-        self._journal_keys: set[tuple[str, str]] | None = None
-        self._journal_occurrences: list[tuple[str, str | None, str]] | None = None
-        self._journal_new: list[tuple[str, str, str | None, int]] | None = None
-        self._journal_base: tuple | None = None
+        self._journal: _Journal | None = None  # None until ``start_journal``
         #: the dedup state pickled by ``compact`` (None: live) and its generation count
         self._frozen: bytes | None = None
         self._frozen_generations = 0
+
+    # -- the dedup rule ---------------------------------------------------------
+    def _observe(self, occurrence: Occurrence, value: Value, journal: _Journal | None) -> tuple[bool, bool]:
+        """The one dedup rule (records and restored packed entries alike): the first
+        value of a key wins; a different one makes the key CONFLICT for good, whatever
+        the order; an occurrence counts once. Changes go to ``journal`` when given.
+
+        Returns:
+            (the occurrence is new, the key is conflicting).
+        """
+        session, _, generation = occurrence
+        key = (session, generation)
+        known = self._values.get(key)
+        if known is None or (known is not CONFLICT and known != value):
+            known = self._values[key] = value if known is None else CONFLICT
+            if journal is not None:
+                journal.keys[key] = None
+        new = occurrence not in self._occurrences
+        if new:
+            self._occurrences.add(occurrence)
+            if journal is not None:
+                journal.occurrences.append(occurrence)
+        return new, known is CONFLICT
 
     # -- input ----------------------------------------------------------------
     def add(self, record: GenerationRecord, *, late: bool = False) -> Outcome:
@@ -225,8 +221,7 @@ class BatchState:
     def add_many(
         self, records: list[GenerationRecord], *, late: bool = False, producer_id: str | None = None
     ) -> tuple[int, int, int]:
-        """Apply a run of valid records: the one implementation of the dedup rule
-        (``add`` is its one-record case; the worker calls it once per chunk).
+        """Apply a run of valid records (the worker calls it once per chunk).
 
         ``producer_id`` is whose deliveries a record without its own counts as (the
         ``RecordBatch`` envelope's producer: a publisher's records are its own).
@@ -234,116 +229,22 @@ class BatchState:
         Returns:
             (aggregated, redelivered, conflicting) record counts.
         """
-        if self._frozen is not None:
-            self._thaw()
-        values = self._values
-        occurrences = self._occurrences
-        journal_keys = self._journal_keys
-        journal_occurrences = self._journal_occurrences
-        journal_new = self._journal_new.append if self._journal_new is not None else None
-        received = self._received
-        slots = self._sample_slot
-        samples = self._samples
-        version_slots = self._version_slot
-        aggregated = redelivered = conflicting = packed_added = 0
-        counters_seen = self._counters_seen
-        producer, produced = None, 0
+        self._thaw()
+        aggregated = conflicting = 0
         for r in records:
-            record_producer = r.producer_id or producer_id
-            if record_producer is not producer:
-                if producer is not None:
-                    received[producer] = received.get(producer, 0) + produced
-                producer, produced = record_producer, 0
-            produced += 1
-            session, generation, sample = r.session_id, r.generation_id, r.sample_id
-            key = (session, generation)
-            accepted, proposed, verify, completion = r.accepted, r.proposed, r.verify, r.completion
-            if not counters_seen and (accepted is not None or proposed is not None or verify is not None):
-                counters_seen = True
-            histogram = r.accept_histogram
-            version = r.weight_version
-            vslot = 0 if version is None else version_slots.get(version) or self._new_version_slot(version)
-            # the packed form of this record, when it has one
-            packed = None
-            if r.state_hash is None and histogram is None:
-                slot = 0 if sample is None else slots.get(sample) or self._new_slot(sample)
-                if slot is not None and vslot is not None:
-                    a = 0 if accepted is None else accepted + 1
-                    p = 0 if proposed is None else proposed + 1
-                    v = 0 if verify is None else verify + 1
-                    c = 0 if completion is None else completion + 1
-                    if a <= _C20 and p <= _C20 and v <= _C20 and c <= _C24:
-                        packed = a | p << 20 | v << 40 | c << 60 | vslot << _VERSION_SHIFT | slot << _SAMPLE_SHIFT
-            known = values.get(key)
-            if known is None:
-                aggregated += 1
-                if packed is not None:
-                    values[key] = packed
-                    packed_added += 1
-                    if journal_new is not None:
-                        journal_new((session, generation, sample, packed))
-                else:
-                    values[key] = (
-                        r.state_hash,
-                        accepted,
-                        proposed,
-                        verify,
-                        completion,
-                        None if histogram is None else tuple(histogram),
-                        version,
-                    )
-                    occurrence = (session, sample, generation)
-                    occurrences.add(occurrence)
-                    if journal_keys is not None:
-                        journal_keys.add(key)
-                        journal_occurrences.append(occurrence)  # type: ignore[union-attr]
-                continue
-            if known.__class__ is int:
-                if known == packed:
-                    redelivered += 1  # same value, same (only) occurrence
-                    continue
-                if journal_keys is not None:  # the wide form goes in the delta, with its first occurrence
-                    first_slot = known >> _SAMPLE_SHIFT
-                    journal_keys.add(key)
-                    journal_occurrences.append(  # type: ignore[union-attr]
-                        (session, samples[first_slot - 1] if first_slot else None, generation)
-                    )
-                known = self._widen(key, known)
-            value = (
-                r.state_hash,
-                accepted,
-                proposed,
-                verify,
-                completion,
-                None if histogram is None else tuple(histogram),
-                version,
-            )
-            if known is CONFLICT:
-                conflicting += 1
-            elif known != value:
-                values[key] = CONFLICT
-                self._conflicts += 1
-                conflicting += 1
-                if journal_keys is not None:
-                    journal_keys.add(key)
-            occurrence = (session, sample, generation)
-            if occurrence in occurrences:
-                redelivered += 1
-            else:
-                occurrences.add(occurrence)
-                aggregated += 1
-                if journal_occurrences is not None:
-                    journal_occurrences.append(occurrence)
-        self._packed += packed_added
-        if producer is not None:
-            received[producer] = received.get(producer, 0) + produced
-        self._counters_seen = counters_seen
-        n = len(records)
-        self.record_count += n
+            new, conflict = self._observe((r.session_id, r.sample_id, r.generation_id), Value.of(r), self._journal)
+            aggregated += new
+            conflicting += conflict
+            producer = r.producer_id or producer_id
+            if producer is not None:
+                self._received[producer] = self._received.get(producer, 0) + 1
+            if r.accepted is not None or r.proposed is not None or r.verify is not None:
+                self._counters_seen = True
+        self.record_count += len(records)
         if late:
-            self.late_record_count += n
+            self.late_record_count += len(records)
         self.conflicting_record_count += conflicting
-        return aggregated, redelivered, conflicting
+        return aggregated, len(records) - aggregated, conflicting
 
     def add_decoded(
         self,
@@ -362,26 +263,6 @@ class BatchState:
             (aggregated, redelivered, conflicting) record counts.
         """
         return self.add_many(decoded.records(group, start, stop), late=late, producer_id=producer_id)
-
-    def _widen(self, key: tuple[str, str], packed: int) -> Value:
-        """Turn a packed entry into its wide form (value tuple, occurrence in the set)."""
-        accepted, proposed, verify, completion = _unpack(packed)
-        slot = packed >> _SAMPLE_SHIFT
-        value = (None, accepted, proposed, verify, completion, None, self._version_of(packed))
-        self._values[key] = value
-        self._occurrences.add((key[0], self._samples[slot - 1] if slot else None, key[1]))
-        self._packed -= 1
-        return value
-
-    def _all_occurrences(self) -> Iterable[tuple[str, str | None, str]]:
-        """Every occurrence: the one of each packed entry, then those in the set."""
-        if self._packed:
-            samples = self._samples
-            for (session, generation), value in self._values.items():
-                if value.__class__ is int:
-                    slot = value >> _SAMPLE_SHIFT
-                    yield session, samples[slot - 1] if slot else None, generation
-        yield from self._occurrences
 
     def add_invalid(self, producer_id: str | None = None, *, late: bool = False) -> None:
         """Count an invalid record attributed to this batch (every delivery counts)."""
@@ -405,6 +286,7 @@ class BatchState:
 
     # -- durability -----------------------------------------------------------
     def _counters(self) -> tuple:
+        """Everything beside entries and occurrences a delta carries, as of now."""
         return (
             self.record_count,
             self.invalid_record_count,
@@ -418,50 +300,26 @@ class BatchState:
 
     def start_journal(self) -> None:
         """Begin recording changes, to be taken as deltas by ``take_delta``."""
-        self._journal_keys = set()
-        self._journal_occurrences = []
-        self._journal_new = []
-        self._journal_base = self._counters()
+        self._journal = _Journal(self._counters())
 
     def take_delta(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> BatchDelta | None:
-        """What changed since the last call (or ``start_journal``); None if nothing did."""
-        journal_keys, journal_new = self._journal_keys, self._journal_new
-        if (
-            journal_keys is None
-            or self._journal_base is None
-            or self._journal_occurrences is None
-            or journal_new is None
-        ):
+        """What changed since the last call (or ``start_journal``); None if nothing did.
+
+        Written wide only (``entries`` and ``occurrences``): the packed forms are
+        for ``apply_delta`` to read, from older changelogs and the native core."""
+        journal = self._journal
+        if journal is None:
             raise RuntimeError("take_delta() needs start_journal() first")
-        base = self._journal_base
-        now = self._counters()
-        if not journal_keys and not self._journal_occurrences and not journal_new and now == base:
+        base, now = journal.base, self._counters()
+        if not journal.keys and not journal.occurrences and now == base:
             return None
-        # entries created packed and still packed: five flat items each (the counters
-        # split below 2^64 for msgpack); one widened since is in ``entries`` instead
-        packed: list[str | int | None] = []
-        versioned: list[str | int | None] = []
-        for session, generation, sample, bits in journal_new:
-            if journal_keys and (session, generation) in journal_keys:
-                continue
-            counters = bits & _COUNTERS_MASK
-            vslot = (bits >> _VERSION_SHIFT) & _VERSION_SLOTS
-            if vslot:
-                versioned.extend(
-                    (session, generation, sample, counters & _LO64, counters >> 64, self._versions[vslot - 1])
-                )
-            else:
-                packed.extend((session, generation, sample, counters & _LO64, counters >> 64))
-        values = self._values
         entries = []
-        for key in journal_keys:
-            value = values[key]
-            if value is CONFLICT:
-                entries.append((key[0], key[1], True, None, None, None, None, None, None, None))
+        for key in journal.keys:
+            value = self._values[key]
+            if isinstance(value, Value):
+                entries.append((*key, False, *msgspec.structs.astuple(value)))
             else:
-                entries.append((key[0], key[1], False, *value))  # type: ignore[misc]
-        received = {p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)}
-        markers = [m for p, m in now[5].items() if base[5].get(p) != m]
+                entries.append((*key, True, None, None, None, None, None, None, None))
         delta = BatchDelta(
             batch_id=self.batch_id,
             run_id=self.run_id,
@@ -469,22 +327,17 @@ class BatchState:
             last_offset=last_offset,
             last_input_ms=last_input_ms,
             entries=entries,
-            occurrences=self._journal_occurrences,
+            occurrences=journal.occurrences,
             record_count=now[0] - base[0],
             invalid_record_count=now[1] - base[1],
             late_record_count=now[2] - base[2],
             conflicting_record_count=now[3] - base[3],
-            received=received,
-            markers=markers,
+            received={p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)},
+            markers=[m for p, m in now[5].items() if base[5].get(p) != m],
             algorithms=sorted(now[6] - base[6]),
             counters_seen=now[7] and not base[7],
-            packed=packed,
-            packed_versioned=versioned,
         )
-        self._journal_keys = set()
-        self._journal_occurrences = []
-        self._journal_new = []
-        self._journal_base = now
+        self._journal = _Journal(now)
         return delta
 
     def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
@@ -493,47 +346,16 @@ class BatchState:
         return None if delta is None else encode_state(delta)
 
     def apply_delta(self, delta: BatchDelta) -> None:
-        """Replay one durable delta (restoring after a crash or a rebalance)."""
-        if self._frozen is not None:
-            self._thaw()
-        values = self._values
-        packed: list[Any] = delta.packed  # (session, generation, sample, low, high) flat
-        for i in range(0, len(packed), 5):
-            session, generation, sample, low, high = packed[i : i + 5]
-            self._restore_packed((session, generation), sample, low | high << 64, None)
-        versioned: list[Any] = delta.packed_versioned  # the same and the weight version
-        for i in range(0, len(versioned), 6):
-            session, generation, sample, low, high, version = versioned[i : i + 6]
-            self._restore_packed((session, generation), sample, low | high << 64, version)
+        """Replay one durable delta (restoring after a crash or a rebalance), whichever
+        core wrote it and whenever: packed entries go through the dedup rule (each
+        was new where it was written, but a restore may already hold its key); wide
+        entries are the writer's value of the key and replace what is held."""
+        self._thaw()
+        for occurrence, value in _packed_entries(delta):
+            self._observe(occurrence, value, None)
         for session, generation, conflict, *fields in delta.entries:
-            key = (session, generation)
-            before = values.get(key)
-            if before.__class__ is int:
-                before = self._widen(key, before)
-            if conflict:
-                if before is not CONFLICT:
-                    self._conflicts += 1
-                values[key] = CONFLICT
-            else:
-                # entries written before weight versions existed have six items
-                state_hash, accepted, proposed, verify, completion, histogram, *appended = fields
-                weight_version = appended[0] if appended else None
-                if weight_version is not None and weight_version not in self._version_slot:
-                    self._new_version_slot(weight_version)
-                values[key] = (
-                    state_hash,
-                    accepted,
-                    proposed,
-                    verify,
-                    completion,
-                    tuple(histogram) if histogram is not None else None,
-                    weight_version,
-                )
-        for session, sample, generation in delta.occurrences:
-            known = values.get((session, generation))
-            if known.__class__ is int:
-                self._widen((session, generation), known)
-            self._occurrences.add((session, sample, generation))
+            self._values[(session, generation)] = CONFLICT if conflict else _restored_value(*fields)
+        self._occurrences.update((s, sample, g) for s, sample, g in delta.occurrences)
         self.record_count += delta.record_count
         self.invalid_record_count += delta.invalid_record_count
         self.late_record_count += delta.late_record_count
@@ -544,50 +366,8 @@ class BatchState:
             self.add_marker(marker)
         self._algorithms.update(delta.algorithms)
         self._counters_seen = self._counters_seen or delta.counters_seen
-        if self._journal_keys is not None:
-            self._journal_base = self._counters()
-
-    def _new_slot(self, sample: str) -> int | None:
-        """Give a sample its slot (1-based) in packed entries; None once all are taken."""
-        if len(self._samples) >= _SLOTS:
-            return None
-        self._samples.append(sample)
-        slot = self._sample_slot[sample] = len(self._samples)
-        return slot
-
-    def _new_version_slot(self, version: str) -> int | None:
-        """Give a weight_version its slot (1-based) in packed entries; None once all are taken."""
-        if len(self._versions) >= _VERSION_SLOTS:
-            return None
-        self._versions.append(version)
-        slot = self._version_slot[version] = len(self._versions)
-        return slot
-
-    def _version_of(self, packed: int) -> str | None:
-        vslot = (packed >> _VERSION_SHIFT) & _VERSION_SLOTS
-        return self._versions[vslot - 1] if vslot else None
-
-    def _restore_packed(self, key: tuple[str, str], sample: str | None, counters: int, version: str | None) -> None:
-        """Install an entry a delta wrote in packed form (new when it was written)."""
-        values = self._values
-        known = values.get(key)
-        if known is None:
-            slot = 0 if sample is None else self._sample_slot.get(sample) or self._new_slot(sample)
-            vslot = 0 if version is None else self._version_slot.get(version) or self._new_version_slot(version)
-            if slot is not None and vslot is not None:
-                values[key] = counters | vslot << _VERSION_SHIFT | slot << _SAMPLE_SHIFT
-                self._packed += 1
-                return
-        # not new after all, or no slot left: the wide form, with add's conflict rule
-        if known.__class__ is int:
-            known = self._widen(key, known)
-        value = (None, *_unpack(counters), None, version)
-        if known is None:
-            values[key] = value
-        elif known is not CONFLICT and known != value:
-            values[key] = CONFLICT
-            self._conflicts += 1
-        self._occurrences.add((key[0], sample, key[1]))
+        if self._journal is not None:  # what was restored is durable already
+            self._journal.base = self._counters()
 
     # -- closing --------------------------------------------------------------
     @property
@@ -610,138 +390,53 @@ class BatchState:
     def compact(self) -> None:
         """Hold the dedup state as one bytes object until something needs it again.
 
-        For a closed batch waiting out its grace: about 170 bytes per generation
-        instead of about 1 KB of dicts, sets and tuples, and nothing for the garbage
-        collector to walk (its full collections paused the worker for 0.1-0.8 s with
-        a minute of closed batches held). Every method that reads or changes the
-        state thaws it first, so late records apply exactly as before. A no-op while
-        changes wait to be taken as a delta. Only bytes written here are unpickled.
+        For a closed batch waiting out its grace: a fraction of the memory of live
+        dicts and sets, and nothing for the garbage collector to walk (its full
+        collections paused the worker for 0.1-0.8 s with a minute of closed batches
+        held). Whatever reads or changes the state thaws it first, so late records
+        apply exactly as before. A no-op while changes wait to be taken as a delta
+        (they name live entries). Only bytes written here are unpickled.
         """
-        if self._frozen is not None or self._journal_keys or self._journal_occurrences or self._journal_new:
+        journal = self._journal
+        if self._frozen is not None or (journal is not None and (journal.keys or journal.occurrences)):
             return
         self._frozen_generations = len(self._values)
-        self._frozen = pickle.dumps(
-            (self._values, self._occurrences, self._samples, self._versions), protocol=pickle.HIGHEST_PROTOCOL
-        )
+        self._frozen = pickle.dumps((self._values, self._occurrences), protocol=pickle.HIGHEST_PROTOCOL)
         self._values, self._occurrences = {}, set()
-        self._samples, self._sample_slot, self._versions, self._version_slot = [], {}, [], {}
 
     @property
     def compacted(self) -> bool:
         return self._frozen is not None
 
     def _thaw(self) -> None:
-        values, occurrences, samples, versions = pickle.loads(self._frozen)  # type: ignore[arg-type]
-        self._frozen = None
-        self._values, self._occurrences, self._samples, self._versions = values, occurrences, samples, versions
-        self._sample_slot = {sample: slot for slot, sample in enumerate(samples, 1)}
-        self._version_slot = {version: slot for slot, version in enumerate(versions, 1)}
+        if self._frozen is not None:
+            self._values, self._occurrences = pickle.loads(self._frozen)
+            self._frozen = None
 
     # -- output ---------------------------------------------------------------
     def partial(
         self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
     ) -> PartialAggregate:
-        """This partition's sums for the batch: one pass over the entries (packed ones
-        read straight from their bits), one over the occurrences of wide ones."""
-        if self._frozen is not None:
-            self._thaw()
-        # per weight_version (None: unknown), only once some record named one:
-        # [unique, accepted, proposed, verify, completion, paired accepted, paired proposed,
-        #  accept covered, paired completion, paired verify, verify covered] and histograms
-        by_version: dict[str | None, list[int]] | None = {} if self._versions else None
-        version_histograms: dict[str | None, list[tuple[int, ...]]] = {}
-        versions = self._versions
-        totals = [0] * 11
-        histograms = []
-        # The aliases are suppressed by any conflict or invalid record, anywhere;
-        # this partition's share is only worth folding when it has neither.
-        fold = not (self._conflicts or self.invalid_record_count)
-        #: per sample, its counters over its distinct generations (+1 form): a counter
-        #: is known only if known for every one of them
-        folds: dict[tuple, list[int]] = {}
-        samples = self._samples
-        values = self._values
-        for (session, generation), value in values.items():
-            if value is CONFLICT:
-                continue
-            if value.__class__ is int:
-                # packed: counters stored as value + 1 (0: unknown)
-                packed: int = value
-                a, p, v, c = packed & _C20, (packed >> 20) & _C20, (packed >> 40) & _C20, (packed >> 60) & _C24
-                hist = None
-                if by_version is not None:
-                    vslot = (packed >> _VERSION_SHIFT) & _VERSION_SLOTS
-                    version = versions[vslot - 1] if vslot else None
-                if fold:
-                    slot = packed >> _SAMPLE_SHIFT
-                    _fold(folds, (session, samples[slot - 1]) if slot else (session, None, generation), a, p, v, c)
-            else:
-                _, accepted, proposed, verify, completion, hist, version = value  # type: ignore[misc]
-                a = 0 if accepted is None else accepted + 1
-                p = 0 if proposed is None else proposed + 1
-                v = 0 if verify is None else verify + 1
-                c = 0 if completion is None else completion + 1
-                if hist is not None:
-                    histograms.append(hist)
-            _add_counters(totals, a, p, v, c)
-            if by_version is not None:
-                sums = by_version.get(version)
-                if sums is None:
-                    sums = by_version[version] = [0] * 11
-                _add_counters(sums, a, p, v, c)
-                if hist is not None:
-                    version_histograms.setdefault(version, []).append(hist)
-        accept_parts: list[float] = []
-        length_parts: list[float] = []
-        accept_samples = length_samples = 0
-        if fold:
-            for session, sample, generation in self._occurrences:
-                value = values[(session, generation)]
-                _, accepted, proposed, verify, completion, _, _ = value  # type: ignore[misc]
-                _fold(
-                    folds,
-                    (session, sample) if sample is not None else (session, None, generation),
-                    0 if accepted is None else accepted + 1,
-                    0 if proposed is None else proposed + 1,
-                    0 if verify is None else verify + 1,
-                    0 if completion is None else completion + 1,
-                )
-            sample_count = len(folds)
-            for a, p, v, c in folds.values():
-                if a and p > 1:
-                    accept_samples += 1
-                    grow(accept_parts, (a - 1) / (p - 1))
-                if c and v > 1:
-                    length_samples += 1
-                    grow(length_parts, (c - 1) / (v - 1))
-        else:
-            sample_count = len(
-                {(s, sample) if sample is not None else (s, None, g) for s, sample, g in self._all_occurrences()}
-            )
-        weight_versions: list[WeightVersionSums] = []
-        too_many = False
-        if by_version is not None and any(v is not None for v in by_version):
-            if sum(v is not None for v in by_version) > MAX_WEIGHT_VERSIONS:
-                too_many = True
-            else:
-                weight_versions = [
-                    _version_sums(version, by_version[version], version_histograms.get(version))
-                    for version in sorted(by_version, key=lambda v: (v is None, v or ""))
-                ]
+        """This partition's sums for the batch (docs/contract.md §3, §3.1): over the
+        non-conflicting keys, for the batch and per weight version; the legacy
+        per-sample ratios over the occurrences."""
+        self._thaw()
+        totals = _Sums()
+        by_version: dict[str | None, _Sums] = {}
+        for value in self._values.values():
+            if isinstance(value, Value):
+                totals.add(value)
+                by_version.setdefault(value.weight_version, _Sums()).add(value)
+        conflicts = len(self._values) - totals.unique_generation_count
+        legacy = _LegacyRatios(self._values, self._occurrences, fold=not (conflicts or self.invalid_record_count))
+        known_versions = sum(v is not None for v in by_version)
+        too_many = known_versions > MAX_WEIGHT_VERSIONS
+        weight_versions = []
+        if known_versions and not too_many:
+            weight_versions = [
+                by_version[v].for_version(v) for v in sorted(by_version, key=lambda v: (v is None, v or ""))
+            ]
         markers = self._markers
-        (
-            _,
-            accepted_total,
-            proposed_total,
-            verify_total,
-            completion_total,
-            paired_accepted,
-            paired_proposed,
-            accept_covered,
-            paired_completion,
-            paired_verify,
-            verify_covered,
-        ) = totals
         return PartialAggregate(
             batch_id=self.batch_id,
             run_id=self.run_id,
@@ -758,82 +453,116 @@ class BatchState:
             expected_producers=self.expected_producers,
             speculative_algorithms=sorted(self._algorithms),
             counters_seen=self._counters_seen,
-            occurrence_count=len(self._occurrences) + self._packed,
-            unique_generation_count=len(self._values),
-            conflicting_generation_count=self._conflicts,
-            sample_count=sample_count,
-            accepted_total=accepted_total,
-            proposed_total=proposed_total,
-            verify_total=verify_total,
-            completion_total=completion_total,
-            paired_accepted_total=paired_accepted,
-            paired_proposed_total=paired_proposed,
-            accept_covered_count=accept_covered,
-            paired_completion_total=paired_completion,
-            paired_verify_total=paired_verify,
-            verify_covered_count=verify_covered,
-            accept_histogram=add_histograms(histograms),
-            accept_ratio_samples=accept_samples,
-            accept_ratio_parts=[p for p in accept_parts if p],
-            length_ratio_samples=length_samples,
-            length_ratio_parts=[p for p in length_parts if p],
+            occurrence_count=len(self._occurrences),
+            conflicting_generation_count=conflicts,
+            sample_count=legacy.sample_count,
+            accept_ratio_samples=legacy.accept_samples,
+            accept_ratio_parts=[p for p in legacy.accept_parts if p],
+            length_ratio_samples=legacy.length_samples,
+            length_ratio_parts=[p for p in legacy.length_parts if p],
             weight_versions=weight_versions,
             too_many_versions=too_many,
+            **totals.fields(unique_generation_count=len(self._values)),
         )
 
 
-def _add_counters(sums: list[int], a: int, p: int, v: int, c: int) -> None:
-    """Add one non-conflicting generation (counters in +1 form, 0: unknown) to sums laid
-    out as [unique, accepted, proposed, verify, completion, paired accepted, paired
-    proposed, accept covered, paired completion, paired verify, verify covered]."""
-    sums[0] += 1
-    if a:
-        sums[1] += a - 1
-    if p:
-        sums[2] += p - 1
-    if v:
-        sums[3] += v - 1
-    if c:
-        sums[4] += c - 1
-    if a and p:
-        sums[5] += a - 1
-        sums[6] += p - 1
-        sums[7] += 1
-    if c and v:
-        sums[8] += c - 1
-        sums[9] += v - 1
-        sums[10] += 1
+class _Sums:
+    """Totals, paired totals, covered counts and histogram over non-conflicting
+    generations: the batch's, or one weight version's. The attributes are named as
+    the fields of ``PartialAggregate`` and ``WeightVersionSums`` they fill."""
+
+    def __init__(self) -> None:
+        self.unique_generation_count = 0
+        self.accepted_total = self.proposed_total = self.verify_total = self.completion_total = 0
+        self.paired_accepted_total = self.paired_proposed_total = self.accept_covered_count = 0
+        self.paired_completion_total = self.paired_verify_total = self.verify_covered_count = 0
+        self.histograms: list[tuple[int, ...]] = []
+
+    def add(self, v: Value) -> None:
+        self.unique_generation_count += 1
+        self.accepted_total += v.accepted or 0
+        self.proposed_total += v.proposed or 0
+        self.verify_total += v.verify or 0
+        self.completion_total += v.completion or 0
+        if v.accepted is not None and v.proposed is not None:  # a complete accept pair
+            self.paired_accepted_total += v.accepted
+            self.paired_proposed_total += v.proposed
+            self.accept_covered_count += 1
+        if v.completion is not None and v.verify is not None:  # a complete verify pair
+            self.paired_completion_total += v.completion
+            self.paired_verify_total += v.verify
+            self.verify_covered_count += 1
+        if v.accept_histogram is not None:
+            self.histograms.append(v.accept_histogram)
+
+    def fields(self, **override: int) -> dict:
+        """The fields a ``PartialAggregate`` and a ``WeightVersionSums`` share."""
+        out = {name: value for name, value in vars(self).items() if name != "histograms"}
+        return out | {"accept_histogram": add_histograms(self.histograms)} | override
+
+    def for_version(self, version: str | None) -> WeightVersionSums:
+        return WeightVersionSums(weight_version=version, **self.fields())
 
 
-def _version_sums(version: str | None, sums: list[int], histograms: list[tuple[int, ...]] | None) -> WeightVersionSums:
-    return WeightVersionSums(
-        weight_version=version,
-        unique_generation_count=sums[0],
-        accepted_total=sums[1],
-        proposed_total=sums[2],
-        verify_total=sums[3],
-        completion_total=sums[4],
-        paired_accepted_total=sums[5],
-        paired_proposed_total=sums[6],
-        accept_covered_count=sums[7],
-        paired_completion_total=sums[8],
-        paired_verify_total=sums[9],
-        verify_covered_count=sums[10],
-        accept_histogram=add_histograms(histograms or ()),
-    )
+class _LegacyRatios:
+    """The legacy aliases' share (docs/contract.md §3): per sample, each counter folded
+    over its distinct generations (known only when known for every one), then the
+    sample's accepted/proposed and completion/verify, summed exactly (``_exact``).
+    Only folded when ``fold`` (no conflict, no invalid record): otherwise they are
+    suppressed anyway, and only the samples are counted."""
+
+    def __init__(self, values: dict[Key, Value | _Conflict], occurrences: set[Occurrence], *, fold: bool) -> None:
+        samples: dict[tuple, list[int | None]] = {}
+        for session, sample, generation in occurrences:
+            sample_key = (session, sample) if sample is not None else (session, None, generation)
+            if not fold:
+                samples[sample_key] = []
+                continue
+            v = values[(session, generation)]
+            assert isinstance(v, Value)  # no conflict when folding
+            samples[sample_key] = _fold(samples.get(sample_key), [v.accepted, v.proposed, v.verify, v.completion])
+        self.sample_count = len(samples)
+        self.accept_samples = self.length_samples = 0
+        self.accept_parts: list[float] = []
+        self.length_parts: list[float] = []
+        for accepted, proposed, verify, completion in samples.values() if fold else ():
+            if accepted is not None and proposed is not None and proposed > 0:
+                self.accept_samples += 1
+                grow(self.accept_parts, accepted / proposed)
+            if completion is not None and verify is not None and verify > 0:
+                self.length_samples += 1
+                grow(self.length_parts, completion / verify)
 
 
-def _fold(folds: dict[tuple, list[int]], sample_key: tuple, a: int, p: int, v: int, c: int) -> None:
-    """Add one generation's counters (+1 form, 0: unknown) to its sample's fold."""
-    fold = folds.get(sample_key)
-    if fold is None:
-        folds[sample_key] = [a, p, v, c]
-        return
-    f = fold[0]
-    fold[0] = f + a - 1 if f and a else 0
-    f = fold[1]
-    fold[1] = f + p - 1 if f and p else 0
-    f = fold[2]
-    fold[2] = f + v - 1 if f and v else 0
-    f = fold[3]
-    fold[3] = f + c - 1 if f and c else 0
+def _fold(known: list[int | None] | None, counters: list[int | None]) -> list[int | None]:
+    """A sample's counters with one more of its generations: each stays known only
+    while known for every one."""
+    if known is None:
+        return counters
+    return [None if a is None or b is None else a + b for a, b in zip(known, counters, strict=True)]
+
+
+def _restored_value(*fields: Any) -> Value:
+    """A wide entry's value as a delta holds it: six or seven fields, the histogram a list."""
+    state_hash, accepted, proposed, verify, completion, hist, *version = fields
+    return Value(state_hash, accepted, proposed, verify, completion, None if hist is None else tuple(hist), *version)
+
+
+#: the packed delta layout's counters (accepted, proposed, verify, completion): bit
+#: offset and width of each, stored as value + 1 (0: unknown)
+_PACKED_COUNTERS: Final = ((0, 20), (20, 20), (40, 20), (60, 24))
+
+
+def _packed_entries(delta: BatchDelta) -> Iterator[tuple[Occurrence, Value]]:
+    """The entries a delta holds in the packed forms (the native core writes them;
+    this core did before it wrote everything wide): flat runs of (session, generation,
+    sample, counters' low 64 bits, high bits) in ``packed``, the same and the weight
+    version in ``packed_versioned``; each one occurrence, no state hash or histogram."""
+    forms: tuple[tuple[list[Any], int], ...] = ((delta.packed, 5), (delta.packed_versioned, 6))
+    for flat, width in forms:
+        for i in range(0, len(flat), width):
+            session, generation, sample, low, high, *version = flat[i : i + width]
+            bits = low | high << 64
+            counters = [(bits >> shift) & ((1 << size) - 1) for shift, size in _PACKED_COUNTERS]
+            accepted, proposed, verify, completion = (c - 1 if c else None for c in counters)
+            yield (session, sample, generation), Value(None, accepted, proposed, verify, completion, None, *version)
