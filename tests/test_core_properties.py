@@ -21,8 +21,8 @@ from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_par
 from .support.golden_cases import assert_by_weight_version_equal, assert_metrics_equal
 from .support.reference import reference_by_weight_version, reference_metrics
 
-# small values collide often (redeliveries, conflicts); the edges of the packed
-# entry form (20-bit counters, 24-bit completion) and beyond force the wide form
+# small values collide often (redeliveries, conflicts); the edges of the native core's
+# packed delta form (20-bit counters, 24-bit completion) and beyond force the wide form
 small_counter = st.one_of(
     st.none(), st.integers(0, 6), st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**32 - 1])
 )

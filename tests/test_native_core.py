@@ -193,7 +193,8 @@ def test_native_deltas_are_batch_deltas(before, last):
 
 def test_the_packed_form_of_a_new_entry_restores_in_python():
     """A generation first seen since the last delta, with one occurrence and small
-    counters, is written in the Python core's packed layout (20/20/20/24 bits)."""
+    counters, is written by the native core in the packed delta layout (20/20/20/24
+    bits), which the Python core restores."""
     state = NATIVE.BatchState("b")
     state.start_journal()
     state.add(

@@ -164,7 +164,7 @@ pub struct Value<'a> {
 
 /// Per weight version (and for the batch): [unique, accepted, proposed, verify,
 /// completion, paired accepted, paired proposed, accept covered, paired completion,
-/// paired verify, verify covered], as in `_state._add_counters`.
+/// paired verify, verify covered], as `_state._Sums` adds them.
 pub type Sums = [u128; 11];
 
 fn add_counters(s: &mut Sums, c: [Option<u64>; 4]) {
@@ -873,7 +873,7 @@ impl State {
         }
     }
 
-    /// An entry a delta wrote in packed form (`_state._restore_packed`): new when it
+    /// An entry a delta wrote in packed form (`_state._packed_entries` reads it): new when it
     /// was written; if it is not new after all, the conflict rule applies.
     pub fn restore_packed(
         &mut self,
