@@ -330,14 +330,37 @@ def _compact_closed(processors: Any, now_ms: int, *, min_age_ms: int = 1_000, bu
 _split_chunk = split_chunk
 
 
+#: the faust-streaming release ``TablelessManager`` is written against: its ``on_start`` is that
+#: release's ``TableManager.on_start`` less the 1 s sleep, and calls the private ``_update_channels``
+#: (no setting or public hook removes the sleep); tests/test_faust_pins.py fails when either changes
+FAUST_TABLE_MANAGER_VERSION = "0.15.3"
+#: what of ``TableManager`` the copy uses (checked when the app is built)
+_TABLE_MANAGER_NEEDS = ("_update_channels", "recovery", "should_stop")
+
+
+def _check_table_manager(manager: type) -> None:
+    """Fail at start-up, and say why, when Faust's ``TableManager`` lost what the copy calls."""
+    missing = [name for name in _TABLE_MANAGER_NEEDS if not hasattr(manager, name)]
+    if missing:
+        import faust
+
+        raise RuntimeError(
+            f"faust-streaming {getattr(faust, '__version__', '?')}: TableManager has no {', '.join(missing)}; "
+            f"specmeter's TablelessManager (streams/app.py) copies TableManager.on_start of faust-streaming "
+            f"{FAUST_TABLE_MANAGER_VERSION} and must be updated for this release")
+
+
 def _table_manager() -> type:
     """Faust's table manager without its start-up pause.
 
     It sleeps 1 s before subscribing, for tables to register; specmeter keeps its
     state outside Faust tables and registers its agents before the worker starts,
     so the pause only delays the first rebalance (a tenth of a 1M-record run).
+    Pinned to ``FAUST_TABLE_MANAGER_VERSION``; checked by ``_check_table_manager``.
     """
     from faust.tables import TableManager
+
+    _check_table_manager(TableManager)
 
     class TablelessManager(TableManager):
         async def on_start(self) -> None:
