@@ -66,8 +66,8 @@ class DirectReader:
                 log.debug("stopping the direct reader failed: %r", exc)
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._reset()
+        """Stop the consumer now, without waiting for a read in progress (it fails)."""
+        await self._reset()
 
     async def end_offsets(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The log end of each (topic, partition) now."""
@@ -124,7 +124,8 @@ class DirectReader:
                     self._consumer.pause(tp)
 
     async def read_range(self, topic: str, partition: int, start: int, end: int | None = None, *,
-                         max_messages: int | None = None, timeout_s: float = 120.0) -> tuple[list[tuple[int, Any]], int]:
+                         max_messages: int | None = None,
+                         timeout_s: float = 120.0) -> tuple[list[tuple[int, Any]], int]:
         """The (offset, value) messages of [start, end) (end None: the log end now), at most
         ``max_messages``, and the offset read up to (exclusive): ``end``, or less when
         ``max_messages`` stopped the read early."""
@@ -138,7 +139,8 @@ class DirectReader:
         upto = await self.scan(topic, partition, start, end, collect, fetch_limit=max_messages, timeout_s=timeout_s)
         return out, upto
 
-    async def read_changelog(self, topic: str, partition: int, *, timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
+    async def read_changelog(self, topic: str, partition: int, *,
+                             timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
         """Every live (key, value) of one compacted changelog partition, read to its end
         (latest value per key; tombstones remove keys)."""
         live: dict[bytes, bytes] = {}

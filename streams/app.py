@@ -178,8 +178,9 @@ class StreamShell:
                                            max_open_generations=s.max_open_generations, counters=self.counters)
             restored = processor.restore(entries, _now_ms())
             return processor, lambda: self._apply(restored, partition)
-        merger = BatchMerger(partition, partitions_expected=s.partitions, batch_timeout_ms=int(s.batch_timeout_s * 1000),
-                             grace_ms=int(s.grace_s * 1000), counters=self.counters)
+        merger = BatchMerger(partition, partitions_expected=s.partitions,
+                             batch_timeout_ms=int(s.batch_timeout_s * 1000), grace_ms=int(s.grace_s * 1000),
+                             counters=self.counters)
         republish = merger.restore(entries)
 
         def installed() -> None:
