@@ -91,7 +91,12 @@ def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
 
     ssl_context = security.ssl_context()
     if "SASL" in security.protocol:
-        return {"broker_credentials": faust.SASLCredentials(
-            username=security.username, password=security.password, mechanism=security.sasl_mechanism or "PLAIN",
-            ssl_context=ssl_context)}
+        return {
+            "broker_credentials": faust.SASLCredentials(
+                username=security.username,
+                password=security.password,
+                mechanism=security.sasl_mechanism or "PLAIN",
+                ssl_context=ssl_context,
+            )
+        }
     return {"broker_credentials": ssl_context}

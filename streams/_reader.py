@@ -1,0 +1,558 @@
+"""The I/O for the delivery decisions of ``_delivery``: direct reads, restores, the tails, commits.
+
+Faust runs the consumer group and delivers the input to the agents; the
+``Ledger`` decides what of it (and of the tails' fetches) is applied; this
+driver reads what Faust's membership says into a ``Membership``, carries the
+decisions out and applies through the stages' ``run`` hooks. Direct reads
+(changelogs, gap fills, catch-ups, log ends) all go through one long-lived
+standalone consumer (``DirectReader``); each tail keeps its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from ._delivery import Apply, Claim, Fetched, Ledger, Membership, ReadGap, Restore, Seek
+
+__all__ = ["DeliveryDriver", "DirectReader", "split_chunk"]
+
+log = logging.getLogger("specmeter.worker")
+
+
+class DirectReader:
+    """One standalone consumer (no group, nothing committed) for every direct read.
+
+    Started on first use and kept (a read used to start and stop a consumer of its own,
+    per 2,000-message chunk); one read at a time, so concurrent restores and catch-ups
+    take turns a chunk each. After an error it is stopped and a fresh one is started by
+    the next read."""
+
+    def __init__(self, broker: str, kafka: dict[str, Any] | None = None) -> None:
+        self.broker = broker
+        self.kafka = kafka or {}
+        self._consumer: Any = None
+        self._lock = asyncio.Lock()
+
+    async def _started(self) -> Any:
+        if self._consumer is None:
+            from aiokafka import AIOKafkaConsumer
+
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.broker,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=16 * 1024 * 1024,
+                # a read stops at the end it was given: a fetch there waits for
+                # nothing, and the next read never waits long for one in flight
+                fetch_max_wait_ms=20,
+                **self.kafka,
+            )
+            try:
+                await consumer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    async def _reset(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await consumer.stop()
+            except Exception as exc:  # noqa: BLE001 - a fresh one starts on the next read
+                log.debug("stopping the direct reader failed: %r", exc)
+
+    async def close(self) -> None:
+        """Stop the consumer now, without waiting for a read in progress (it fails)."""
+        await self._reset()
+
+    async def end_offsets(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The log end of each (topic, partition) now."""
+        from aiokafka.structs import TopicPartition
+
+        async with self._lock:
+            try:
+                consumer = await self._started()
+                ends = await consumer.end_offsets([TopicPartition(t, p) for t, p in partitions])
+            except Exception:
+                await self._reset()
+                raise
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+
+    async def scan(
+        self,
+        topic: str,
+        partition: int,
+        start: int | None,
+        end: int | None,
+        visit: Callable[[Any], bool],
+        *,
+        fetch_limit: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> int:
+        """Feed the messages of one partition from ``start`` (None: its beginning) up to
+        ``end`` (None: its end now) to ``visit`` until it returns False; returns the offset
+        reached (exclusive). ``fetch_limit``: at most that many messages per fetch taken."""
+        from aiokafka.structs import TopicPartition
+
+        tp = TopicPartition(topic, partition)
+        async with self._lock:
+            try:
+                consumer = await self._started()
+                if consumer.assignment() != {tp}:
+                    consumer.assign([tp])
+                else:
+                    consumer.resume(tp)  # paused after the previous read (see ``finally``)
+                if end is None:
+                    end = (await consumer.end_offsets([tp]))[tp]
+                if start is None:
+                    await consumer.seek_to_beginning(tp)
+                elif start >= end:
+                    return end
+                else:
+                    consumer.seek(tp, max(start, 0))
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + timeout_s
+                while (position := await consumer.position(tp)) < end:
+                    if loop.time() > deadline:
+                        raise TimeoutError(f"reading {topic}[{partition}] from {start} to {end} took over {timeout_s}s")
+                    for message in (await consumer.getmany(tp, timeout_ms=500, max_records=fetch_limit)).get(tp, []):
+                        if message.offset < end and not visit(message):
+                            return message.offset + 1  # the fetch may have gone further; we read to here
+                return position
+            except Exception:
+                await self._reset()
+                raise
+            finally:
+                if self._consumer is not None and tp in self._consumer.assignment():
+                    # no prefetching between reads: an idle fetch would long-poll at the log
+                    # end, and the next read (of any partition) would wait for it to return
+                    self._consumer.pause(tp)
+
+    async def read_range(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        *,
+        max_messages: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> tuple[list[tuple[int, Any]], int]:
+        """The (offset, value) messages of [start, end) (end None: the log end now), at most
+        ``max_messages``, and the offset read up to (exclusive): ``end``, or less when
+        ``max_messages`` stopped the read early."""
+        out: list[tuple[int, Any]] = []
+
+        def collect(message: Any) -> bool:
+            if message.offset >= start:
+                out.append((message.offset, message.value))
+            return max_messages is None or len(out) < max_messages
+
+        upto = await self.scan(topic, partition, start, end, collect, fetch_limit=max_messages, timeout_s=timeout_s)
+        return out, upto
+
+    async def read_changelog(
+        self, topic: str, partition: int, *, timeout_s: float = 120.0
+    ) -> list[tuple[bytes, bytes]]:
+        """Every live (key, value) of one compacted changelog partition, read to its end
+        (latest value per key; tombstones remove keys)."""
+        live: dict[bytes, bytes] = {}
+
+        def keep(message: Any) -> bool:
+            if message.value is None:
+                live.pop(message.key, None)
+            else:
+                live[message.key] = message.value
+            return True
+
+        await self.scan(topic, partition, None, None, keep, timeout_s=timeout_s)
+        return list(live.items())
+
+
+def split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list, list]:
+    """The first messages up to ``max_bytes`` of values (at least one), and the rest."""
+    size = 0
+    for i, (_, value) in enumerate(messages):
+        size += len(value)
+        if size >= max_bytes:
+            return messages[: i + 1], messages[i + 1 :]
+    return messages, []
+
+
+#: (topic, state, partition, messages) -> applied: a stage's processing of admitted input
+Run = Callable[[str, Any, int, list[tuple[int, Any]]], Awaitable[None]]
+#: (topic, partition, changelog entries, now) -> (the restored state, what to do once it is installed)
+Build = Callable[[str, int, list[tuple[bytes, bytes]]], tuple[Any, Callable[[], None]]]
+
+
+class DeliveryDriver:
+    """Carries out the ledger's decisions for both stages' inputs of one worker."""
+
+    def __init__(
+        self, app: Any, settings: Any, *, run: Run, build: Build, changelog_of: Callable[[str], str], crash_points: Any
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        t = settings.topics
+        self.records, self.partials = t.records, t.partials
+        self.ledger = Ledger((self.records, self.partials))
+        self.reader = DirectReader(settings.broker, settings.security.aiokafka_kwargs())
+        self._run = run
+        self._build = build
+        self._changelog_of = changelog_of
+        self.crash_points = crash_points
+        #: (topic, partition) -> its restore task (restore, then catch-up)
+        self._restoring: dict[tuple[str, int], asyncio.Task] = {}
+        #: name -> (the task of a tail (or other long-running helper), when it started)
+        self._tasks: dict[str, tuple[asyncio.Task, float]] = {}
+        #: records partition -> when stage 1 last got input (wall clock, for /metrics)
+        self.last_event_at: dict[int, float] = {}
+        self.gap_fills = 0
+        self.idle_catch_ups = 0
+
+    # -- membership -------------------------------------------------------------------------------
+    def membership(self) -> Membership:
+        """What Faust's group membership says now."""
+        app = self.app
+        consumer = app.consumer
+        generation = getattr(app, "consumer_generation_id", None)
+        if consumer is None:
+            return Membership({}, generation, settled=False)
+        assigned: dict[str, set[int]] = {self.records: set(), self.partials: set()}
+        for tp in consumer.assignment():
+            assigned.setdefault(tp.topic, set()).add(tp.partition)
+        return Membership({t: frozenset(ps) for t, ps in assigned.items()}, generation, settled=not app.rebalancing)
+
+    def _progress(self, claim: Claim) -> None:
+        self.ledger.progressed(claim.topic, claim.partition, time.monotonic())
+
+    async def _apply(self, action: Apply) -> None:
+        claim = action.claim
+        if claim.topic == self.records:
+            self.last_event_at[claim.partition] = time.time()
+        self._progress(claim)
+        await self._run(claim.topic, claim.state, claim.partition, action.messages)
+
+    # -- restore and catch-up -----------------------------------------------------------------------
+    def ensure_restore(self, topic: str, partition: int) -> None:
+        """Start restoring a partition's state in the background (once at a time)."""
+        task = self._restoring.get((topic, partition))
+        if task is not None and not task.done():
+            return
+        epoch = self.ledger.begin_restore(topic, partition)
+        self._restoring[(topic, partition)] = asyncio.get_running_loop().create_task(
+            self._restore(topic, partition, epoch), name=f"restore-{topic}-{partition}"
+        )
+
+    async def _restore(self, topic: str, partition: int, epoch: int) -> None:
+        try:
+            await self._restore_and_catch_up(topic, partition, epoch)
+        finally:
+            self.ledger.end_restore(topic, partition, epoch)
+
+    async def _restore_and_catch_up(self, topic: str, partition: int, epoch: int) -> None:
+        """Read the partition's changelog, install its state, then catch up from its
+        checkpoint to the log end: whatever was delivered meanwhile was not applied
+        (``Restore``) and is read here; Faust's consumer may have resumed anywhere (it
+        commits past offsets it considers gaps)."""
+        ledger = self.ledger
+        try:
+            entries = await self.reader.read_changelog(self._changelog_of(topic), partition)
+        except Exception as exc:  # noqa: BLE001 - retried by the next tick
+            log.warning("restoring topic=%s partition=%d failed (%r): retrying", topic, partition, exc)
+            return
+        if epoch != ledger.epoch or not self.membership().owns(topic, partition):
+            return
+        await self.crash_points.reached("restore")
+        state, installed = self._build(topic, partition, entries)
+        claim = ledger.install(topic, partition, epoch, state, self.membership())
+        if claim is None:
+            return
+        installed()
+        try:
+            caught = await self.read_and_apply(claim, None)
+        except Exception as exc:  # noqa: BLE001 - the watchdog retries
+            log.warning("catching up topic=%s partition=%d failed (%r)", topic, partition, exc)
+            return
+        if caught:
+            log.info("topic=%s partition=%d caught up %d message(s) after the checkpoint", topic, partition, caught)
+
+    async def read_and_apply(self, claim: Claim, end: int | None, chunk: int = 2000) -> int:
+        """Read [checkpoint+1, end) of a claimed partition directly and apply it, ``chunk``
+        messages at a time; stops when the claim no longer holds. Returns how many were applied."""
+        ledger = self.ledger
+        catch_up = ledger.catch_up(claim, end, chunk)
+        step = self.settings.chunk_messages
+        done = 0
+        while (span := catch_up.next_range()) is not None:
+            messages, upto = await self.reader.read_range(
+                claim.topic, claim.partition, span.start, span.end, max_messages=span.max_messages
+            )
+            if not ledger.holds(claim, self.membership()):
+                return done
+            # applied a piece at a time, yielding between pieces: the producer sends
+            # each piece's changelog while the next is processed
+            for i in range(0, len(messages), step):
+                piece = messages[i : i + step]
+                await self._run(claim.topic, claim.state, claim.partition, piece)
+                done += len(piece)
+                self._progress(claim)
+                await asyncio.sleep(0)
+                if not ledger.holds(claim, self.membership()):
+                    return done
+            self._progress(claim)
+            catch_up.read(len(messages), upto)
+        return done
+
+    def forget(self, topic_partitions: Any) -> None:
+        """Drop the state of revoked partitions (and stop their restores); the next owner rebuilds it."""
+        revoked = [(tp.topic, tp.partition) for tp in topic_partitions]
+        for key in revoked:
+            task = self._restoring.pop(key, None)
+            if task is not None:
+                task.cancel()
+        self.ledger.revoke(revoked)
+
+    # -- Faust's delivery ---------------------------------------------------------------------------
+    async def on_delivered(self, topic: str, events: list) -> None:
+        """Apply what the ledger admits of one hand-over of Faust's delivery."""
+        membership = self.membership()
+        fetched = [
+            Fetched(e.message.partition, e.message.offset, e.value, getattr(e.message, "generation_id", None))
+            for e in events
+        ]
+        delivered = self.ledger.delivered(topic, fetched, membership)
+        if delivered.stale:
+            log.info("dropped %d message(s) fetched before a rebalance (topic=%s)", delivered.stale, topic)
+        for action in delivered.actions:
+            if isinstance(action, Restore):  # not restored yet: the restore's catch-up reads these
+                self.ensure_restore(action.topic, action.partition)
+            elif not self.ledger.holds(action.claim, self.membership()):
+                continue  # an earlier partition's await saw a revocation
+            elif isinstance(action, Apply):
+                await self._apply(action)
+            elif isinstance(action, ReadGap):
+                self.gap_fills += 1
+                claim = action.claim
+                read = await self.read_and_apply(claim, action.end)
+                log.warning(
+                    "partition=%d of %s skipped offsets after %d: read %d message(s) directly",
+                    claim.partition,
+                    topic,
+                    action.start - 1,
+                    read,
+                )
+
+    async def catch_up_idle(self, idle_s: float = 1.0) -> None:
+        """Progress that does not depend on Faust's delivery: every owned partition whose log
+        end is past its checkpoint while nothing arrived for ``idle_s`` is read directly."""
+        ledger = self.ledger
+        idle = ledger.idle(self.membership(), time.monotonic(), idle_s)
+        if not idle:
+            return
+        ends = await self.reader.end_offsets([(c.topic, c.partition) for c in idle])
+        for claim in idle:
+            end = ledger.idle_read(claim, ends.get((claim.topic, claim.partition), 0), time.monotonic())
+            if end is None:
+                continue
+            read = await self.read_and_apply(claim, end)
+            if not ledger.holds(claim, self.membership()):
+                return
+            self.idle_catch_ups += 1
+            log.info(
+                "topic=%s partition=%d: nothing delivered for %.0fs, read %d message(s) directly",
+                claim.topic,
+                claim.partition,
+                idle_s,
+                read,
+            )
+
+    # -- the tails -------------------------------------------------------------------------------------
+    async def tail_partials(self) -> None:
+        """Feed stage 2 from a consumer of its own, beside Faust's.
+
+        Faust's one consumer serves both topics, and aiokafka sends no new fetch to a
+        broker while fetched records younger than ``prefetch_backoff`` (100 ms) wait
+        there: under load every partial queued behind the records topic, for up to
+        100 ms per fetch. This consumer follows only the owned partials partitions,
+        from each merger's checkpoint; whichever path delivers first applies, the
+        other finds the offsets at or below the checkpoint and skips them.
+        """
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        topic, ledger = self.partials, self.ledger
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.broker,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_wait_ms,
+            **s.security.aiokafka_kwargs(),
+        )
+        following: dict[int, Any] = {}  # partition -> the merger its position was set for
+        try:
+            await consumer.start()
+            while True:
+                following = self._refollow(consumer, topic, following)
+                if not following:
+                    await asyncio.sleep(0.1)
+                    continue
+                epoch = ledger.epoch
+                fetched = await consumer.getmany(timeout_ms=200, max_records=500)
+                for tp, messages in fetched.items():
+                    state = following.get(tp.partition)
+                    claim = Claim(topic, tp.partition, epoch, state)
+                    if state is None or not ledger.holds(claim, self.membership()):
+                        continue
+                    action = ledger.follow(claim, [(m.offset, m.value) for m in messages])
+                    if isinstance(action, Seek):  # a gap: read from the checkpoint again
+                        consumer.seek(tp, action.offset)
+                    elif action is not None:
+                        self._progress(claim)
+                        await self._run(topic, state, tp.partition, action.messages)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Faust's own delivery still feeds stage 2
+            log.warning("partials tail stopped (%r); stage 2 is fed by Faust's consumer alone until restart", exc)
+        finally:
+            await consumer.stop()
+
+    async def tail_records(self) -> None:
+        """Feed stage 1 from a consumer of its own, beside Faust's: the main path under load.
+
+        Faust's consumer fetches with ``fetch_max_wait_ms`` fixed at 1500 ms, and aiokafka
+        sends a new fetch only for the partitions holding no untaken records while the
+        others wait for that fetch to return: under sustained load a partition's next
+        messages (a batch's marker among them) waited up to 1.5 s behind a fetch for
+        quiet partitions, and Faust then handed them over a few messages at a time,
+        each hand-over costing a changelog delta and a checkpoint. This consumer follows
+        every owned, restored records partition from its checkpoint with a short fetch
+        wait (``fetch_wait_ms``), takes everything fetched at once, and applies it in
+        chunks of at most ``chunk_bytes`` per partition, round robin between partitions:
+        a fetched marker waits behind at most one chunk of each partition, never behind
+        a fetch. Whichever path delivers first applies; the other finds the offsets at
+        or below the checkpoint and skips them (Faust's still acks and commits).
+        """
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        s = self.settings
+        topic, ledger = self.records, self.ledger
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.broker,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_wait_ms,
+            max_partition_fetch_bytes=max(s.chunk_bytes, 1_048_576),
+            **s.security.aiokafka_kwargs(),
+        )
+        following: dict[int, Any] = {}  # partition -> the processor its position was set for
+        try:
+            await consumer.start()
+            while True:
+                following = self._refollow(consumer, topic, following)
+                if not following:
+                    await asyncio.sleep(0.1)
+                    continue
+                epoch = ledger.epoch
+                fetched = await consumer.getmany(timeout_ms=200)
+                pending = {
+                    tp.partition: [(m.offset, m.value) for m in messages]
+                    for tp, messages in fetched.items()
+                    if messages
+                }
+                while pending:
+                    membership = self.membership()
+                    for partition in list(pending):
+                        claim = Claim(topic, partition, epoch, following.get(partition))
+                        if claim.state is None or not membership.settled or not ledger.holds(claim, membership):
+                            del pending[partition]  # read again from the checkpoint once ours
+                            continue
+                        action = ledger.follow(claim, pending.pop(partition))
+                        if isinstance(action, Seek):  # a gap: read from the checkpoint again
+                            consumer.seek(TopicPartition(topic, partition), action.offset)
+                        elif action is not None:
+                            chunk, rest = split_chunk(action.messages, s.chunk_bytes)
+                            if rest:
+                                pending[partition] = rest
+                            await self._apply(Apply(claim, chunk))
+                    await asyncio.sleep(0)  # stage 2 and the producer between rounds
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Faust's own delivery still feeds stage 1
+            log.warning("records tail stopped (%r); stage 1 is fed by Faust's consumer alone until restart", exc)
+        finally:
+            await consumer.stop()
+
+    def _refollow(self, consumer: Any, topic: str, following: dict[int, Any]) -> dict[int, Any]:
+        """Point a tail's consumer at the partitions it should follow now, each at its
+        checkpoint + 1, when they (or their states) changed; returns what it follows."""
+        from aiokafka.structs import TopicPartition
+
+        owned = self.ledger.followed(topic, self.membership())
+        if owned.keys() != following.keys() or any(following[p] is not q for p, q in owned.items()):
+            consumer.assign([TopicPartition(topic, p) for p in owned])
+            for p, state in owned.items():
+                consumer.seek(TopicPartition(topic, p), state.checkpoint + 1)
+            return dict(owned)
+        return following
+
+    def start_tails(self, also: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()) -> None:
+        """Start the records and partials tails (and ``also``), or restart one at most every
+        5 s after it stopped on an error."""
+        for name, run in (*also, ("records-tail", self.tail_records), ("partials-tail", self.tail_partials)):
+            task, started = self._tasks.get(name, (None, 0.0))
+            if task is not None and (not task.done() or time.monotonic() - started < 5.0):
+                continue
+            self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
+
+    def steer_records_delivery(self) -> None:
+        """Pause Faust's delivery of the records partitions while the records tail runs
+        (one reader: on 2 cores a second fetch, decompression and Faust's per-message
+        hand-over of the same input cost a fifth of the worker's CPU), and resume it
+        when the tail has stopped. Faust resumes its partitions after every rebalance;
+        this runs every tick."""
+        consumer = self.app.consumer
+        if consumer is None or self.app.rebalancing:
+            return
+        tps = {tp for tp in consumer.assignment() if tp.topic == self.records}
+        paused: set[Any] = getattr(consumer, "_paused_partitions", set())
+        task, _ = self._tasks.get("records-tail", (None, 0.0))
+        if task is not None and not task.done():
+            if tps - paused:
+                consumer.pause_partitions(tps - paused)
+        elif tps & paused:
+            consumer.resume_partitions(tps & paused)
+
+    async def commit_records(self) -> None:
+        """Commit the records offsets stage 1 has applied (checkpoint + 1) for the consumer
+        group: Faust commits only what it delivered, and while the records tail reads the
+        input the group's lag (what operators watch) would otherwise never move. Recovery
+        never reads these offsets."""
+        app = self.app
+        consumer = app.consumer
+        commit = getattr(consumer, "_commit", None)  # Faust's consumer's own commit
+        if consumer is None or commit is None or app.rebalancing:
+            return
+        from faust.types import TP
+
+        offsets = self.ledger.commit_offsets(self.records, self.membership())
+        if offsets:
+            await commit({TP(self.records, p): offset for p, offset in offsets.items()})
+
+    async def close(self) -> None:
+        """Stop the tails, the restores and the direct reader."""
+        for task, _ in self._tasks.values():
+            task.cancel()
+        for task in self._restoring.values():
+            task.cancel()
+        await self.reader.close()
