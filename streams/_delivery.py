@@ -273,15 +273,17 @@ class Ledger:
         return out
 
     # -- the tails --------------------------------------------------------------------------------
-    def followed(self, topic: str, membership: Membership) -> dict[int, Any]:
-        """The partitions a tail follows: assigned, restored, not being caught up by their
-        restore; none while a rebalance is under way."""
+    def followed(self, topic: str, membership: Membership, *, during_catch_up: bool = False) -> dict[int, Any]:
+        """The partitions a tail follows: assigned and restored; none while a rebalance is under
+        way. Not while their restore still catches up, unless ``during_catch_up`` (the partials
+        tail: whichever path applies first wins, the other skips to the checkpoint; the records
+        tail would fetch the same backlog twice)."""
         if not membership.settled:
             return {}
         return {
             p: state
             for p, state in self.states[topic].items()
-            if membership.owns(topic, p) and (topic, p) not in self.restoring
+            if membership.owns(topic, p) and (during_catch_up or (topic, p) not in self.restoring)
         }
 
     def follow(self, claim: Claim, messages: Sequence[tuple[int, Any]]) -> Apply | Seek | None:

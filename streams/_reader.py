@@ -402,7 +402,7 @@ class DeliveryDriver:
         try:
             await consumer.start()
             while True:
-                following = self._refollow(consumer, topic, following)
+                following = self._refollow(consumer, topic, following, during_catch_up=True)
                 if not following:
                     await asyncio.sleep(0.1)
                     continue
@@ -493,12 +493,14 @@ class DeliveryDriver:
         finally:
             await consumer.stop()
 
-    def _refollow(self, consumer: Any, topic: str, following: dict[int, Any]) -> dict[int, Any]:
+    def _refollow(
+        self, consumer: Any, topic: str, following: dict[int, Any], *, during_catch_up: bool = False
+    ) -> dict[int, Any]:
         """Point a tail's consumer at the partitions it should follow now, each at its
         checkpoint + 1, when they (or their states) changed; returns what it follows."""
         from aiokafka.structs import TopicPartition
 
-        owned = self.ledger.followed(topic, self.membership())
+        owned = self.ledger.followed(topic, self.membership(), during_catch_up=during_catch_up)
         if owned.keys() != following.keys() or any(following[p] is not q for p, q in owned.items()):
             consumer.assign([TopicPartition(topic, p) for p in owned])
             for p, state in owned.items():

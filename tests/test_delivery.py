@@ -207,5 +207,6 @@ def test_the_tails_follow_only_settled_owned_restored_partitions():
     ledger.begin_restore(R, 1)
     ledger.install(R, 1, ledger.epoch, Stage(5), m)  # still catching up
     assert ledger.followed(R, m) == {0: r0.state}
+    assert ledger.followed(R, m, during_catch_up=True) == {0: r0.state, 1: ledger.states[R][1]}  # the partials tail
     assert ledger.followed(R, owning(records=(0, 1, 2), settled=False)) == {}
     assert ledger.followed(P, m) == {}
