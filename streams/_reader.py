@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from ._delivery import Apply, Claim, Fetched, Ledger, Membership, ReadGap, Restore, Seek
@@ -24,19 +25,59 @@ __all__ = ["DeliveryDriver", "DirectReader", "split_chunk"]
 log = logging.getLogger("specmeter.worker")
 
 
+class _Turns:
+    """One read at a time, the waiting served by priority, then in order of arrival."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: list[tuple[int, int, asyncio.Future]] = []
+        self._arrivals = 0
+
+    @contextlib.asynccontextmanager
+    async def turn(self, priority: int) -> AsyncIterator[None]:
+        if self._busy or self._waiting:
+            self._arrivals += 1
+            waiter = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (priority, self._arrivals, waiter))
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._hand_over()  # handed the turn, but cancelled before taking it
+                raise
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self._waiting:
+            _, _, waiter = heapq.heappop(self._waiting)
+            if not waiter.done():
+                waiter.set_result(None)  # stays busy: the turn passes on
+                return
+        self._busy = False
+
+
+#: a restore's changelog read goes before input reads: a partition is followed (and the
+#: worker ready) only once restored, and a catch-up of 2,000-message chunks must not delay it
+CHANGELOG, INPUT = 0, 1
+
+
 class DirectReader:
     """One standalone consumer (no group, nothing committed) for every direct read.
 
     Started on first use and kept (a read used to start and stop a consumer of its own,
     per 2,000-message chunk); one read at a time, so concurrent restores and catch-ups
-    take turns a chunk each. After an error it is stopped and a fresh one is started by
+    take turns a chunk each, changelog reads first. After an error it is stopped and a fresh one is started by
     the next read."""
 
     def __init__(self, broker: str, kafka: dict[str, Any] | None = None) -> None:
         self.broker = broker
         self.kafka = kafka or {}
         self._consumer: Any = None
-        self._lock = asyncio.Lock()
+        self._turns = _Turns()
 
     async def _started(self) -> Any:
         if self._consumer is None:
@@ -78,7 +119,7 @@ class DirectReader:
         """The log end of each (topic, partition) now."""
         from aiokafka.structs import TopicPartition
 
-        async with self._lock:
+        async with self._turns.turn(INPUT):
             try:
                 consumer = await self._started()
                 ends = await consumer.end_offsets([TopicPartition(t, p) for t, p in partitions])
@@ -97,6 +138,7 @@ class DirectReader:
         *,
         fetch_limit: int | None = None,
         timeout_s: float = 120.0,
+        priority: int = INPUT,
     ) -> int:
         """Feed the messages of one partition from ``start`` (None: its beginning) up to
         ``end`` (None: its end now) to ``visit`` until it returns False; returns the offset
@@ -104,7 +146,7 @@ class DirectReader:
         from aiokafka.structs import TopicPartition
 
         tp = TopicPartition(topic, partition)
-        async with self._lock:
+        async with self._turns.turn(priority):
             try:
                 consumer = await self._started()
                 if consumer.assignment() != {tp}:
@@ -174,7 +216,7 @@ class DirectReader:
                 live[message.key] = message.value
             return True
 
-        await self.scan(topic, partition, None, None, keep, timeout_s=timeout_s)
+        await self.scan(topic, partition, None, None, keep, timeout_s=timeout_s, priority=CHANGELOG)
         return list(live.items())
 
 

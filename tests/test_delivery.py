@@ -210,3 +210,37 @@ def test_the_tails_follow_only_settled_owned_restored_partitions():
     assert ledger.followed(R, m, during_catch_up=True) == {0: r0.state, 1: ledger.states[R][1]}  # the partials tail
     assert ledger.followed(R, owning(records=(0, 1, 2), settled=False)) == {}
     assert ledger.followed(P, m) == {}
+
+
+def test_the_direct_reader_serves_changelog_reads_before_input_reads_and_survives_cancellation():
+    import asyncio
+
+    from specmeter.streams._reader import CHANGELOG, INPUT, _Turns
+
+    async def run() -> list[str]:
+        turns, order = _Turns(), []
+
+        async def read(name: str, priority: int, hold: float = 0.01) -> None:
+            async with turns.turn(priority):
+                order.append(name)
+                await asyncio.sleep(hold)
+
+        first = asyncio.create_task(read("catch-up 1", INPUT))
+        await asyncio.sleep(0)  # it holds the turn
+        waiting = [
+            asyncio.create_task(read(n, p))
+            for n, p in (
+                ("catch-up 2", INPUT),
+                ("gone", CHANGELOG),
+                ("changelog a", CHANGELOG),
+                ("changelog b", CHANGELOG),
+            )
+        ]
+        await asyncio.sleep(0)
+        waiting[1].cancel()  # a restore cancelled by a revocation while waiting
+        await asyncio.gather(first, *waiting, return_exceptions=True)
+        async with turns.turn(INPUT):  # free again
+            order.append("after")
+        return order
+
+    assert asyncio.run(run()) == ["catch-up 1", "changelog a", "changelog b", "catch-up 2", "after"]
