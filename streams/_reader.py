@@ -4,8 +4,9 @@ Faust runs the consumer group and delivers the input to the agents; the
 ``Ledger`` decides what of it (and of the tails' fetches) is applied; this
 driver reads what Faust's membership says into a ``Membership``, carries the
 decisions out and applies through the stages' ``run`` hooks. Direct reads
-(changelogs, gap fills, catch-ups, log ends) all go through one long-lived
-standalone consumer (``DirectReader``); each tail keeps its own.
+(a partition's changelog, gap fills, catch-ups) go through one long-lived
+standalone consumer per input partition (``DirectReader``), log ends through one
+more; each tail keeps its own.
 """
 
 from __future__ import annotations
@@ -247,7 +248,12 @@ class DeliveryDriver:
         t = settings.topics
         self.records, self.partials = t.records, t.partials
         self.ledger = Ledger((self.records, self.partials))
+        #: for log ends (idle catch-up)
         self.reader = DirectReader(settings.broker, settings.security.aiokafka_kwargs())
+        #: (topic, partition) -> the reader of that input partition and its changelog: partitions
+        #: are read in parallel (one reader for all let a restarted worker catch up its
+        #: partitions one after another, and one killed every few seconds starved the last)
+        self._readers: dict[tuple[str, int], DirectReader] = {}
         self._run = run
         self._build = build
         self._changelog_of = changelog_of
@@ -273,6 +279,13 @@ class DeliveryDriver:
         for tp in consumer.assignment():
             assigned.setdefault(tp.topic, set()).add(tp.partition)
         return Membership({t: frozenset(ps) for t, ps in assigned.items()}, generation, settled=not app.rebalancing)
+
+    def _reader_for(self, topic: str, partition: int) -> DirectReader:
+        reader = self._readers.get((topic, partition))
+        if reader is None:
+            reader = DirectReader(self.settings.broker, self.settings.security.aiokafka_kwargs())
+            self._readers[(topic, partition)] = reader
+        return reader
 
     def _progress(self, claim: Claim) -> None:
         self.ledger.progressed(claim.topic, claim.partition, time.monotonic())
@@ -308,7 +321,7 @@ class DeliveryDriver:
         commits past offsets it considers gaps)."""
         ledger = self.ledger
         try:
-            entries = await self.reader.read_changelog(self._changelog_of(topic), partition)
+            entries = await self._reader_for(topic, partition).read_changelog(self._changelog_of(topic), partition)
         except Exception as exc:  # noqa: BLE001 - retried by the next tick
             log.warning("restoring topic=%s partition=%d failed (%r): retrying", topic, partition, exc)
             return
@@ -336,7 +349,8 @@ class DeliveryDriver:
         step = self.settings.chunk_messages
         done = 0
         while (span := catch_up.next_range()) is not None:
-            messages, upto = await self.reader.read_range(
+            reader = self._reader_for(claim.topic, claim.partition)
+            messages, upto = await reader.read_range(
                 claim.topic, claim.partition, span.start, span.end, max_messages=span.max_messages
             )
             if not ledger.holds(claim, self.membership()):
@@ -594,9 +608,10 @@ class DeliveryDriver:
             await commit({TP(self.records, p): offset for p, offset in offsets.items()})
 
     async def close(self) -> None:
-        """Stop the tails, the restores and the direct reader."""
+        """Stop the tails, the restores and the direct readers."""
         for task, _ in self._tasks.values():
             task.cancel()
         for task in self._restoring.values():
             task.cancel()
-        await self.reader.close()
+        for reader in (self.reader, *self._readers.values()):
+            await reader.close()
