@@ -20,25 +20,25 @@ from specmeter.schemas import decode_records_message
 from specmeter.streams._loadgen import publish_fleet
 from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
+#: the fleet every pipeline benchmark publishes: four producers, agentic sessions of up to
+#: 8 trajectories and 24 turns, 20 % redeliveries, 1 % conflicts, 5 % missing counters
+FLEET_SHAPE = {
+    "producers": 4,
+    "max_samples_per_session": 8,
+    "max_turns": 24,
+    "redelivery_rate": 0.2,
+    "conflict_rate": 0.01,
+    "missing_rate": 0.05,
+    "invalid_rate": 0.0,
+}
+
 
 def fleet(records_target: int) -> FleetSpec:
     """≈ records_target records: 100 batches (fewer when small), 20 % redeliveries,
     shared ancestors, 1 % conflicts, 5 % missing counters."""
     batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
     sessions = max(1, round(records_target / batches / 101))
-    return FleetSpec(
-        batches=batches,
-        sessions_per_batch=sessions,
-        producers=4,
-        max_samples_per_session=8,
-        max_turns=24,
-        redelivery_rate=0.2,
-        conflict_rate=0.01,
-        missing_rate=0.05,
-        invalid_rate=0.0,
-        seed=1,
-        batch_prefix="bench-",
-    )
+    return FleetSpec(batches=batches, sessions_per_batch=sessions, seed=1, batch_prefix="bench-", **FLEET_SHAPE)
 
 
 def preload(bootstrap: str, spec: FleetSpec, partitions: int, records_per_message: int = 500) -> tuple[str, int, int]:

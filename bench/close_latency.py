@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_json_flag, broker_address, core_name, fresh_topic, report
-from _pipeline import start_workers, stop_workers
+from _pipeline import FLEET_SHAPE, start_workers, stop_workers
 
 from specmeter.producers import PublisherSettings
 from specmeter.schemas import decode_metrics
@@ -109,19 +109,8 @@ def main() -> None:
     args = parser.parse_args()
     batches, rate, sessions = (3, 2_000, 2) if args.smoke else (args.batches, args.rate, 20)
     bootstrap = broker_address()
-    spec = FleetSpec(
-        batches=batches,
-        sessions_per_batch=sessions,
-        producers=4,
-        max_samples_per_session=8,
-        max_turns=24,
-        redelivery_rate=0.2,
-        conflict_rate=0.01,
-        missing_rate=0.05,
-        invalid_rate=0.0,
-        seed=2,
-        batch_prefix=f"lat-{uuid.uuid4().hex[:4]}-",
-    )
+    prefix = f"lat-{uuid.uuid4().hex[:4]}-"
+    spec = FleetSpec(batches=batches, sessions_per_batch=sessions, seed=2, batch_prefix=prefix, **FLEET_SHAPE)
     records_topic = fresh_topic(bootstrap, "records", 4)
     name, procs = start_workers(bootstrap, records_topic, 4, workers=1)
     try:

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
 from _common import broker_address, free_port, fresh_topic, machine
-from _pipeline import start_workers, stop_workers
+from _pipeline import FLEET_SHAPE, start_workers, stop_workers
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 #: what the worker's own partials topic would get (a partial can be large)
@@ -84,16 +84,7 @@ def fleet_spec(rate: float, duration_s: float, batch_records: int, seed: int, pr
     up to 8 trajectories and 24 turns: ≈95 records each)."""
     from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
-    shape = {
-        "producers": PRODUCERS,
-        "max_samples_per_session": 8,
-        "max_turns": 24,
-        "redelivery_rate": 0.2,
-        "conflict_rate": 0.01,
-        "missing_rate": 0.05,
-        "invalid_rate": 0.005,
-        "seed": seed,
-    }
+    shape = {**FLEET_SHAPE, "producers": PRODUCERS, "invalid_rate": 0.005, "seed": seed}
     probe = FleetSpec(batches=1, sessions_per_batch=200, **shape)
     per_session = sum(e.kind != "marker" for e in synthetic_fleet(probe)) / 200
     sessions = max(1, round(batch_records / per_session))

@@ -23,7 +23,7 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
-from .support.native_check import _native, native_agrees
+from .support.native_check import FIELDS, _native, native_agrees
 
 pytestmark = pytest.mark.skipif(
     _native is None, reason="the native core is not built (no Rust toolchain, or SPECMETER_NO_NATIVE=1)"
@@ -165,24 +165,7 @@ leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6), st.binary(max_size=6)
 )
 loose_record = st.dictionaries(
-    st.sampled_from(
-        [
-            "type",
-            "batch_id",
-            "session_id",
-            "generation_id",
-            "sample_id",
-            "state_hash",
-            "accepted",
-            "proposed",
-            "verify",
-            "completion",
-            "accept_histogram",
-            "producer_id",
-            "weight_version",
-            "run_id",
-        ]
-    ),
+    st.sampled_from(["type", *FIELDS]),
     st.one_of(leaf, st.lists(st.one_of(st.integers(-2, 2**33), leaf), max_size=3)),
     max_size=14,
 )
