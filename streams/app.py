@@ -64,24 +64,12 @@ class StreamShell:
         self.counters = WorkerCounters()
         self.published = PublishedTotals(forget_after_s=settings.grace_s + settings.batch_timeout_s)  # for /metrics
         t = settings.topics
-        self.records_topic = app.topic(
-            t.records,
-            partitions=settings.partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-        self.partials_topic = app.topic(
-            t.partials,
-            partitions=settings.partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-        self.metrics_topic = app.topic(t.metrics, key_serializer="raw", value_serializer="raw")
-        self.deadletter_topic = app.topic(t.deadletter, key_serializer="raw", value_serializer="raw")
+        raw = {"key_serializer": "raw", "value_serializer": "raw"}  # bytes in, bytes out: msgspec decodes
+        inputs = {"partitions": settings.partitions, "key_type": bytes, "value_type": bytes, **raw}
+        self.records_topic = app.topic(t.records, **inputs)
+        self.partials_topic = app.topic(t.partials, **inputs)
+        self.metrics_topic = app.topic(t.metrics, **raw)
+        self.deadletter_topic = app.topic(t.deadletter, **raw)
         stage1_log, stage2_log = changelog_topics(settings.app_id)
         self.stage1_log = app.topic(
             stage1_log, partitions=settings.partitions, key_serializer="raw", value_serializer="raw"
