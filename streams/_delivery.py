@@ -235,6 +235,13 @@ class Ledger:
         if self.restoring.get((topic, partition)) == epoch:
             del self.restoring[(topic, partition)]
 
+    def timers_run(self, topic: str, partition: int) -> bool:
+        """Whether the partition's batch timers (timeout, grace) may run: not while its
+        restore still catches up. Until then its batches' last input times are the
+        changelog's, and the input that followed them (a worker down for a while left it
+        unread) would find its batch timed out, or past grace, before it is even read."""
+        return (topic, partition) not in self.restoring
+
     def catch_up(self, claim: Claim, end: int | None, chunk: int) -> CatchUp:
         """Read [checkpoint + 1, end) directly (after a restore: ``end`` None, to the log end)."""
         return CatchUp(claim, end, chunk)

@@ -323,10 +323,12 @@ class StreamShell:
             for partition in ledger.to_restore(topic, membership):  # an idle partition is restored too
                 self.delivery.ensure_restore(topic, partition)
         for partition in sorted(membership.assigned.get(t.records, ())):
-            if (processor := self.processors.get(partition)) is not None:
+            processor = self.processors.get(partition)
+            if processor is not None and ledger.timers_run(t.records, partition):
                 self._apply(processor.tick(_now_ms()), partition)
         for partition in sorted(membership.assigned.get(t.partials, ())):
-            if (merger := self.mergers.get(partition)) is not None:
+            merger = self.mergers.get(partition)
+            if merger is not None and ledger.timers_run(t.partials, partition):
                 self._apply_merge(merger.tick(_now_ms()), partition)
         _compact_closed(self.processors.values(), _now_ms())
 

@@ -169,6 +169,21 @@ def test_restore_then_catch_up_reads_from_the_checkpoint_to_the_log_end_a_chunk_
     assert ledger.commit_offsets(R, m) == {0: 46}
 
 
+def test_batch_timers_wait_until_the_restore_has_caught_up():
+    """A worker down past a batch's timeout left its input unread: the restored batch
+    must not time out (or pass grace) before the catch-up has read that input."""
+    ledger, m = Ledger((R, P)), owning(records=(0, 1), partials=(0,))
+    epoch = ledger.begin_restore(R, 0)
+    assert not ledger.timers_run(R, 0) and ledger.timers_run(R, 1) and ledger.timers_run(P, 0)
+    ledger.install(R, 0, epoch, Stage(5), m)
+    assert not ledger.timers_run(R, 0)  # installed, still catching up
+    ledger.end_restore(R, 0, epoch)
+    assert ledger.timers_run(R, 0)
+    epoch = ledger.begin_restore(P, 0)
+    ledger.revoke([(P, 0)])  # a revocation ends the restore: nothing of it is held any more
+    assert ledger.timers_run(P, 0)
+
+
 def test_an_empty_catch_up_and_a_stale_restore_ending_change_nothing():
     ledger, m = Ledger((R, P)), owning(records=(0,))
     claim = installed(ledger, R, 0, 9, m)
