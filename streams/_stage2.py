@@ -134,6 +134,9 @@ class BatchMerger:
         effects = MergeEffects()
         for entry in list(self.entries.values()):
             if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
+                # grace runs from this publication, as stage 1's from a batch's close: a merge
+                # restored after downtime must still take the partials that follow it
+                entry.last_change_ms = now_ms
                 self._publish(entry, effects)
                 effects.changelog.append((merge_key(self.partition, entry.key), encode_state(entry)))
             elif (

@@ -75,6 +75,20 @@ def test_timeout_publishes_incomplete_and_the_missing_partition_completes_it():
     assert (second.revision, second.complete, second.close_reason) == (1, True, "markers")
 
 
+def test_a_merge_timed_out_long_after_its_last_partial_still_takes_the_missing_one():
+    """Restored after downtime, a merge times out at once; grace runs from that
+    publication (as stage 1's from a close), so the partition that was still catching
+    up completes it instead of finding it forgotten."""
+    m = _merger()
+    m.process([(0, _partial(0, 3))], now_ms=0)
+    later = GRACE_MS + TIMEOUT_MS + 10_000  # the worker was down meanwhile
+    (first,) = m.tick(now_ms=later).published
+    assert (first.revision, first.complete) == (0, False)
+    assert m.tick(now_ms=later + 1).published == [] and m.entries  # not forgotten at once
+    (second,) = m.process([(1, _partial(1, 4))], now_ms=later + 100).published
+    assert (second.revision, second.complete) == (1, True)
+
+
 def test_runs_merge_apart_even_with_equal_batch_ids():
     m = _merger()
     out = m.process(
