@@ -433,6 +433,20 @@ class DeliveryDriver:
             )
 
     # -- the tails -------------------------------------------------------------------------------------
+    def _tail_consumer(self, **options: Any) -> Any:
+        """A tail's consumer: no group (the positions are the checkpoints), a short fetch wait."""
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        return AIOKafkaConsumer(
+            bootstrap_servers=s.broker,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_wait_ms,
+            **options,
+            **s.security.aiokafka_kwargs(),
+        )
+
     async def tail_partials(self) -> None:
         """Feed stage 2 from a consumer of its own, beside Faust's.
 
@@ -443,17 +457,9 @@ class DeliveryDriver:
         from each merger's checkpoint; whichever path delivers first applies, the
         other finds the offsets at or below the checkpoint and skips them.
         """
-        from aiokafka import AIOKafkaConsumer
 
-        s = self.settings
         topic, ledger = self.partials, self.ledger
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.broker,
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=s.fetch_wait_ms,
-            **s.security.aiokafka_kwargs(),
-        )
+        consumer = self._tail_consumer()
         following: dict[int, Any] = {}  # partition -> the merger its position was set for
         try:
             await consumer.start()
@@ -498,19 +504,10 @@ class DeliveryDriver:
         a fetch. Whichever path delivers first applies; the other finds the offsets at
         or below the checkpoint and skips them (Faust's still acks and commits).
         """
-        from aiokafka import AIOKafkaConsumer
         from aiokafka.structs import TopicPartition
 
-        s = self.settings
         topic, ledger = self.records, self.ledger
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.broker,
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=s.fetch_wait_ms,
-            max_partition_fetch_bytes=max(s.chunk_bytes, 1_048_576),
-            **s.security.aiokafka_kwargs(),
-        )
+        consumer = self._tail_consumer(max_partition_fetch_bytes=max(self.settings.chunk_bytes, 1_048_576))
         following: dict[int, Any] = {}  # partition -> the processor its position was set for
         try:
             await consumer.start()
@@ -537,7 +534,7 @@ class DeliveryDriver:
                         if isinstance(action, Seek):  # a gap: read from the checkpoint again
                             consumer.seek(TopicPartition(topic, partition), action.offset)
                         elif action is not None:
-                            chunk, rest = split_chunk(action.messages, s.chunk_bytes)
+                            chunk, rest = split_chunk(action.messages, self.settings.chunk_bytes)
                             if rest:
                                 pending[partition] = rest
                             await self._apply(Apply(claim, chunk))

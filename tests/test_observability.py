@@ -153,29 +153,20 @@ def test_stats_page_reports_checkpoints_memory_cpu_and_gc_pauses(fed_worker):
     assert all(m >= 0 for m in counters["gc_max_seconds"]) and sum(counters["gc_collections"]) >= 0
 
 
-def test_tail_json_from_beginning(fed_worker):
-    d, _port, published, _events = fed_worker
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specmeter.streams.cli",
-            "tail",
-            "--broker",
-            d.bootstrap,
-            "--topic",
-            d.topics.metrics,
-            "--json",
-            "--from-beginning",
-            "--max-messages",
-            str(len(published)),
-            "--timeout",
-            "60",
-        ],
+def _tail(d, *flags: str, timeout_s: int) -> subprocess.CompletedProcess:
+    """`specmeter tail` on the deployment's metrics topic, as a user runs it."""
+    command = [sys.executable, "-m", "specmeter.streams.cli", "tail", "--broker", d.bootstrap]
+    return subprocess.run(
+        [*command, "--topic", d.topics.metrics, "--from-beginning", *flags],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
     )
+
+
+def test_tail_json_from_beginning(fed_worker):
+    d, _port, published, _events = fed_worker
+    proc = _tail(d, "--json", "--max-messages", str(len(published)), "--timeout", "60", timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(lines) == len(published)
@@ -187,23 +178,6 @@ def test_tail_json_from_beginning(fed_worker):
 
 def test_tail_table_renders(fed_worker):
     d, _port, _published, _events = fed_worker
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specmeter.streams.cli",
-            "tail",
-            "--broker",
-            d.bootstrap,
-            "--topic",
-            d.topics.metrics,
-            "--from-beginning",
-            "--timeout",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _tail(d, "--timeout", "3", timeout_s=60)
     assert proc.returncode == 0, proc.stderr
     assert "obs-00000" in proc.stdout and "accept rate" in proc.stdout
