@@ -217,8 +217,14 @@ class Ledger:
         states = self.states[topic]
         return [p for p in sorted(membership.assigned.get(topic, ())) if p not in states]
 
-    def begin_restore(self, topic: str, partition: int) -> int:
-        """A restore starts; returns its epoch (its token for ``install`` and ``end_restore``)."""
+    def begin_restore(self, topic: str, partition: int) -> int | None:
+        """A restore starts; returns its epoch (its token for ``install`` and ``end_restore``).
+        None when the partition has its state already, or a restore of it is under way in
+        this epoch: a ``Restore`` decided before an await may be stale when it is carried
+        out, and a second restore would read a changelog that lacks the first one's writes
+        still on their way, apply the input again and leave two sets of deltas behind."""
+        if partition in self.states[topic] or self.restoring.get((topic, partition)) == self.epoch:
+            return None
         self.restoring[(topic, partition)] = self.epoch
         return self.epoch
 

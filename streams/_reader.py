@@ -299,11 +299,14 @@ class DeliveryDriver:
 
     # -- restore and catch-up -----------------------------------------------------------------------
     def ensure_restore(self, topic: str, partition: int) -> None:
-        """Start restoring a partition's state in the background (once at a time)."""
-        task = self._restoring.get((topic, partition))
-        if task is not None and not task.done():
-            return
+        """Start restoring a partition's state in the background, unless the ledger says it
+        is restored or being restored (see ``Ledger.begin_restore``)."""
         epoch = self.ledger.begin_restore(topic, partition)
+        if epoch is None:
+            return
+        previous = self._restoring.get((topic, partition))
+        if previous is not None:
+            previous.cancel()  # of an older epoch: it can no longer install anything
         self._restoring[(topic, partition)] = asyncio.get_running_loop().create_task(
             self._restore(topic, partition, epoch), name=f"restore-{topic}-{partition}"
         )

@@ -259,3 +259,113 @@ def test_the_direct_reader_serves_changelog_reads_before_input_reads_and_survive
         return order
 
     assert asyncio.run(run()) == ["catch-up 1", "changelog a", "changelog b", "catch-up 2", "after"]
+
+
+def test_a_restore_decided_before_an_await_starts_no_second_restore():
+    """The fresh-clone CI failure: a hand-over decided ``Restore`` for a partition while its
+    restore was still reading; carried out after that restore had installed and caught up,
+    it restored again from a changelog lacking the first state's writes still on their way,
+    applied the input twice (dead letters twice) and left two sets of deltas behind."""
+    ledger, m = Ledger((R, P)), owning(records=(0, 1))
+    epoch = ledger.begin_restore(R, 1)
+    assert epoch is not None
+    assert ledger.begin_restore(R, 1) is None  # under way in this epoch
+    (decision,) = ledger.delivered(R, msgs(1, [0, 1]), m).actions
+    assert decision == Restore(R, 1)
+    ledger.install(R, 1, epoch, Stage(1), m)
+    ledger.end_restore(R, 1, epoch)
+    assert ledger.begin_restore(R, 1) is None  # the decision is stale: restored already
+    # a failed restore (nothing installed) may be tried again, as may one after a revocation
+    failed = ledger.begin_restore(R, 0)
+    assert failed is not None
+    ledger.end_restore(R, 0, failed)
+    assert ledger.begin_restore(R, 0) is not None
+    ledger.revoke([(R, 1)])
+    assert ledger.begin_restore(R, 1) is not None
+
+
+def test_the_driver_restores_a_partition_once_when_a_hand_over_waits_behind_a_gap_read():
+    """Driver and ledger together, the I/O faked: a hand-over holds a gap read of
+    partition 0 (slow) and a ``Restore`` of partition 1, whose restore (started by the
+    tick) completes during the gap read. Partition 1 is built and its input applied once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from specmeter.streams._reader import DeliveryDriver
+
+    async def run() -> tuple[dict[int, int], dict[int, list[int]]]:
+        assignment = [SimpleNamespace(topic=R, partition=p) for p in (0, 1)]
+        app = SimpleNamespace(
+            consumer=SimpleNamespace(assignment=lambda: assignment), consumer_generation_id=7, rebalancing=False
+        )
+        settings = SimpleNamespace(
+            topics=SimpleNamespace(records=R, partials=P),
+            broker="unused:9092",
+            security=SimpleNamespace(aiokafka_kwargs=dict),
+            chunk_messages=1000,
+        )
+        log = {0: list(range(6)), 1: list(range(4))}  # partition -> offsets in the input topic
+        gap_read_may_finish = asyncio.Event()
+        builds: dict[int, int] = {0: 0, 1: 0}
+        applied: dict[int, list[int]] = {0: [], 1: []}
+
+        class FakeReader:
+            def __init__(self, partition: int) -> None:
+                self.partition = partition
+
+            async def read_changelog(self, topic, partition, **kwargs):
+                await asyncio.sleep(0.01)
+                return []
+
+            async def read_range(self, topic, partition, start, end=None, *, max_messages=None, **kwargs):
+                if partition == 0 and end is not None:  # the gap read: held until the restore is done
+                    await gap_read_may_finish.wait()
+                stop = len(log[partition]) if end is None else end
+                offsets = [o for o in log[partition] if start <= o < stop][:max_messages]
+                return [(o, b"") for o in offsets], (offsets[-1] + 1 if offsets else start)
+
+            async def close(self):
+                pass
+
+        async def run_stage(topic, state, partition, messages):
+            state.process(messages)
+            applied[partition].extend(o for o, _ in messages)
+
+        def build(topic, partition, entries):
+            builds[partition] += 1
+            return Stage(-1), lambda: None
+
+        async def reached(*args):
+            pass
+
+        driver = DeliveryDriver(
+            app,
+            settings,
+            run=run_stage,
+            build=build,
+            changelog_of=lambda t: f"{t}-changelog",
+            crash_points=SimpleNamespace(reached=reached),
+        )
+        driver._reader_for = lambda topic, partition: FakeReader(partition)  # type: ignore[method-assign]
+        # partition 0 is restored with its checkpoint at 2; partition 1's restore is under way
+        epoch = driver.ledger.begin_restore(R, 0)
+        driver.ledger.install(R, 0, epoch, Stage(2), driver.membership())
+        driver.ledger.end_restore(R, 0, epoch)
+        driver.ensure_restore(R, 1)
+        # Faust hands over offsets 5 of partition 0 (3 and 4 skipped) and 0..3 of partition 1
+        events = [
+            SimpleNamespace(message=SimpleNamespace(partition=p, offset=o, generation_id=7), value=b"")
+            for p, o in [(0, 5), (1, 0), (1, 1), (1, 2), (1, 3)]
+        ]
+        delivered = asyncio.create_task(driver.on_delivered(R, events))
+        await asyncio.sleep(0.05)  # partition 1's restore installs and catches up meanwhile
+        assert builds[1] == 1 and applied[1] == [0, 1, 2, 3]
+        gap_read_may_finish.set()
+        await delivered
+        for task in list(driver._restoring.values()):
+            await task
+        return builds, applied
+
+    builds, applied = asyncio.run(run())
+    assert builds == {0: 0, 1: 1}
+    assert applied == {0: [3, 4, 5], 1: [0, 1, 2, 3]}
