@@ -157,6 +157,8 @@ async def check_broker(
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
+    from ._topics import existing_partitions
+
     admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
     found: dict[str, int] = {}
     with quiet_kafka_logs() as messages:
@@ -165,11 +167,7 @@ async def check_broker(
                 await admin.start()
             except KafkaConnectionError:
                 raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
-            wanted = topic_partitions or {}
-            present = set(await admin.list_topics()) & set(wanted) if wanted else set()
-            for described in await admin.describe_topics(sorted(present)) if present else []:
-                if described.get("error_code", 0) == 0 and described["partitions"]:
-                    found[described["topic"]] = len(described["partitions"])
+            found = await existing_partitions(admin, topic_partitions or {})
         finally:
             await admin.close()
     for name, partitions in found.items():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from .settings import WorkerSettings
 
-__all__ = ["ensure_topics", "create_topic", "leader_topic", "TopicMismatch"]
+__all__ = ["ensure_topics", "create_topic", "existing_partitions", "leader_topic", "TopicMismatch"]
 
 log = logging.getLogger("specmeter.topics")
 
@@ -47,6 +49,30 @@ async def create_topic(
         await admin.close()
 
 
+async def existing_partitions(admin: Any, names: Iterable[str]) -> dict[str, int]:
+    """Partitions of each of ``names`` that exists, asked for those names alone.
+
+    ``list_topics`` fetches the metadata of every topic of the cluster, decoded in
+    Python: on a broker holding a few thousand topics that took a worker's start-up
+    0.3 s per call. The metadata request for named topics must not create them
+    (``auto.create.topics.enable`` would, with the broker's default partition
+    count), which aiokafka's ``describe_topics`` does not ask for; hence the request
+    is built here and sent through the admin client's ``_send_request``
+    (aiokafka >= 0.11; ``tests/test_topics.py`` checks it against a real broker).
+    """
+    from aiokafka.protocol.metadata import MetadataRequest
+
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    response = await admin._send_request(MetadataRequest(wanted, allow_auto_topic_creation=False))
+    return {
+        t["topic"]: len(t["partitions"])
+        for t in response.to_object()["topics"]
+        if t.get("error_code", 0) == 0 and t["partitions"]
+    }
+
+
 def leader_topic(app_id: str) -> str:
     """Faust's partition-assignor topic (one partition); created here because the
     worker runs Faust with ``topic_allow_declare=False``: Faust would otherwise ask
@@ -81,11 +107,7 @@ async def ensure_topics(settings: WorkerSettings) -> dict[str, int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.security.aiokafka_kwargs())
     await admin.start()
     try:
-        # list_topics() first: describing a missing topic can auto-create it with the
-        # broker's default partition count (auto.create.topics.enable).
-        present = set(await admin.list_topics()) & set(wanted)
-        existing = await admin.describe_topics(sorted(present)) if present else []
-        have = {d["topic"]: len(d["partitions"]) for d in existing if d.get("error_code", 0) == 0 and d["partitions"]}
+        have = await existing_partitions(admin, wanted)
         # the topics the worker writes take what its producer may send in one request: a
         # chunk's state delta, or a BatchMetrics with 64 weight versions' full histograms,
         # can pass the broker's 1 MiB default

@@ -166,6 +166,33 @@ def test_readme_main_job(kafka_bootstrap):
     assert "every batch matches `specmeter aggregate`" in proc.stderr
 
 
+def test_asking_for_named_topics_neither_lists_the_cluster_nor_creates_a_missing_one(kafka_bootstrap, monkeypatch):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from specmeter.streams._topics import existing_partitions
+
+    name = f"named-{time.time_ns()}"
+    asyncio.run(create_topic(kafka_bootstrap, f"{name}.present", 3))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("list_topics fetches every topic of the cluster")
+
+    monkeypatch.setattr(AIOKafkaAdminClient, "list_topics", refuse)
+
+    async def ask() -> tuple[dict[str, int], dict[str, int]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            first = await existing_partitions(admin, [f"{name}.present", f"{name}.missing"])
+            return first, await existing_partitions(admin, [f"{name}.missing"])
+        finally:
+            await admin.close()
+
+    first, again = asyncio.run(ask())
+    assert first == {f"{name}.present": 3}
+    assert again == {}  # asking did not create it
+
+
 def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
     """Not the broker's default (4 here): describing a missing topic must not auto-create it."""
     from specmeter.streams._changelog import changelog_topics
