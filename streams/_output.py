@@ -13,6 +13,13 @@ partition's 1 MiB batch is full), so the order per partition is the order of
 calls it where it relied on Faust's flush: before a partition is given up, at
 crash points and at shutdown. A message Kafka refuses after the producer's own
 retries goes to ``on_failed`` (the worker stops: an output is never skipped).
+
+``room`` is the back-pressure: the stages await it after each chunk, and it waits
+while more than a limit of bytes is queued and not yet handed over. A worker
+catching up a backlog otherwise queued its whole changelog (as much as its input,
+uncompressed) in memory, and the producer, one step per turn of a loop busy with
+the next chunks, sent it only once the backlog was read: the partials queued
+behind it, and so every batch's metrics.
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ class OrderedProducer:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # set while the queue is empty and nothing is being appended
+        #: bytes (keys and values) queued and not yet handed to aiokafka
+        self.queued_bytes = 0
+        self._room: asyncio.Event | None = None  # set when ``queued_bytes`` fell to ``_room_at``
+        self._room_at = 0
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -69,9 +80,21 @@ class OrderedProducer:
     def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
         """Queue one message (never waits); order per partition is the order of calls."""
         self._queue.append((topic, key, value, partition))
+        self.queued_bytes += len(key or b"") + len(value or b"")
         if self._wake is not None:
             self._idle.clear()  # type: ignore[union-attr]
             self._wake.set()
+
+    async def room(self, limit_bytes: int) -> None:
+        """Wait while more than ``limit_bytes`` are queued, until half of that is left
+        (returns at once before the producer started: nothing drains the queue yet)."""
+        if self.queued_bytes <= limit_bytes or self._task is None or self._task.done():
+            return
+        if self._room is None:
+            self._room = asyncio.Event()
+        self._room.clear()
+        self._room_at = limit_bytes // 2
+        await self._room.wait()
 
     async def flush(self) -> None:
         """Wait until every message sent so far is acknowledged (or has failed)."""
@@ -89,6 +112,8 @@ class OrderedProducer:
         finally:
             if self._task is not None:
                 self._task.cancel()
+            if self._room is not None:
+                self._room.set()  # nothing drains the queue any more: no one waits for room
             await self._producer.stop()
             self._producer = None
 
@@ -100,6 +125,9 @@ class OrderedProducer:
             wake.clear()
             while queue:
                 topic, key, value, partition = queue.popleft()
+                self.queued_bytes -= len(key or b"") + len(value or b"")
+                if self._room is not None and self.queued_bytes <= self._room_at:
+                    self._room.set()
                 try:
                     future = await self._producer.send(topic, value, key=key, partition=partition)
                 except asyncio.CancelledError:

@@ -79,6 +79,9 @@ class DirectReader:
         self.kafka = kafka or {}
         self._consumer: Any = None
         self._turns = _Turns()
+        #: (partition, offset) where the consumer stands after the last read, when known exactly:
+        #: a read that starts there continues without a seek (which drops what was prefetched)
+        self._stands_at: tuple[Any, int] | None = None
 
     async def _started(self) -> Any:
         if self._consumer is None:
@@ -106,6 +109,7 @@ class DirectReader:
 
     async def _reset(self) -> None:
         consumer, self._consumer = self._consumer, None
+        self._stands_at = None
         if consumer is not None:
             try:
                 await consumer.stop()
@@ -135,49 +139,71 @@ class DirectReader:
         partition: int,
         start: int | None,
         end: int | None,
-        visit: Callable[[Any], bool],
+        visit: Callable[[Any], None],
         *,
-        fetch_limit: int | None = None,
+        max_messages: int | None = None,
         timeout_s: float = 120.0,
         priority: int = INPUT,
     ) -> int:
         """Feed the messages of one partition from ``start`` (None: its beginning) up to
-        ``end`` (None: its end now) to ``visit`` until it returns False; returns the offset
-        reached (exclusive). ``fetch_limit``: at most that many messages per fetch taken."""
+        ``end`` (None: its end now) to ``visit``, at most ``max_messages`` of them; returns
+        the offset reached (exclusive).
+
+        A read that starts where the previous one of the same partition stopped continues
+        from what the consumer prefetched meanwhile (a catch-up reads chunk after chunk);
+        a read that reached its end pauses the partition: an idle fetch would long-poll at
+        the log end, and the next read would wait for it to return."""
         from aiokafka.structs import TopicPartition
 
         tp = TopicPartition(topic, partition)
         async with self._turns.turn(priority):
+            stands_at, self._stands_at = self._stands_at, None
+            stopped_early = False
             try:
                 consumer = await self._started()
                 if consumer.assignment() != {tp}:
                     consumer.assign([tp])
+                    stands_at = None
                 else:
-                    consumer.resume(tp)  # paused after the previous read (see ``finally``)
+                    consumer.resume(tp)  # paused if the previous read reached its end
                 if end is None:
                     end = (await consumer.end_offsets([tp]))[tp]
                 if start is None:
                     await consumer.seek_to_beginning(tp)
                 elif start >= end:
+                    self._stands_at = stands_at
                     return end
-                else:
+                elif stands_at != (tp, start):
                     consumer.seek(tp, max(start, 0))
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + timeout_s
+                left = max_messages
                 while (position := await consumer.position(tp)) < end:
                     if loop.time() > deadline:
                         raise TimeoutError(f"reading {topic}[{partition}] from {start} to {end} took over {timeout_s}s")
-                    for message in (await consumer.getmany(tp, timeout_ms=500, max_records=fetch_limit)).get(tp, []):
-                        if message.offset < end and not visit(message):
-                            return message.offset + 1  # the fetch may have gone further; we read to here
+                    # never more than are left to take: the consumer then stands right after
+                    # the last one taken, and the next read can continue from there
+                    fetched = (await consumer.getmany(tp, timeout_ms=500, max_records=left)).get(tp, [])
+                    for message in fetched:
+                        if message.offset >= end:  # written after the end was read: the next read's
+                            return end
+                        if start is not None and message.offset < start:
+                            continue
+                        visit(message)
+                        if left is not None:
+                            left -= 1
+                            if left == 0:
+                                stopped_early = message is fetched[-1]
+                                if stopped_early:
+                                    self._stands_at = (tp, message.offset + 1)
+                                return message.offset + 1
+                self._stands_at = (tp, position)
                 return position
             except Exception:
                 await self._reset()
                 raise
             finally:
-                if self._consumer is not None and tp in self._consumer.assignment():
-                    # no prefetching between reads: an idle fetch would long-poll at the log
-                    # end, and the next read (of any partition) would wait for it to return
+                if not stopped_early and self._consumer is not None and tp in self._consumer.assignment():
                     self._consumer.pause(tp)
 
     async def read_range(
@@ -195,12 +221,10 @@ class DirectReader:
         ``max_messages`` stopped the read early."""
         out: list[tuple[int, Any]] = []
 
-        def collect(message: Any) -> bool:
-            if message.offset >= start:
-                out.append((message.offset, message.value))
-            return max_messages is None or len(out) < max_messages
+        def collect(message: Any) -> None:
+            out.append((message.offset, message.value))
 
-        upto = await self.scan(topic, partition, start, end, collect, fetch_limit=max_messages, timeout_s=timeout_s)
+        upto = await self.scan(topic, partition, start, end, collect, max_messages=max_messages, timeout_s=timeout_s)
         return out, upto
 
     async def read_changelog(
@@ -210,12 +234,11 @@ class DirectReader:
         (latest value per key; tombstones remove keys)."""
         live: dict[bytes, bytes] = {}
 
-        def keep(message: Any) -> bool:
+        def keep(message: Any) -> None:
             if message.value is None:
                 live.pop(message.key, None)
             else:
                 live[message.key] = message.value
-            return True
 
         await self.scan(topic, partition, None, None, keep, timeout_s=timeout_s, priority=CHANGELOG)
         return list(live.items())
@@ -344,12 +367,13 @@ class DeliveryDriver:
         if caught:
             log.info("topic=%s partition=%d caught up %d message(s) after the checkpoint", topic, partition, caught)
 
-    async def read_and_apply(self, claim: Claim, end: int | None, chunk: int = 2000) -> int:
-        """Read [checkpoint+1, end) of a claimed partition directly and apply it, ``chunk``
-        messages at a time; stops when the claim no longer holds. Returns how many were applied."""
+    async def read_and_apply(self, claim: Claim, end: int | None) -> int:
+        """Read [checkpoint+1, end) of a claimed partition directly and apply it, a chunk
+        (``chunk_messages``) at a time, yielding between chunks (the producer sends a chunk's
+        changelog while the next is read); stops when the claim no longer holds. The reader
+        prefetches the next chunk meanwhile. Returns how many messages were applied."""
         ledger = self.ledger
-        catch_up = ledger.catch_up(claim, end, chunk)
-        step = self.settings.chunk_messages
+        catch_up = ledger.catch_up(claim, end, max(1, self.settings.chunk_messages))
         done = 0
         while (span := catch_up.next_range()) is not None:
             reader = self._reader_for(claim.topic, claim.partition)
@@ -358,18 +382,14 @@ class DeliveryDriver:
             )
             if not ledger.holds(claim, self.membership()):
                 return done
-            # applied a piece at a time, yielding between pieces: the producer sends
-            # each piece's changelog while the next is processed
-            for i in range(0, len(messages), step):
-                piece = messages[i : i + step]
-                await self._run(claim.topic, claim.state, claim.partition, piece)
-                done += len(piece)
-                self._progress(claim)
-                await asyncio.sleep(0)
-                if not ledger.holds(claim, self.membership()):
-                    return done
+            if messages:
+                await self._run(claim.topic, claim.state, claim.partition, messages)
+                done += len(messages)
             self._progress(claim)
             catch_up.read(len(messages), upto)
+            await asyncio.sleep(0)
+            if not ledger.holds(claim, self.membership()):
+                return done
         return done
 
     def forget(self, topic_partitions: Any) -> None:
@@ -573,14 +593,15 @@ class DeliveryDriver:
                 continue
             self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
 
-    def steer_records_delivery(self) -> None:
+    def steer_records_delivery(self, *, resumed: bool = False) -> None:
         """Pause Faust's delivery of the records partitions while the records tail runs
         (one reader: on 2 cores a second fetch, decompression and Faust's per-message
         hand-over of the same input cost a fifth of the worker's CPU), and resume it
         when the tail has stopped. Faust resumes its partitions after every rebalance;
-        this runs every tick."""
+        this runs every tick, and with ``resumed`` right after Faust resumed them (the
+        rebalance is not marked ended yet, but nothing of it resumes partitions any more)."""
         consumer = self.app.consumer
-        if consumer is None or self.app.rebalancing:
+        if consumer is None or (self.app.rebalancing and not resumed):
             return
         tps = {tp for tp in consumer.assignment() if tp.topic == self.records}
         paused: set[Any] = getattr(consumer, "_paused_partitions", set())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from specmeter.schemas import decode_partial, encode_dead_letter, encode_metrics, encode_partial
@@ -232,6 +233,7 @@ class StreamShell:
         self._apply_outputs(effects)
         if effects.partials:
             await crash.reached("stage1-partials", self._flush)
+        await self.output.room(self.settings.max_queued_output_bytes)
 
     async def _run_stage2(self, merger: BatchMerger, partition: int, messages: list[tuple[int, bytes]]) -> None:
         effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], _now_ms())
@@ -239,6 +241,7 @@ class StreamShell:
         self._apply_merge(effects, partition)
         if effects.published:
             await self.crash_points.reached("stage2-published", self._flush)
+        await self.output.room(self.settings.max_queued_output_bytes)
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, effects: Effects, partition: int) -> None:
@@ -310,6 +313,17 @@ class StreamShell:
     def start_tails(self) -> None:
         """Start (or restart after an error) the output producer's connection and the tails."""
         self.delivery.start_tails(also=(("output", self._connect_output),))
+
+    def on_streams_resumed(self) -> None:
+        """A rebalance ended (Faust resumed its partitions): start the tails, take the records
+        partitions from Faust's delivery and restore what is assigned, now rather than at the
+        next tick."""
+        self.start_tails()
+        self.delivery.steer_records_delivery(resumed=True)
+        membership = self.delivery.membership()
+        for topic in (self.settings.topics.records, self.settings.topics.partials):
+            for partition in self.delivery.ledger.to_restore(topic, membership):
+                self.delivery.ensure_restore(topic, partition)
 
     def on_tick(self) -> None:
         """Restore what is assigned without state, tick the stages, compact closed batches."""
@@ -383,7 +397,7 @@ _split_chunk = split_chunk
 #: (no setting or public hook removes the sleep); tests/test_faust_pins.py fails when either changes
 FAUST_TABLE_MANAGER_VERSION = "0.15.3"
 #: what of ``TableManager`` the copy uses (checked when the app is built)
-_TABLE_MANAGER_NEEDS = ("_update_channels", "recovery", "should_stop")
+_TABLE_MANAGER_NEEDS = ("_update_channels", "recovery", "should_stop", "on_actives_ready")
 
 
 def _check_table_manager(manager: type) -> None:
@@ -399,8 +413,9 @@ def _check_table_manager(manager: type) -> None:
         )
 
 
-def _table_manager() -> type:
-    """Faust's table manager without its start-up pause.
+def _table_manager(on_streams_resumed: Callable[[], None] | None = None) -> type:
+    """Faust's table manager without its start-up pause, calling ``on_streams_resumed``
+    when a rebalance has ended.
 
     It sleeps 1 s before subscribing, for tables to register; specmeter keeps its
     state outside Faust tables and registers its agents before the worker starts,
@@ -416,6 +431,15 @@ def _table_manager() -> type:
             if not self.should_stop:
                 await self._update_channels()
                 await self.recovery.start()
+
+        def on_actives_ready(self) -> None:
+            """Faust's recovery calls this right after it resumed the assigned partitions: the
+            first moment the worker may restore them and take the records partitions back from
+            Faust's delivery (the tick came up to ``tick_s`` later; meanwhile Faust's consumer
+            fetched and decoded records only to have them dropped)."""
+            super().on_actives_ready()
+            if on_streams_resumed is not None:
+                on_streams_resumed()
 
     return TablelessManager
 
@@ -449,7 +473,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         datadir=settings.data_dir,
         autodiscover=False,
         topic_allow_declare=False,  # ensure_topics creates only what is missing (no Create right needed)
-        TableManager=_table_manager(),
+        TableManager=_table_manager(on_streams_resumed=lambda: shell.on_streams_resumed()),
         **faust_security_kwargs(settings.security),
     )
     shell = StreamShell(app, settings)

@@ -392,6 +392,15 @@ def _topic_options(func):
     help="Larger input messages are dead-lettered as 'too_large'.",
 )
 @click.option(
+    "--max-queued-output-bytes",
+    type=click.IntRange(65_536),
+    default=_DEFAULTS.max_queued_output_bytes,
+    show_default=True,
+    metavar="BYTES",
+    help="Back-pressure: after a chunk the worker waits while more than this is queued for Kafka and not yet "
+    "sent (its changelog writes, partials, metrics), so a backlog is written out as it is read.",
+)
+@click.option(
     "--chunk-bytes",
     type=click.IntRange(1024),
     default=_DEFAULTS.chunk_bytes,
@@ -441,6 +450,7 @@ def worker(
     max_open_generations: int,
     max_message_bytes: int,
     chunk_bytes: int,
+    max_queued_output_bytes: int,
     fetch_wait_ms: int,
     web_port: int,
     web_host: str,
@@ -473,6 +483,7 @@ def worker(
         max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes,
         chunk_bytes=chunk_bytes,
+        max_queued_output_bytes=max_queued_output_bytes,
         fetch_wait_ms=fetch_wait_ms,
         web_enabled=not no_web,
         web_port=web_port,

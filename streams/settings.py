@@ -43,6 +43,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             most one such chunk of each partition (1 MiB: about 60 ms of work).
         fetch_wait_ms: how long the worker's own readers let the broker hold a fetch
             that finds nothing new (a fetch that finds data returns at once).
+        max_queued_output_bytes: the stages wait after a chunk while more than this
+            is queued for the producer and not yet handed to it (back-pressure: a
+            backlog's changelog is sent as it is read, not held in memory).
         tick_s: how often timeouts and grace are checked.
         max_message_bytes: larger input messages are dead-lettered as ``too_large``.
         max_open_generations: distinct generations one records partition may hold
@@ -69,6 +72,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     chunk_wait_s: float = 0.01
     chunk_bytes: int = 1_048_576
     fetch_wait_ms: int = 50
+    max_queued_output_bytes: int = 8 * 1024 * 1024
     tick_s: float = 0.25
     max_message_bytes: int = 8 * 1024 * 1024
     max_open_generations: int = 1_000_000

@@ -370,6 +370,7 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
     flags = {
         "--chunk-bytes": ("chunk_bytes", 4096),
         "--fetch-wait-ms": ("fetch_wait_ms", 7),
+        "--max-queued-output-bytes": ("max_queued_output_bytes", 1_000_000),
         "--max-open-generations": ("max_open_generations", 99),
         "--grace": ("grace_s", 12.5),
         "--batch-timeout": ("batch_timeout_s", 3.0),
@@ -384,5 +385,12 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
     for flag, (field, value) in flags.items():
         assert getattr(settings, field) == value, flag
     defaults = {p.name: p.default for p in main.commands["worker"].params}
-    for field in ("chunk_bytes", "fetch_wait_ms", "max_open_generations", "max_message_bytes", "partitions"):
+    for field in (
+        "chunk_bytes",
+        "fetch_wait_ms",
+        "max_queued_output_bytes",
+        "max_open_generations",
+        "max_message_bytes",
+        "partitions",
+    ):
         assert defaults[field] == getattr(WorkerSettings(), field), field

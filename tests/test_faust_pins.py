@@ -48,3 +48,14 @@ def test_a_faust_without_the_private_hook_fails_at_start_up_with_a_clear_error()
 
     with pytest.raises(RuntimeError, match=r"TableManager has no _update_channels.*must be updated"):
         _check_table_manager(Changed)
+
+
+def test_faust_recovery_calls_on_actives_ready_after_resuming_the_partitions():
+    """``TablelessManager.on_actives_ready`` takes the records partitions back from Faust's
+    delivery and starts the restores: it must come after Faust resumed the partitions."""
+    from faust.tables.recovery import Recovery
+
+    source = inspect.getsource(Recovery._resume_streams)  # the path of an app without tables
+    resumed = source.find("consumer.resume_partitions(")
+    ready = source.find("self.tables.on_actives_ready()")
+    assert 0 <= resumed < ready, f"Recovery._resume_streams changed since faust-streaming {FAUST_TABLE_MANAGER_VERSION}"
