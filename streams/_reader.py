@@ -263,6 +263,9 @@ Build = Callable[[str, int, list[tuple[bytes, bytes]]], tuple[Any, Callable[[], 
 class DeliveryDriver:
     """Carries out the ledger's decisions for both stages' inputs of one worker."""
 
+    #: seconds between tries of a failed catch-up
+    RETRY_S = 1.0
+
     def __init__(
         self, app: Any, settings: Any, *, run: Run, build: Build, changelog_of: Callable[[str], str], crash_points: Any
     ) -> None:
@@ -359,11 +362,21 @@ class DeliveryDriver:
         if claim is None:
             return
         installed()
-        try:
-            caught = await self.read_and_apply(claim, None)
-        except Exception as exc:  # noqa: BLE001 - the watchdog retries
-            log.warning("catching up topic=%s partition=%d failed (%r)", topic, partition, exc)
-            return
+        while True:  # retried until caught up: the partition's batch timers wait for it
+            try:
+                caught = await self.read_and_apply(claim, None)
+                break
+            except Exception as exc:  # noqa: BLE001 - a broker away for a while
+                log.warning(
+                    "catching up topic=%s partition=%d failed (%r): retrying in %.0f s",
+                    topic,
+                    partition,
+                    exc,
+                    self.RETRY_S,
+                )
+            await asyncio.sleep(self.RETRY_S)
+            if not ledger.holds(claim, self.membership()):
+                return
         if caught:
             log.info("topic=%s partition=%d caught up %d message(s) after the checkpoint", topic, partition, caught)
 

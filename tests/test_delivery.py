@@ -284,17 +284,27 @@ def test_a_restore_decided_before_an_await_starts_no_second_restore():
     assert ledger.begin_restore(R, 1) is not None
 
 
-def test_the_driver_restores_a_partition_once_when_a_hand_over_waits_behind_a_gap_read():
-    """Driver and ledger together, the I/O faked: a hand-over holds a gap read of
-    partition 0 (slow) and a ``Restore`` of partition 1, whose restore (started by the
-    tick) completes during the gap read. Partition 1 is built and its input applied once."""
-    import asyncio
-    from types import SimpleNamespace
+class FakeIO:
+    """The driver's I/O without a broker: an input log per partition, empty changelogs, and
+    a stage that records what it applied. ``hold_gap_reads``: gap reads (of partition 0, with
+    an end) wait for it; ``failures``: how many catch-up reads fail first."""
 
-    from specmeter.streams._reader import DeliveryDriver
+    def __init__(self, log: dict[int, list[int]], *, failures: int = 0) -> None:
+        import asyncio
 
-    async def run() -> tuple[dict[int, int], dict[int, list[int]]]:
-        assignment = [SimpleNamespace(topic=R, partition=p) for p in (0, 1)]
+        self.log = log
+        self.hold_gap_reads = asyncio.Event()
+        self.hold_gap_reads.set()
+        self.failures = failures
+        self.builds = dict.fromkeys(log, 0)
+        self.applied: dict[int, list[int]] = {p: [] for p in log}
+
+    def driver(self):
+        from types import SimpleNamespace
+
+        from specmeter.streams._reader import DeliveryDriver
+
+        assignment = [SimpleNamespace(topic=R, partition=p) for p in self.log]
         app = SimpleNamespace(
             consumer=SimpleNamespace(assignment=lambda: assignment), consumer_generation_id=7, rebalancing=False
         )
@@ -304,35 +314,13 @@ def test_the_driver_restores_a_partition_once_when_a_hand_over_waits_behind_a_ga
             security=SimpleNamespace(aiokafka_kwargs=dict),
             chunk_messages=1000,
         )
-        log = {0: list(range(6)), 1: list(range(4))}  # partition -> offsets in the input topic
-        gap_read_may_finish = asyncio.Event()
-        builds: dict[int, int] = {0: 0, 1: 0}
-        applied: dict[int, list[int]] = {0: [], 1: []}
-
-        class FakeReader:
-            def __init__(self, partition: int) -> None:
-                self.partition = partition
-
-            async def read_changelog(self, topic, partition, **kwargs):
-                await asyncio.sleep(0.01)
-                return []
-
-            async def read_range(self, topic, partition, start, end=None, *, max_messages=None, **kwargs):
-                if partition == 0 and end is not None:  # the gap read: held until the restore is done
-                    await gap_read_may_finish.wait()
-                stop = len(log[partition]) if end is None else end
-                offsets = [o for o in log[partition] if start <= o < stop][:max_messages]
-                return [(o, b"") for o in offsets], (offsets[-1] + 1 if offsets else start)
-
-            async def close(self):
-                pass
 
         async def run_stage(topic, state, partition, messages):
             state.process(messages)
-            applied[partition].extend(o for o, _ in messages)
+            self.applied[partition].extend(o for o, _ in messages)
 
         def build(topic, partition, entries):
-            builds[partition] += 1
+            self.builds[partition] += 1
             return Stage(-1), lambda: None
 
         async def reached(*args):
@@ -346,26 +334,85 @@ def test_the_driver_restores_a_partition_once_when_a_hand_over_waits_behind_a_ga
             changelog_of=lambda t: f"{t}-changelog",
             crash_points=SimpleNamespace(reached=reached),
         )
-        driver._reader_for = lambda topic, partition: FakeReader(partition)  # type: ignore[method-assign]
+        driver._reader_for = lambda topic, partition: self  # type: ignore[method-assign]
+        return driver
+
+    async def read_changelog(self, topic, partition, **kwargs):
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return []
+
+    async def read_range(self, topic, partition, start, end=None, *, max_messages=None, **kwargs):
+        if partition == 0 and end is not None:
+            await self.hold_gap_reads.wait()
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the broker went away")
+        stop = len(self.log[partition]) if end is None else end
+        offsets = [o for o in self.log[partition] if start <= o < stop][:max_messages]
+        return [(o, b"") for o in offsets], (offsets[-1] + 1 if offsets else start)
+
+    async def close(self):
+        pass
+
+
+def test_the_driver_restores_a_partition_once_when_a_hand_over_waits_behind_a_gap_read():
+    """Driver and ledger together, the I/O faked: a hand-over holds a gap read of
+    partition 0 (slow) and a ``Restore`` of partition 1, whose restore (started by the
+    tick) completes during the gap read. Partition 1 is built and its input applied once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    io = FakeIO({0: list(range(6)), 1: list(range(4))})
+
+    async def run() -> None:
+        driver = io.driver()
+        io.hold_gap_reads.clear()
         # partition 0 is restored with its checkpoint at 2; partition 1's restore is under way
         epoch = driver.ledger.begin_restore(R, 0)
         driver.ledger.install(R, 0, epoch, Stage(2), driver.membership())
         driver.ledger.end_restore(R, 0, epoch)
         driver.ensure_restore(R, 1)
-        # Faust hands over offsets 5 of partition 0 (3 and 4 skipped) and 0..3 of partition 1
+        # Faust hands over offset 5 of partition 0 (3 and 4 skipped) and 0..3 of partition 1
         events = [
             SimpleNamespace(message=SimpleNamespace(partition=p, offset=o, generation_id=7), value=b"")
             for p, o in [(0, 5), (1, 0), (1, 1), (1, 2), (1, 3)]
         ]
         delivered = asyncio.create_task(driver.on_delivered(R, events))
         await asyncio.sleep(0.05)  # partition 1's restore installs and catches up meanwhile
-        assert builds[1] == 1 and applied[1] == [0, 1, 2, 3]
-        gap_read_may_finish.set()
+        assert io.builds[1] == 1 and io.applied[1] == [0, 1, 2, 3]
+        io.hold_gap_reads.set()
         await delivered
         for task in list(driver._restoring.values()):
             await task
-        return builds, applied
 
-    builds, applied = asyncio.run(run())
-    assert builds == {0: 0, 1: 1}
-    assert applied == {0: [3, 4, 5], 1: [0, 1, 2, 3]}
+    asyncio.run(run())
+    assert io.builds == {0: 0, 1: 1}
+    assert io.applied == {0: [3, 4, 5], 1: [0, 1, 2, 3]}
+
+
+def test_a_catch_up_that_fails_is_retried_and_holds_the_timers_until_it_is_caught_up():
+    """A worker down for a while restarts; its catch-up read fails (the broker went away).
+    Until the input that arrived meanwhile is read, the batch timers must not run: the
+    catch-up is retried, not left to the idle watchdog while the timers run."""
+    import asyncio
+
+    io = FakeIO({0: list(range(5))}, failures=2)
+
+    async def run() -> list[bool]:
+        driver = io.driver()
+        driver.RETRY_S = 0.01
+        driver.ensure_restore(R, 0)
+        held = []
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            held.append(driver.ledger.timers_run(R, 0))
+        for task in list(driver._restoring.values()):
+            await task
+        return held
+
+    held = asyncio.run(run())
+    assert io.applied == {0: [0, 1, 2, 3, 4]}
+    assert held[0] is False and held[-1] is True  # held while failing, released once caught up
+    assert held == sorted(held)
