@@ -439,7 +439,10 @@ def _table_manager(on_streams_resumed: Callable[[], None] | None = None) -> type
             fetched and decoded records only to have them dropped)."""
             super().on_actives_ready()
             if on_streams_resumed is not None:
-                on_streams_resumed()
+                try:
+                    on_streams_resumed()
+                except Exception:  # inside Faust's recovery: never fail it; the next tick does the same
+                    log.exception("starting the restores after a rebalance failed; the next tick retries")
 
     return TablelessManager
 
