@@ -62,7 +62,7 @@ class _Turns:
 
 
 #: a restore's changelog read goes before input reads: a partition is followed (and the
-#: worker ready) only once restored, and a catch-up of 2,000-message chunks must not delay it
+#: worker ready) only once restored, and a catch-up, a chunk at a time, must not delay it
 CHANGELOG, INPUT = 0, 1
 
 
@@ -70,9 +70,9 @@ class DirectReader:
     """One standalone consumer (no group, nothing committed) for every direct read.
 
     Started on first use and kept (a read used to start and stop a consumer of its own,
-    per 2,000-message chunk); one read at a time, so concurrent restores and catch-ups
-    take turns a chunk each, changelog reads first. After an error it is stopped and a fresh one is started by
-    the next read."""
+    per chunk); one read at a time, so a restore's changelog read and a catch-up of the
+    same partition take turns a chunk each, changelog reads first. After an error it is
+    stopped and a fresh one is started by the next read."""
 
     def __init__(self, broker: str, kafka: dict[str, Any] | None = None) -> None:
         self.broker = broker
