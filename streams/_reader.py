@@ -324,6 +324,12 @@ class DeliveryDriver:
         await self._run(claim.topic, claim.state, claim.partition, action.messages)
 
     # -- restore and catch-up -----------------------------------------------------------------------
+    def restore_assigned(self, membership: Membership) -> None:
+        """Start restoring every partition of either input assigned without a state."""
+        for topic in (self.records, self.partials):
+            for partition in self.ledger.to_restore(topic, membership):
+                self.ensure_restore(topic, partition)
+
     def ensure_restore(self, topic: str, partition: int) -> None:
         """Start restoring a partition's state in the background, unless the ledger says it
         is restored or being restored (see ``Ledger.begin_restore``)."""
@@ -515,8 +521,7 @@ class DeliveryDriver:
                     if isinstance(action, Seek):  # a gap: read from the checkpoint again
                         consumer.seek(tp, action.offset)
                     elif action is not None:
-                        self._progress(claim)
-                        await self._run(topic, state, tp.partition, action.messages)
+                        await self._apply(action)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - Faust's own delivery still feeds stage 2

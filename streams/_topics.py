@@ -58,7 +58,7 @@ async def existing_partitions(admin: Any, names: Iterable[str]) -> dict[str, int
     (``auto.create.topics.enable`` would, with the broker's default partition
     count), which aiokafka's ``describe_topics`` does not ask for; hence the request
     is built here and sent through the admin client's ``_send_request``
-    (aiokafka >= 0.11; ``tests/test_topics.py`` checks it against a real broker).
+    (aiokafka >= 0.11; ``tests/test_stream_app.py`` checks it against a real broker).
     """
     from aiokafka.protocol.metadata import MetadataRequest
 

@@ -220,6 +220,7 @@ class StreamShell:
             await self._run_stage1(state, partition, messages)
         else:
             await self._run_stage2(state, partition, messages)
+        await self.output.room(self.settings.max_queued_output_bytes)  # back-pressure (``_output``)
 
     async def _run_stage1(
         self, processor: PartitionProcessor, partition: int, messages: list[tuple[int, bytes]]
@@ -233,7 +234,6 @@ class StreamShell:
         self._apply_outputs(effects)
         if effects.partials:
             await crash.reached("stage1-partials", self._flush)
-        await self.output.room(self.settings.max_queued_output_bytes)
 
     async def _run_stage2(self, merger: BatchMerger, partition: int, messages: list[tuple[int, bytes]]) -> None:
         effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], _now_ms())
@@ -241,7 +241,6 @@ class StreamShell:
         self._apply_merge(effects, partition)
         if effects.published:
             await self.crash_points.reached("stage2-published", self._flush)
-        await self.output.room(self.settings.max_queued_output_bytes)
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, effects: Effects, partition: int) -> None:
@@ -320,10 +319,7 @@ class StreamShell:
         next tick."""
         self.start_tails()
         self.delivery.steer_records_delivery(resumed=True)
-        membership = self.delivery.membership()
-        for topic in (self.settings.topics.records, self.settings.topics.partials):
-            for partition in self.delivery.ledger.to_restore(topic, membership):
-                self.delivery.ensure_restore(topic, partition)
+        self.delivery.restore_assigned(self.delivery.membership())
 
     def on_tick(self) -> None:
         """Restore what is assigned without state, tick the stages, compact closed batches."""
@@ -332,10 +328,8 @@ class StreamShell:
             return
         t = self.settings.topics
         self.delivery.steer_records_delivery()
+        self.delivery.restore_assigned(membership)  # an idle partition is restored too
         ledger = self.delivery.ledger
-        for topic in (t.records, t.partials):
-            for partition in ledger.to_restore(topic, membership):  # an idle partition is restored too
-                self.delivery.ensure_restore(topic, partition)
         for partition in sorted(membership.assigned.get(t.records, ())):
             processor = self.processors.get(partition)
             if processor is not None and ledger.timers_run(t.records, partition):
