@@ -17,6 +17,7 @@ from .support.golden_cases import (
     case_lines,
     expected_by_batch,
 )
+from .support.kafka_helpers import send_to_partitions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -45,18 +46,6 @@ def _messages(case: dict, partitions: int) -> list[tuple[int, bytes]]:
     return out
 
 
-async def _send(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for partition, value in items:
-            await producer.send_and_wait(topic, value, partition=partition)
-    finally:
-        await producer.stop()
-
-
 def test_every_golden_case_through_the_stream(kafka_bootstrap):
     from .support.kafka_helpers import create_topic
     from .support.worker_harness import Deployment
@@ -73,7 +62,7 @@ def test_every_golden_case_through_the_stream(kafka_bootstrap):
             items += _messages(case, d.partitions)
             for (run_id, batch_id), want in expected_by_batch(case).items():
                 expected[(run_id, _scoped(case, batch_id))] = (case["name"], want)
-        asyncio.run(_send(kafka_bootstrap, d.topics.records, items))
+        asyncio.run(send_to_partitions(kafka_bootstrap, d.topics.records, items))
 
         def latest(published):
             out = {}

@@ -12,19 +12,9 @@ import pytest
 from specmeter.producers import partition_for_key
 from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, RecordBatch, encode_records_message
 
+from .support.kafka_helpers import send_to_partitions
+
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-
-async def _send(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * 1024 * 1024)
-    await producer.start()
-    try:
-        for partition, value in items:
-            await producer.send_and_wait(topic, value, partition=partition)
-    finally:
-        await producer.stop()
 
 
 def _records_of(
@@ -87,7 +77,7 @@ def test_a_restarted_run_gets_its_own_batches(deployment):
     deployment.wait_ready(worker)
     parts = deployment.partitions
     asyncio.run(
-        _send(
+        send_to_partitions(
             deployment.bootstrap,
             deployment.topics.records,
             _records_of("attempt-1", "step-1", 12, accepted=1, partitions=parts),
@@ -100,7 +90,7 @@ def test_a_restarted_run_gets_its_own_batches(deployment):
     deployment.metrics(until=has(("attempt-1", "step-1")), timeout_s=60)
     # the job restarts from a checkpoint and regenerates step-1 (and a default-run step-1 too)
     asyncio.run(
-        _send(
+        send_to_partitions(
             deployment.bootstrap,
             deployment.topics.records,
             _records_of("attempt-2", "step-1", 8, accepted=3, partitions=parts)
@@ -159,7 +149,7 @@ def test_limits_hold_at_ingress_and_every_output_is_bounded(deployment):
     hostile += [(p, msgspec.msgpack.encode(bad_marker)) for p in range(parts)]
     # the three invalid records count in the producer's marker: it sent them
     ordinary = _records_of(None, "step-2", 12, accepted=1, partitions=parts, extra_sent={session_partition: 3})
-    asyncio.run(_send(deployment.bootstrap, deployment.topics.records, hostile + ordinary))
+    asyncio.run(send_to_partitions(deployment.bootstrap, deployment.topics.records, hostile + ordinary))
     published = deployment.metrics(
         until=lambda ms: any(m.batch_id == "step-2" and m.complete for m in ms), timeout_s=60
     )
@@ -205,7 +195,7 @@ def test_an_output_the_broker_refuses_stops_the_worker_with_a_clear_error(deploy
     worker = deployment.start_worker()
     deployment.wait_ready(worker)
     asyncio.run(
-        _send(
+        send_to_partitions(
             deployment.bootstrap,
             deployment.topics.records,
             _records_of(None, "step-1", 4, accepted=1, partitions=deployment.partitions),

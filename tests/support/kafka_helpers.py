@@ -7,7 +7,7 @@ from typing import Any
 
 from specmeter.streams._topics import create_topic
 
-__all__ = ["create_topic", "read_topic"]
+__all__ = ["create_topic", "read_topic", "send_to_partitions"]
 
 
 async def read_topic(
@@ -39,3 +39,17 @@ async def read_topic(
     finally:
         await consumer.stop()
     return out
+
+
+async def send_to_partitions(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> None:
+    """Produce each (partition, value) in order, each acknowledged before the next is sent
+    (requests up to 4 MiB: some tests send messages past the 1 MiB default)."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * 1024 * 1024)
+    await producer.start()
+    try:
+        for partition, value in items:
+            await producer.send_and_wait(topic, value, partition=partition)
+    finally:
+        await producer.stop()
