@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from specmeter.schemas import BatchMarker, GenerationRecord
 
 __all__ = ["FleetSpec", "FleetEvent", "synthetic_fleet", "ALGORITHMS"]
@@ -228,20 +230,7 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                     if rng.random() < spec.redelivery_rate:
                         again = record
                         if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
-                            again = GenerationRecord(
-                                batch_id=batch_id,
-                                session_id=session,
-                                generation_id=generation_id,
-                                sample_id=sample_id,
-                                accepted=(accepted or 0) + 1,
-                                proposed=proposed,
-                                verify=verify,
-                                completion=completion,
-                                accept_histogram=histogram,
-                                producer_id=producer,
-                                weight_version=weight_version,
-                                run_id=run_id,
-                            )
+                            again = msgspec.structs.replace(record, accepted=(accepted or 0) + 1)
                         # a redelivery lands later in the same producer's stream
                         out.insert(
                             rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again)
