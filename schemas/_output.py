@@ -20,6 +20,9 @@ class WeightVersionMetrics(msgspec.Struct, frozen=True, kw_only=True):
     weight_version: str | None
     metrics: dict[str, int | float]
     accept_histogram: list[int] | None
+    #: this version's share of steps that accepted their k-th draft, at index k - 1
+    #: (revision 3; from ``accept_histogram`` like ``BatchMetrics.accept_rate_by_position``)
+    accept_rate_by_position: list[float] | None = None
 
 
 class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +50,10 @@ class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
     speculative_algorithm: str | None = None
     run_id: str | None = None
     by_weight_version: list[WeightVersionMetrics] | None = None
+    #: (revision 3) at index k - 1, the share of verify steps that reported a histogram
+    #: whose k-th draft token was accepted: ``sum(H[k:]) / sum(H)`` of ``accept_histogram``
+    #: H; None without a histogram of two bins or more and at least one step
+    accept_rate_by_position: list[float] | None = None
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ __all__ = [
     "is_speculative",
     "merge_weight_versions",
     "by_weight_version",
+    "accept_rate_by_position",
 ]
 
 _SUMMED = (
@@ -189,6 +190,24 @@ def _sums_metrics(sums: PartialAggregate | WeightVersionSums, coverage_of: int) 
     return out
 
 
+def accept_rate_by_position(histogram: Sequence[int] | None) -> list[float] | None:
+    """Acceptance by draft position (docs/contract.md §3.3) from a summed histogram H
+    (bin i: verify steps that accepted exactly i drafts): at index k - 1 the share of
+    steps that accepted at least k, ``sum(H[k:]) / sum(H)``, for k = 1 .. len(H) - 1.
+    None without a histogram of two bins or more, or when it counts no step."""
+    if histogram is None or len(histogram) < 2:
+        return None
+    steps = sum(histogram)
+    if steps <= 0:
+        return None
+    rates = []
+    at_least = steps
+    for count in histogram[:-1]:
+        at_least -= count  # steps that accepted more than this bin's count of drafts
+        rates.append(at_least / steps)
+    return rates
+
+
 def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
     """The ``metrics`` map of one batch from its merged sums (empty if not speculative)."""
     if not is_speculative(merged):
@@ -224,6 +243,7 @@ def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | 
                 **_sums_metrics(entry, entry.unique_generation_count),
             },
             accept_histogram=entry.accept_histogram,
+            accept_rate_by_position=accept_rate_by_position(entry.accept_histogram),
         )
         for entry in merged.weight_versions
     ]
@@ -240,6 +260,7 @@ def build_batch_metrics(
     """One ``BatchMetrics`` message from the latest partial of each reporting partition."""
     merged = merge_partials(partials)
     speculative = is_speculative(merged)
+    histogram = merged.accept_histogram if speculative else None
     reported = len({p.partition for p in partials})
     complete = (
         reported >= partitions_expected
@@ -260,8 +281,9 @@ def build_batch_metrics(
         invalid_record_count=merged.invalid_record_count,
         missing_record_count=missing_records(partials),
         late_record_count=merged.late_record_count,
-        accept_histogram=merged.accept_histogram if speculative else None,
+        accept_histogram=histogram,
         metrics=batch_metrics_dict(merged),
         speculative_algorithm=",".join(merged.speculative_algorithms) or None,
         by_weight_version=by_weight_version(merged),
+        accept_rate_by_position=accept_rate_by_position(histogram),
     )

@@ -15,8 +15,7 @@ from .support.golden_cases import (
     GOLDEN,
     SHARED,
     aggregate_cases,
-    assert_by_weight_version_equal,
-    assert_metrics_equal,
+    assert_batch_equal,
     case_lines,
     expected_by_batch,
 )
@@ -38,13 +37,7 @@ def _check(results: dict, case: dict) -> None:
     expected = expected_by_batch(case)
     assert set(results) == set(expected), f"batches: {sorted(results)} != {sorted(expected)}"
     for identity, want in expected.items():
-        got = results[identity]
-        where = f"{case['name']}/{identity}"
-        assert got["speculative"] is want["speculative"], where
-        assert got["accept_histogram"] == want["accept_histogram"], where
-        assert_metrics_equal(got["metrics"], want["metrics"], where)
-        if "by_weight_version" in want:
-            assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
+        assert_batch_equal(results[identity], want, f"{case['name']}/{identity}")
 
 
 class _CoreAggregator(OfflineAggregator):

@@ -64,8 +64,33 @@ def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any
             "metrics": case["expected"],
             "accept_histogram": case["accept_histogram"],
             "by_weight_version": case.get("by_weight_version"),
+            "accept_rate_by_position": case.get("accept_rate_by_position"),
         }
     }
+
+
+def assert_batch_equal(got: dict[str, Any], want: dict[str, Any], where: str = "") -> None:
+    """One published batch (``msgspec.to_builtins`` of a BatchMetrics) against its expected
+    {speculative, metrics, accept_histogram, by_weight_version, accept_rate_by_position}."""
+    assert got["speculative"] is want["speculative"], where
+    assert got["accept_histogram"] == want["accept_histogram"], f"{where}: histogram"
+    assert_metrics_equal(got["metrics"], want["metrics"], where)
+    if "accept_rate_by_position" in want:
+        assert_positions_equal(got.get("accept_rate_by_position"), want["accept_rate_by_position"], where)
+    if "by_weight_version" in want:
+        assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
+
+
+def assert_positions_equal(actual: list[float] | None, expected: list[float] | None, where: str = "") -> None:
+    """``accept_rate_by_position``: null alike, else the same length and floats within rel 1e-12."""
+    if expected is None or actual is None:
+        assert actual == expected, f"{where}: accept_rate_by_position {actual!r} != {expected!r}"
+        return
+    assert len(actual) == len(expected), f"{where}: accept_rate_by_position {actual!r} != {expected!r}"
+    for k, (got, want) in enumerate(zip(actual, expected, strict=True), start=1):
+        assert type(got) is float and math.isclose(got, want, rel_tol=1e-12, abs_tol=0.0), (
+            f"{where}: accept_rate_by_position position {k}: {got!r} != {want!r}"
+        )
 
 
 def assert_by_weight_version_equal(
@@ -79,8 +104,11 @@ def assert_by_weight_version_equal(
     want_versions = [e["weight_version"] for e in expected]
     assert got_versions == want_versions, f"{where}: versions {got_versions} != {want_versions}"
     for got, want in zip(actual, expected, strict=True):
-        assert got["accept_histogram"] == want["accept_histogram"], f"{where}/{want['weight_version']}: histogram"
-        assert_metrics_equal(got["metrics"], want["metrics"], f"{where}/{want['weight_version']}")
+        entry = f"{where}/{want['weight_version']}"
+        assert got["accept_histogram"] == want["accept_histogram"], f"{entry}: histogram"
+        assert_metrics_equal(got["metrics"], want["metrics"], entry)
+        if "accept_rate_by_position" in want:
+            assert_positions_equal(got.get("accept_rate_by_position"), want["accept_rate_by_position"], entry)
 
 
 def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:
