@@ -17,7 +17,11 @@ Stage 1 keys (per records partition P), ``\\x1f`` between parts:
 A batch of a named run uses the upper-case kind (``D``, ``S``, ``O``) and
 ``<len(run_id)>:<run_id><batch_id>`` in place of the batch_id, so keys stay unique
 whatever characters ids hold. Stage 2 (per partials partition P): ``P m <batch_id>``
-(``P M ...`` for a named run) holds a ``MergeEntry``, ``P k`` the ``Stage2Checkpoint``.
+(``P M ...`` for a named run) holds a ``MergeEntry`` (its bookkeeping), ``P p <batch_id>
+<records partition, 10 digits>`` (``P P ...``) the latest ``PartialAggregate`` of one
+records partition, and ``P k`` the ``Stage2Checkpoint``. A partial is written once when it
+arrives, not again with each later one (a ``MergeEntry`` written before that split holds
+its partials itself, and still restores).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ __all__ = [
     "checkpoint_key",
     "merge_key",
     "merge_key_prefixes",
+    "merge_partial_key",
+    "merge_partial_prefixes",
     "stage2_checkpoint_key",
     "durable_batch",
     "batch_from_durable",
@@ -102,6 +108,16 @@ def merge_key(partition: int, key: BatchKey) -> bytes:
 def merge_key_prefixes(partition: int) -> tuple[bytes, bytes]:
     """The prefixes of a partials partition's merge entries (default run, named runs)."""
     return f"{partition}{_SEP}m{_SEP}".encode(), f"{partition}{_SEP}M{_SEP}".encode()
+
+
+def merge_partial_key(partition: int, key: BatchKey, source_partition: int) -> bytes:
+    """Where stage 2 keeps one records partition's latest partial of a batch."""
+    return f"{partition}{_SEP}{_batch_part('p', key)}{_SEP}{source_partition:010d}".encode()
+
+
+def merge_partial_prefixes(partition: int) -> tuple[bytes, bytes]:
+    """The prefixes of a partials partition's kept partials (default run, named runs)."""
+    return f"{partition}{_SEP}p{_SEP}".encode(), f"{partition}{_SEP}P{_SEP}".encode()
 
 
 def stage2_checkpoint_key(partition: int) -> bytes:
@@ -174,7 +190,8 @@ class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
 
 # -- stage 2 -------------------------------------------------------------------------------
 class MergeEntry(msgspec.Struct, array_like=True, kw_only=True):
-    """Durable stage-2 state of one batch."""
+    """Stage-2 state of one batch. Durable without its ``partials``: each is written under
+    a key of its own (``merge_partial_key``); entries written before hold them here."""
 
     batch_id: str
     partials: dict[int, PartialAggregate] = {}

@@ -4,6 +4,10 @@ A batch is published when every records partition has reported, or when
 ``batch_timeout`` passed since its first partial (then ``complete`` is false).
 A later partial (late records, a slow partition) publishes a new revision, but
 only if the content changed, so replays after a crash publish nothing new.
+
+State writes are O(1) per partial, O(P) per batch: a partial is written under its own
+key when it arrives, beside the batch's small bookkeeping entry, never again with the
+partials that follow it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from specmeter.schemas import BatchMetrics, PartialAggregate
+from specmeter.schemas import BatchMetrics, PartialAggregate, decode_partial, encode_partial
 
 from ._counters import WorkerCounters
 from ._layout import (
@@ -27,6 +31,8 @@ from ._layout import (
     encode_state,
     merge_key,
     merge_key_prefixes,
+    merge_partial_key,
+    merge_partial_prefixes,
     stage2_checkpoint_key,
 )
 from ._merge import build_batch_metrics
@@ -63,13 +69,20 @@ class BatchMerger:
         self.entries: dict[BatchKey, MergeEntry] = {}
         #: last partials-topic offset whose effects are durable
         self.checkpoint = -1
+        #: batches restored from entries that held their partials (written before the split):
+        #: their next write writes every partial under its own key
+        self._unsplit: set[BatchKey] = set()
 
-    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> list[BatchMetrics]:
-        """Rebuild from the changelog; returns each batch's latest publication, to send
-        again: the state that says it was published may be durable while the
-        publication itself was lost in a crash (the repeat is identical)."""
+    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> MergeEffects:
+        """Rebuild from the changelog. Returns each batch's latest publication, to send
+        again (the state that says it was published may be durable while the publication
+        itself was lost in a crash; the repeat is identical), and the deletion of partials
+        whose batch was forgotten (a crash between the deletions left them behind)."""
         prefixes = merge_key_prefixes(self.partition)
+        partial_prefixes = merge_partial_prefixes(self.partition)
         checkpoint_key = stage2_checkpoint_key(self.partition)
+        kept: list[tuple[bytes, PartialAggregate]] = []
+        effects = MergeEffects()
         for key, value in entries:
             if value is None:
                 continue
@@ -78,13 +91,24 @@ class BatchMerger:
             elif key.startswith(prefixes):
                 entry = decode_merge_entry(value)
                 self.entries[entry.key] = entry
-        log.info("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
-        republish = []
+                if entry.partials:
+                    self._unsplit.add(entry.key)
+            elif key.startswith(partial_prefixes):
+                kept.append((key, decode_partial(value)))
+        for key, partial in kept:
+            owner = self.entries.get((partial.run_id, partial.batch_id))
+            if owner is None:  # the entry's deletion came first, then a crash
+                effects.changelog.append((key, None))
+                continue
+            known = owner.partials.get(partial.partition)
+            if known is None or known.revision < partial.revision:
+                owner.partials[partial.partition] = partial
+        log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         for entry in self.entries.values():
             if entry.published_revision >= 0:
                 metrics, digest = self._metrics(entry, entry.published_revision)
                 if digest == entry.published_digest:
-                    republish.append(metrics)
+                    effects.published.append(metrics)
                 else:  # cannot happen unless the merge rules changed between versions
                     log.warning(
                         "batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
@@ -92,7 +116,7 @@ class BatchMerger:
                         shorten(entry.run_id),
                         entry.published_revision,
                     )
-        return republish
+        return effects
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
         """Apply partials in offset order; the checkpoint is written last."""
@@ -127,8 +151,18 @@ class BatchMerger:
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
             self._publish(entry, effects)
-        effects.changelog.append((merge_key(self.partition, key), encode_state(entry)))
+        self._write(entry, effects, partial)
         return effects
+
+    def _write(self, entry: MergeEntry, effects: MergeEffects, partial: PartialAggregate | None = None) -> None:
+        """Write a batch's bookkeeping and, when given, the partial that changed it (every
+        partial of an entry restored from the format that held them)."""
+        written = list(entry.partials.values()) if entry.key in self._unsplit else [partial] if partial else []
+        self._unsplit.discard(entry.key)
+        for p in written:
+            effects.changelog.append((merge_partial_key(self.partition, entry.key, p.partition), encode_partial(p)))
+        book = msgspec.structs.replace(entry, partials={})
+        effects.changelog.append((merge_key(self.partition, entry.key), encode_state(book)))
 
     def tick(self, now_ms: int) -> MergeEffects:
         effects = MergeEffects()
@@ -138,12 +172,17 @@ class BatchMerger:
                 # restored after downtime must still take the partials that follow it
                 entry.last_change_ms = now_ms
                 self._publish(entry, effects)
-                effects.changelog.append((merge_key(self.partition, entry.key), encode_state(entry)))
+                self._write(entry, effects)
             elif (
                 entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms
             ):
                 del self.entries[entry.key]
+                self._unsplit.discard(entry.key)
+                # the entry first: a crash between leaves partials without an entry, ignored at restore
                 effects.changelog.append((merge_key(self.partition, entry.key), None))
+                effects.changelog.extend(
+                    (merge_partial_key(self.partition, entry.key, p), None) for p in entry.partials
+                )
         return effects
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:

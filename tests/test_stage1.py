@@ -172,7 +172,7 @@ def test_restore_sends_the_partials_and_publications_a_crash_may_have_lost(core)
     merged = merger.process([(0, emitted)], now_ms=10)
     (published,) = merged.published
     fresh = BatchMerger(0, partitions_expected=1, batch_timeout_ms=60_000, grace_ms=60_000)
-    assert fresh.restore([(k, v) for k, v in merged.changelog if v is not None]) == [published]
+    assert fresh.restore([(k, v) for k, v in merged.changelog if v is not None]).published == [published]
     # and the repeated partial changes nothing at stage 2
     assert not fresh.process([(1, emitted)], now_ms=11).published
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from specmeter.schemas import GenerationRecord
+from specmeter.schemas import GenerationRecord, encode_partial
 from specmeter.streams import BatchState
-from specmeter.streams._layout import decode_stage2_checkpoint, stage2_checkpoint_key
+from specmeter.streams._layout import (
+    MergeEntry,
+    decode_stage2_checkpoint,
+    encode_state,
+    merge_key,
+    merge_partial_prefixes,
+    stage2_checkpoint_key,
+)
 from specmeter.streams._stage2 import BatchMerger
 
 TIMEOUT_MS, GRACE_MS = 1_000, 5_000
@@ -118,7 +125,7 @@ def test_restore_rebuilds_entries_and_repeats_the_last_publication():
     assert decode_stage2_checkpoint(log[stage2_checkpoint_key(0)]).offset == 2
     restored = _merger()
     again = restored.restore(log.items())
-    assert again == [published] and restored.checkpoint == 2
+    assert again.published == [published] and again.changelog == [] and restored.checkpoint == 2
     assert set(restored.entries) == {(None, "b"), ("r", "b")}
     assert restored.process([(2, _partial(1, 4))], now_ms=5).published == []  # at the checkpoint: skipped
 
@@ -127,3 +134,48 @@ def test_restore_reads_the_checkpoint_written_before_it_was_a_struct():
     m = _merger()
     m.restore([(stage2_checkpoint_key(0), b"41")])
     assert m.checkpoint == 41
+
+
+def test_state_writes_are_o1_per_partial_and_o_p_per_batch():
+    """A partial is written once, under a key of its own, with the batch's small bookkeeping
+    entry: the bytes written for the 64th partial are those of the first (they grew with the
+    partials before: the whole entry was written again each time)."""
+    partitions = 64
+    m = BatchMerger(0, partitions_expected=partitions, batch_timeout_ms=TIMEOUT_MS, grace_ms=GRACE_MS)
+    written = []
+    for p in range(partitions):
+        effects = m.process([(p, _partial(p, 3))], now_ms=p)
+        written.append(sum(len(k) + len(v or b"") for k, v in effects.changelog))
+    assert max(written[1:-1]) <= written[0] + 16  # (the last one publishes: its digest and revision differ)
+    assert len(effects.published) == 1
+
+
+def test_restore_from_split_partials_equals_the_live_merger_and_forgets_orphans():
+    m = _merger()
+    log: dict = {}
+    effects = m.process([(0, _partial(0, 3)), (1, _partial(1, 4)), (2, _partial(1, 6, revision=1))], now_ms=0)
+    _log(log, effects)
+    prefix = merge_partial_prefixes(0)[0]
+    assert sum(k.startswith(prefix) for k in log) == 2  # one key per records partition, the latest revision
+    orphan = prefix + b"gone\x1f0000000003"
+    log[orphan] = encode_partial(_partial(3, 1, batch="gone"))  # its entry deleted, then a crash
+    restored = _merger()
+    again = restored.restore(log.items())
+    assert again.changelog == [(orphan, None)]
+    assert restored.entries[(None, "b")].partials == m.entries[(None, "b")].partials
+    assert again.published == effects.published[-1:]
+
+
+def test_an_entry_written_with_its_partials_restores_and_is_split_at_its_next_write():
+    """A merge entry of the format before the split (its partials inside) still restores; its
+    next write puts every partial under its own key, so nothing is lost after that."""
+    old = MergeEntry(batch_id="b", partials={0: _partial(0, 3)}, first_seen_ms=0, last_change_ms=0)
+    m = _merger()
+    m.restore([(merge_key(0, (None, "b")), encode_state(old))])
+    effects = m.process([(0, _partial(1, 4))], now_ms=1)
+    (published,) = effects.published
+    assert published.metrics["spec/accepted_total"] == 7
+    log: dict = {}
+    _log(log, effects)
+    restored = _merger()
+    assert restored.restore(log.items()).published == [published]
