@@ -43,27 +43,20 @@ def fresh_topic(
 
 async def _wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
     """A fresh topic's partitions need leaders before producing without retries."""
-    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:
-            await consumer._client.force_metadata_update()
-            cluster = consumer._client.cluster
-            leaders = [cluster.leader_for_partition(_tp(topic, p)) for p in range(partitions)]
-            if all(leader is not None and leader >= 0 for leader in leaders):
+            (described,) = await admin.describe_topics([topic])
+            leaders = [p["leader"] for p in described.get("partitions", ())]
+            if len(leaders) == partitions and all(leader is not None and leader >= 0 for leader in leaders):
                 return
             await asyncio.sleep(0.1)
     finally:
-        await consumer.stop()
-
-
-def _tp(topic: str, partition: int):
-    from aiokafka.structs import TopicPartition
-
-    return TopicPartition(topic, partition)
+        await admin.close()
 
 
 def free_port() -> int:
@@ -73,6 +66,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def broker_connections(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` to ``port`` (Linux: its socket
+    descriptors matched against /proc/net/tcp and tcp6)."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and remote_port == port and fields[9] in inodes:  # 01: ESTABLISHED
+                count += 1
+    return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> str:

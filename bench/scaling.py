@@ -1,51 +1,107 @@
-"""Scaling: the same pre-loaded load with 1 and 2 worker processes on 8 partitions.
+"""Scaling with partitions: what one worker costs at rest and how fast it reads, at 4, 16 and
+64 partitions.
 
-    python bench/scaling.py [--records 500000] [--smoke] [--json]
+    python bench/scaling.py [--records 400000] [--partitions 4 16 64] [--idle-s 10] [--smoke] [--json]
 
-Prints records/s for each and the ratio. On a 2-core machine the broker, the
-benchmark and the workers share both cores, so the second worker mostly adds
-a rebalance: expect well under 2x here; on separate machines each worker adds
-its share of partitions.
+For each partition count: one worker on an idle records topic, once ready, is watched for
+``--idle-s``: its TCP connections to the broker and the CPU it burns doing nothing; then
+a fresh worker reads a pre-loaded fleet of ``--records`` records to the last batch's
+metrics (records/s, from ready to the last metrics: the steady state). The baseline is
+the smallest partition count, measured in the same run: a worker whose cost grows with
+its partitions shows ratios well over 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_json_flag, broker_address, core_name, report
-from _pipeline import fleet, preload, run_workers
+from _common import (
+    add_json_flag,
+    broker_address,
+    broker_connections,
+    core_name,
+    cpu_seconds,
+    free_port,
+    fresh_topic,
+    report,
+)
+from _pipeline import fleet, preload, run_workers_timed, start_workers, stop_workers
+
+
+def idle_worker(bootstrap: str, partitions: int, idle_s: float) -> tuple[int, float]:
+    """(connections to the broker, CPU % of one core) of a ready worker on an idle topic."""
+    topic = fresh_topic(bootstrap, "idle", partitions)
+    port = free_port()
+    _, procs = start_workers(bootstrap, topic, partitions, 1, web_port=port)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/specmeter/readyz", timeout=2) as response:
+                    if json.loads(response.read()).get("ready"):
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"the worker on {partitions} partitions was not ready within 120 s")
+            time.sleep(0.2)
+        time.sleep(min(3.0, idle_s))  # the restore's reader is closed, start-up work done
+        pid = procs[0].pid
+        port_of_broker = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
+        connections = broker_connections(pid, port_of_broker)
+        before, started = cpu_seconds(pid), time.monotonic()
+        time.sleep(idle_s)
+        cpu = (cpu_seconds(pid) - before) / (time.monotonic() - started) * 100
+        return max(connections, broker_connections(pid, port_of_broker)), cpu
+    finally:
+        stop_workers(procs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--partitions", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--idle-s", type=float, default=10.0, help="how long an idle worker is watched")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     add_json_flag(parser)
     args = parser.parse_args()
     target = 5_000 if args.smoke else args.records
+    idle_s = 2.0 if args.smoke else args.idle_s
     bootstrap = broker_address()
-    topic, records, batches = preload(bootstrap, fleet(target), 8)
-    rates = {}
-    for workers in (1, 2):
-        rates[workers] = records / run_workers(bootstrap, topic, 8, batches, workers=workers)
+    rows, figures = [], {}
+    for partitions in args.partitions:
+        connections, cpu = idle_worker(bootstrap, partitions, idle_s)
+        topic, records, batches = preload(bootstrap, fleet(target), partitions)
+        run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
+        rate = records / run.steady_s
+        figures[partitions] = {"connections": connections, "idle_cpu_percent": cpu, "records_per_s": rate}
+        rows.append(
+            (
+                f"{partitions} partitions",
+                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s",
+            )
+        )
+    base, top = figures[args.partitions[0]], figures[args.partitions[-1]]
+    rows.append(
+        (
+            f"ratio {args.partitions[-1]}/{args.partitions[0]}",
+            f"connections {top['connections'] / base['connections']:.2f}x, idle CPU "
+            f"{top['idle_cpu_percent'] / max(base['idle_cpu_percent'], 0.01):.2f}x, records/s "
+            f"{base['records_per_s'] / top['records_per_s']:.2f}x slower   "
+            f"(baseline: {args.partitions[0]} partitions, same run)",
+        )
+    )
     report(
-        f"scaling ({records:,} records, {batches} batches, 8 partitions)",
-        [
-            ("1 worker", f"{rates[1]:,.0f} records/s"),
-            ("2 workers", f"{rates[2]:,.0f} records/s"),
-            ("ratio 2/1", f"{rates[2] / rates[1]:.2f}x   (baseline: 1 worker, same run)"),
-        ],
-        {
-            "records": records,
-            "batches": batches,
-            "core": core_name(),
-            "one_worker_records_per_s": rates[1],
-            "two_workers_records_per_s": rates[2],
-        },
+        f"scaling with partitions ({records:,} records, {batches} batches per run; one worker)",
+        rows,
+        {"records": records, "batches": batches, "core": core_name(), "by_partitions": figures},
         as_json=args.json,
     )
 

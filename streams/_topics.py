@@ -56,20 +56,18 @@ async def existing_partitions(admin: Any, names: Iterable[str]) -> dict[str, int
     Python: on a broker holding a few thousand topics that took a worker's start-up
     0.3 s per call. The metadata request for named topics must not create them
     (``auto.create.topics.enable`` would, with the broker's default partition
-    count), which aiokafka's ``describe_topics`` does not ask for; hence the request
-    is built here and sent through the admin client's ``_send_request``
-    (aiokafka >= 0.11; ``tests/test_stream_app.py`` checks it against a real broker).
+    count), which aiokafka's ``describe_topics`` does not ask for
+    (``_internals.metadata_without_auto_create``; ``tests/test_stream_app.py`` checks
+    it against a real broker).
     """
-    from aiokafka.protocol.metadata import MetadataRequest
+    from ._internals import metadata_without_auto_create
 
     wanted = sorted(set(names))
     if not wanted:
         return {}
-    response = await admin._send_request(MetadataRequest(wanted, allow_auto_topic_creation=False))
+    response = await metadata_without_auto_create(admin, wanted)
     return {
-        t["topic"]: len(t["partitions"])
-        for t in response.to_object()["topics"]
-        if t.get("error_code", 0) == 0 and t["partitions"]
+        t["topic"]: len(t["partitions"]) for t in response["topics"] if t.get("error_code", 0) == 0 and t["partitions"]
     }
 
 

@@ -423,7 +423,7 @@ def _topic_options(func):
     type=click.IntRange(0, 65535),
     default=_DEFAULTS.web_port,
     show_default=True,
-    help="HTTP port for health, stats and Prometheus metrics.",
+    help="HTTP port for health, stats and Prometheus metrics (0: any free port; the log names it).",
 )
 @click.option("--web-host", default=_DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")

@@ -7,6 +7,8 @@ import gc
 import logging
 import sys
 
+import msgspec
+
 from ._logging import bound_log_lines
 from ._topics import ensure_topics
 from .app import build_app
@@ -14,24 +16,53 @@ from .settings import WorkerSettings
 
 __all__ = ["run_worker"]
 
+log = logging.getLogger("specmeter.worker")
+
 
 def run_worker(settings: WorkerSettings) -> None:
     """Create missing topics, then run the worker until SIGINT/SIGTERM."""
     import faust
 
+    class Worker(faust.Worker):
+        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+            """Faust's, mode's and aiokafka's INFO lines (≈300 at start-up, boxed tables of
+            topics among them) only at --log-level debug: the worker says what matters."""
+            super().on_setup_root_logger(logger, level)
+            if level > logging.DEBUG:
+                for name in ("faust", "mode", "aiokafka"):
+                    logging.getLogger(name).setLevel(logging.WARNING)
+
     bound_log_lines()
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    if settings.web_enabled and settings.web_port == 0:  # any free port: say which
+        settings = msgspec.structs.replace(settings, web_port=_free_port(settings.web_host))
     asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
-    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    if settings.web_enabled:
+        shown = "127.0.0.1" if settings.web_host in ("0.0.0.0", "::", "") else settings.web_host
+        log.info(
+            "web server on http://%s:%d: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
+            shown,
+            settings.web_port,
+        )
+    worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
     finally:
         if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
             print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
             raise SystemExit(1)
+
+
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (``--web-port 0``)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "::") else "0.0.0.0", 0))
+        return int(s.getsockname()[1])
 
 
 def _gc_timer(counters):

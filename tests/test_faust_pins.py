@@ -1,5 +1,5 @@
-"""What specmeter copies of Faust's private internals (``TablelessManager``): a test that fails
-when the faust-streaming release changes them, so the copy is looked at again."""
+"""What ``streams/_internals.py`` relies on of Faust's and aiokafka's private internals: these
+tests fail when the installed release changes it, so the room is looked at again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from specmeter.streams.app import FAUST_TABLE_MANAGER_VERSION, _check_table_manager, _table_manager
+from specmeter.streams._internals import AIOKAFKA_PINNED, FAUST_PINNED, check_pins, table_manager
 
 #: faust-streaming's ``TableManager.on_start`` as ``TablelessManager.on_start`` copies it (less the sleep)
 _COPIED_ON_START = '''
@@ -21,41 +21,60 @@ async def on_start(self) -> None:
 '''
 
 
+def test_the_installed_releases_are_the_pinned_ones():
+    import aiokafka
+    import faust
+
+    assert faust.__version__ == FAUST_PINNED, "read streams/_internals.py against this faust-streaming, then re-pin"
+    assert aiokafka.__version__ == AIOKAFKA_PINNED, "read streams/_internals.py against this aiokafka, then re-pin"
+
+
 def test_faust_table_manager_on_start_is_the_one_copied():
     from faust.tables import TableManager
 
     source = textwrap.dedent(inspect.getsource(TableManager.on_start))
     assert source.strip() == _COPIED_ON_START.strip(), (
-        f"faust-streaming's TableManager.on_start changed since {FAUST_TABLE_MANAGER_VERSION}: "
-        f"update TablelessManager (streams/app.py) to match it"
+        f"faust-streaming's TableManager.on_start changed since {FAUST_PINNED}: update TablelessManager"
     )
     assert inspect.iscoroutinefunction(TableManager._update_channels)
-    assert inspect.iscoroutinefunction(TableManager.on_start)
 
 
 def test_the_tableless_manager_is_faust_s_less_the_pause():
     from faust.tables import TableManager
 
-    manager = _table_manager()
+    manager = table_manager(on_streams_resumed=lambda: None)
     assert issubclass(manager, TableManager)
     assert "sleep" not in inspect.getsource(manager.on_start)
 
 
-def test_a_faust_without_the_private_hook_fails_at_start_up_with_a_clear_error():
-    class Changed:  # a TableManager whose private method was renamed
-        recovery = None
-        should_stop = False
-
-    with pytest.raises(RuntimeError, match=r"TableManager has no _update_channels.*must be updated"):
-        _check_table_manager(Changed)
-
-
 def test_faust_recovery_calls_on_actives_ready_after_resuming_the_partitions():
-    """``TablelessManager.on_actives_ready`` takes the records partitions back from Faust's
-    delivery and starts the restores: it must come after Faust resumed the partitions."""
+    """``on_actives_ready`` pauses Faust's delivery of the input: it must come after Faust
+    resumed the partitions, or Faust would deliver them."""
     from faust.tables.recovery import Recovery
 
     source = inspect.getsource(Recovery._resume_streams)  # the path of an app without tables
     resumed = source.find("consumer.resume_partitions(")
     ready = source.find("self.tables.on_actives_ready()")
-    assert 0 <= resumed < ready, f"Recovery._resume_streams changed since faust-streaming {FAUST_TABLE_MANAGER_VERSION}"
+    assert 0 <= resumed < ready, f"Recovery._resume_streams changed since faust-streaming {FAUST_PINNED}"
+
+
+def test_the_commit_and_the_metadata_request_are_where_they_were():
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.metadata import MetadataRequest
+    from faust.transport.consumer import Consumer
+
+    assert inspect.iscoroutinefunction(Consumer._commit)
+    assert list(inspect.signature(Consumer._commit).parameters) == ["self", "offsets"]
+    assert inspect.iscoroutinefunction(AIOKafkaAdminClient._send_request)
+    assert "allow_auto_topic_creation" in inspect.signature(MetadataRequest).parameters
+    check_pins()  # and what the worker checks at start holds
+
+
+def test_a_faust_without_a_private_member_fails_at_start_up_with_a_clear_error():
+    class Changed:  # a TableManager whose private method was renamed
+        recovery = None
+        should_stop = False
+        on_actives_ready = None
+
+    with pytest.raises(RuntimeError, match=r"TableManager._update_channels missing.*must be updated"):
+        check_pins(Changed)

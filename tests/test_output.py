@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from specmeter.streams._output import OrderedProducer
-from specmeter.streams.app import _split_chunk
+from specmeter.streams._routes import split_chunk
 
 from .support.kafka_helpers import create_topic, read_topic
 
@@ -29,7 +29,7 @@ from .support.kafka_helpers import create_topic, read_topic
 )
 def test_a_chunk_is_bounded_by_bytes_and_never_empty(sizes, max_bytes, first):
     messages = [(offset, b"x" * size) for offset, size in enumerate(sizes)]
-    chunk, rest = _split_chunk(messages, max_bytes)
+    chunk, rest = split_chunk(messages, max_bytes)
     assert chunk == messages[:first] and rest == messages[first:]
 
 
@@ -160,59 +160,3 @@ def test_room_waits_while_more_than_the_limit_is_queued_and_returns_at_half(kafk
     assert before_start == 500_000
     assert queued == 2_500_000
     assert after <= 200_000
-
-
-@pytest.mark.kafka
-def test_a_direct_read_in_chunks_continues_where_the_last_stopped_without_seeking(kafka_bootstrap, unique_name):
-    """A catch-up reads chunk after chunk: each read starts where the previous stopped and
-    takes what the consumer prefetched (a seek drops it); any other start seeks, exactly."""
-    from aiokafka import AIOKafkaProducer
-
-    from specmeter.streams._reader import DirectReader
-
-    topic = unique_name("direct")
-    asyncio.run(create_topic(kafka_bootstrap, topic, 1))
-
-    async def run() -> tuple[list[int], int, list[int], list[int]]:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
-        await producer.start()
-        try:
-            for i in range(1000):
-                await producer.send(topic, f"{i}".encode(), partition=0)
-            await producer.flush()
-        finally:
-            await producer.stop()
-        reader = DirectReader(kafka_bootstrap)
-        try:
-            seen: list[int] = []
-            start = 0
-            messages, start = await reader.read_range(topic, 0, start, None, max_messages=64)
-            seen += [o for o, v in messages if v == f"{o}".encode()]
-            seeks = 0
-            real_seek = reader._consumer.seek
-
-            def counting_seek(*args: object) -> None:
-                nonlocal seeks
-                seeks += 1
-                real_seek(*args)
-
-            reader._consumer.seek = counting_seek
-            while True:
-                messages, upto = await reader.read_range(topic, 0, start, None, max_messages=64)
-                seen += [o for o, v in messages if v == f"{o}".encode()]
-                if not messages:
-                    break
-                start = upto
-            continued = seeks
-            again, _ = await reader.read_range(topic, 0, 500, 510)  # elsewhere: a seek, exactly there
-            tail, _ = await reader.read_range(topic, 0, 990, None, max_messages=64)
-            assert seeks == continued + 2
-            return seen, continued, [o for o, _ in again], [o for o, _ in tail]
-        finally:
-            await reader.close()
-
-    seen, seeks, again, tail = asyncio.run(run())
-    assert seen == list(range(1000))
-    assert seeks == 0
-    assert again == list(range(500, 510))
-    assert tail == list(range(990, 1000))

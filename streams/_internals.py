@@ -1,0 +1,146 @@
+"""Faust and aiokafka internals, in one room: every private member specmeter relies on.
+
+The rest of the code uses only public API (ruff's SLF001 keeps it so); each use
+here says why no public way exists, and ``tests/test_faust_pins.py`` fails when
+the pinned release changes what it relies on. ``check_pins`` runs when the worker
+starts, so a worker on another release stops with one line saying what to update
+instead of misbehaving.
+
+What Faust does for the worker, and what it no longer does:
+
+* it runs the consumer group (membership, the assignor, rebalances) and tells the
+  worker about assignments through its public ``on_partitions_assigned`` /
+  ``on_partitions_revoked`` signals; the app's lifecycle, its timers and its web
+  server;
+* it never delivers the input: its consumer stays subscribed to the records and
+  partials topics (that is how the group assigns them) but every assigned partition
+  of theirs is paused in it right after Faust resumes them (``TablelessManager``
+  below), and each stage reads its input through its own route (``_routes``);
+* it commits nothing of the input (it commits only what it delivered and someone
+  acked); the worker's checkpoints are committed through ``commit_offsets`` below,
+  the one committer, for the group's lag;
+* it writes nothing: its producer is not started (``boot_strategy``); every state
+  write and output goes through the worker's ordered producer (``_output``);
+* its tables, table recovery, agents and ``/router/`` and ``/table/`` pages are not used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "FAUST_PINNED",
+    "AIOKAFKA_PINNED",
+    "boot_strategy",
+    "check_pins",
+    "commit_offsets",
+    "metadata_without_auto_create",
+    "table_manager",
+]
+
+log = logging.getLogger("specmeter.worker")
+
+#: the faust-streaming release whose internals are used below (pyproject bounds it to 0.15.x)
+FAUST_PINNED = "0.15.3"
+#: the aiokafka release whose internals are used below (pyproject bounds it to 0.14.x)
+AIOKAFKA_PINNED = "0.14.0"
+
+#: private members of Faust's ``TableManager`` that ``TablelessManager.on_start`` calls
+_TABLE_MANAGER_NEEDS = ("_update_channels", "recovery", "should_stop", "on_actives_ready")
+
+
+def check_pins(table_manager_class: type | None = None) -> None:
+    """Fail at start-up, saying what to update, when the installed Faust or aiokafka
+    lacks a private member used here."""
+    import faust
+    from aiokafka.admin import AIOKafkaAdminClient
+    from faust.tables import TableManager
+    from faust.transport.consumer import Consumer
+
+    manager = table_manager_class or TableManager
+    missing = [f"TableManager.{name}" for name in _TABLE_MANAGER_NEEDS if not hasattr(manager, name)]
+    if table_manager_class is None:
+        if not hasattr(Consumer, "_commit"):
+            missing.append("Consumer._commit")
+        if not hasattr(AIOKafkaAdminClient, "_send_request"):
+            missing.append("AIOKafkaAdminClient._send_request")
+    if missing:
+        raise RuntimeError(
+            f"faust-streaming {getattr(faust, '__version__', '?')}: {', '.join(missing)} missing; "
+            f"specmeter's streams/_internals.py is written against faust-streaming {FAUST_PINNED} and "
+            f"aiokafka {AIOKAFKA_PINNED} and must be updated for this release"
+        )
+
+
+def table_manager(on_streams_resumed: Callable[[], None]) -> type:
+    """Faust's table manager without its start-up pause, calling ``on_streams_resumed``
+    right after every rebalance's ``Recovery._resume_streams`` resumed the partitions.
+
+    Why private: ``TableManager.on_start`` sleeps 1 s for tables to register before
+    subscribing (no setting removes it); specmeter has no Faust tables, so the copy
+    calls the private ``_update_channels`` at once. And ``on_actives_ready`` is the one
+    hook Faust calls after it resumed the assigned partitions (the order of the private
+    ``Recovery._resume_streams``): the first moment their delivery can be paused for good.
+    """
+    from faust.tables import TableManager
+
+    check_pins(TableManager)
+
+    class TablelessManager(TableManager):
+        logger = logging.getLogger("faust.tables")  # its start-up lines are Faust's, quiet like them
+
+        async def on_start(self) -> None:
+            if not self.should_stop:
+                await self._update_channels()
+                await self.recovery.start()
+
+        def on_actives_ready(self) -> None:
+            super().on_actives_ready()
+            try:
+                on_streams_resumed()
+            except Exception:  # inside Faust's recovery: never fail it
+                log.exception("after a rebalance: pausing Faust's delivery of the input failed")
+
+    return TablelessManager
+
+
+def boot_strategy() -> type:
+    """Faust's services less its producer: the worker writes through its own (``_output``).
+    Public API (``App.BootStrategy``, a documented customisation); here beside the rest
+    of what tells Faust what not to do."""
+    from faust.app.base import BootStrategy
+
+    class WithoutProducer(BootStrategy):
+        enable_kafka_producer = False
+
+    return WithoutProducer
+
+
+async def commit_offsets(app: Any, offsets: Mapping[tuple[str, int], int]) -> bool:
+    """Commit ``offsets`` ((topic, partition) -> next offset to read) for the worker's
+    consumer group, through the group member Faust runs.
+
+    Why private: Faust's public ``Consumer.commit`` commits what its own delivery
+    handed out and was acked; the worker reads its input itself, so it passes its
+    checkpoints to the ``_commit`` behind it. Nothing else commits these topics."""
+    consumer = app.consumer
+    if consumer is None or not offsets:
+        return False
+    from faust.types import TP
+
+    tps = {TP(topic, partition): offset for (topic, partition), offset in offsets.items()}
+    return bool(await consumer._commit(tps))
+
+
+async def metadata_without_auto_create(admin: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The metadata response for the named topics, asked so that a missing one is not
+    created (``auto.create.topics.enable`` would, with the broker's default partitions).
+
+    Why private: aiokafka's ``describe_topics`` sends a MetadataRequest that allows
+    auto-creation; the request is built here and sent through ``_send_request``."""
+    from aiokafka.protocol.metadata import MetadataRequest
+
+    response = await admin._send_request(MetadataRequest(sorted(set(names)), allow_auto_topic_creation=False))
+    return dict(response.to_object())
