@@ -150,7 +150,8 @@ class InputRoute:
 
     async def run(self) -> None:
         """Read until cancelled; after an error (a broker away for a while), again from the
-        checkpoints with a fresh consumer, ``RETRY_S`` later."""
+        checkpoints with a fresh consumer, ``RETRY_S`` later (said once per outage)."""
+        failures, last_failure = 0, 0.0
         while True:
             self._following = {}
             try:
@@ -158,7 +159,12 @@ class InputRoute:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - logged, retried: the route must not die
-                log.warning("route of %s: reading failed (%r); again in %.0f s", self.topic, exc, self.driver.RETRY_S)
+                if time.monotonic() - last_failure > 60:
+                    failures = 0  # a new outage, not the same one going on
+                failures, last_failure = failures + 1, time.monotonic()
+                (log.warning if failures == 1 else log.debug)(
+                    "route of %s: reading failed (%r); trying again every %.0f s", self.topic, exc, self.driver.RETRY_S
+                )
                 await asyncio.sleep(self.driver.RETRY_S)
 
     async def _read(self) -> None:
@@ -299,7 +305,8 @@ class DeliveryDriver:
     # -- restores ---------------------------------------------------------------------------------
     async def restorer(self) -> None:
         """Restore what the ledger says, all of a round's partitions through one reader;
-        a round that failed is tried again ``RETRY_S`` later."""
+        a round that failed is tried again ``RETRY_S`` later (said once, and once it worked)."""
+        failures = 0
         while True:
             await self._restore_wanted.wait()
             self._restore_wanted.clear()
@@ -318,9 +325,16 @@ class DeliveryDriver:
                 if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                     raise  # the restorer itself is being stopped
             except Exception as exc:  # noqa: BLE001 - a broker away for a while
-                log.warning("restoring %d partition(s) failed (%r): retrying in %.0f s", len(begun), exc, self.RETRY_S)
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "restoring %d partition(s) failed (%r): retrying every %.0f s", len(begun), exc, self.RETRY_S
+                )
                 await asyncio.sleep(self.RETRY_S)
                 self._restore_wanted.set()
+            else:
+                if failures:
+                    log.info("restoring succeeded after %d failed tries", failures)
+                failures = 0
             finally:
                 self._restoring = None
                 for topic, partition, epoch in begun:

@@ -35,14 +35,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             markers never complete (close_reason ``timeout``).
         grace_s: keep a closed batch this long: late records within it give a
             new revision; after it they are dead-lettered as ``late``.
-        chunk_messages: Kafka messages Faust's delivery hands over (and stage 1
-            checkpoints) together.
-        chunk_wait_s: longest wait to fill such a chunk.
-        chunk_bytes: input bytes the worker's own records reader applies (and
-            checkpoints) together at most, per partition: a marker waits behind at
-            most one such chunk of each partition (1 MiB: about 60 ms of work).
-        fetch_wait_ms: how long the worker's own readers let the broker hold a fetch
-            that finds nothing new (a fetch that finds data returns at once).
+        chunk_bytes: input bytes a stage's route applies (and checkpoints) together at
+            most, per partition: a marker waits behind at most one such chunk of each
+            partition (1 MiB: about 60 ms of work).
+        fetch_wait_ms: how long the routes let the broker hold a fetch that finds
+            nothing new (a fetch that finds data returns at once).
         max_queued_output_bytes: the stages wait after a chunk while more than this
             is queued for the producer and not yet handed to it (back-pressure: a
             backlog's changelog is sent as it is read, not held in memory).
@@ -68,8 +65,6 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     replication_factor: int = 1
     batch_timeout_s: float = 60.0
     grace_s: float = 300.0
-    chunk_messages: int = 200
-    chunk_wait_s: float = 0.01
     chunk_bytes: int = 1_048_576
     fetch_wait_ms: int = 50
     max_queued_output_bytes: int = 8 * 1024 * 1024
