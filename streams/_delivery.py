@@ -184,6 +184,11 @@ class Ledger:
             return True
         return False
 
+    @property
+    def any_catching_up(self) -> bool:
+        """Whether some installed partition still catches up (a cheap test for the routes)."""
+        return any(part.catch_up_end is not None for part in self._partitions.values())
+
     def catching_up(self, topic: str) -> dict[int, int]:
         """partition -> the log end its route must reach before the timers run."""
         return {

@@ -37,6 +37,7 @@ __all__ = [
     "check_pins",
     "commit_offsets",
     "metadata_without_auto_create",
+    "set_fetch_wait",
     "table_manager",
 ]
 
@@ -66,6 +67,8 @@ def check_pins(table_manager_class: type | None = None) -> None:
             missing.append("Consumer._commit")
         if not hasattr(AIOKafkaAdminClient, "_send_request"):
             missing.append("AIOKafkaAdminClient._send_request")
+        if "self._fetch_max_wait_ms" not in _fetcher_source():
+            missing.append("Fetcher._fetch_max_wait_ms")
     if missing:
         raise RuntimeError(
             f"faust-streaming {getattr(faust, '__version__', '?')}: {', '.join(missing)} missing; "
@@ -107,13 +110,15 @@ def table_manager(on_streams_resumed: Callable[[], None]) -> type:
 
 
 def boot_strategy() -> type:
-    """Faust's services less its producer: the worker writes through its own (``_output``).
+    """Faust's services less its producer (the worker writes through its own, ``_output``)
+    and its sensors.
     Public API (``App.BootStrategy``, a documented customisation); here beside the rest
     of what tells Faust what not to do."""
     from faust.app.base import BootStrategy
 
     class WithoutProducer(BootStrategy):
         enable_kafka_producer = False
+        enable_sensors = False  # Faust's monitor counts what Faust delivers: nothing
 
     return WithoutProducer
 
@@ -144,3 +149,24 @@ async def metadata_without_auto_create(admin: Any, names: Iterable[str]) -> dict
 
     response = await admin._send_request(MetadataRequest(sorted(set(names)), allow_auto_topic_creation=False))
     return dict(response.to_object())
+
+
+def _fetcher_source() -> str:
+    import inspect
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    return inspect.getsource(Fetcher)
+
+
+def set_fetch_wait(consumer: Any, wait_ms: int) -> None:
+    """Let the broker hold this consumer's next fetches up to ``wait_ms`` when nothing is new.
+
+    Why private: aiokafka takes ``fetch_max_wait_ms`` once, when the consumer starts, and
+    its fetcher reads ``_fetch_max_wait_ms`` for every request. A route's short wait
+    keeps a busy partition from waiting behind a fetch for quiet ones, but an idle
+    worker then sends a fetch listing every partition 20 times a second per route: its
+    CPU grew with its partitions. An idle route waits longer; data ends a wait at once."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_max_wait_ms = wait_ms

@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol
 
 from ._delivery import Checkpointed, Claim, Ledger, TopicPartition
+from ._internals import set_fetch_wait
 from .settings import WorkerSettings
 
 __all__ = ["ChangelogReader", "DeliveryDriver", "InputRoute", "StageHooks"]
@@ -138,13 +139,24 @@ class InputRoute:
     of each partition, never behind a whole backlog. A catch-up after a restore is
     this same reading, from the restored checkpoint: the ledger holds the partition's
     timers until the route reaches the log end it had at install.
+
+    After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
+    ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
+    worker's CPU then does not grow with its partitions, and new input still ends a
+    held fetch at once.
     """
+
+    IDLE_AFTER_S = 5.0
+    IDLE_FETCH_WAIT_MS = 1000
 
     def __init__(self, driver: DeliveryDriver, topic: str, *, chunk_bytes: int, fetch_options: Mapping[str, Any]):
         self.driver = driver
         self.topic = topic
         self.chunk_bytes = chunk_bytes
         self.fetch_options = fetch_options
+        self.busy_fetch_wait_ms: int = fetch_options.get("fetch_max_wait_ms", 500)
+        #: the fetch wait in force (the busy one, or ``IDLE_FETCH_WAIT_MS`` while idle)
+        self.fetch_wait_ms = self.busy_fetch_wait_ms
         #: partition -> the state its consumer position was set for
         self._following: dict[int, Checkpointed] = {}
 
@@ -174,17 +186,22 @@ class InputRoute:
         consumer = driver.new_consumer(**self.fetch_options)
         try:
             await consumer.start()
+            self.fetch_wait_ms = self.busy_fetch_wait_ms
+            last_input = time.monotonic()
             while True:
                 self._refollow(consumer)
                 if not self._following:
                     await driver.assignment_changed.wait()
                     continue
                 epoch = ledger.epoch
-                fetched = await consumer.getmany(timeout_ms=200)
+                fetched = await consumer.getmany(timeout_ms=self.fetch_wait_ms + 150)
                 pending: dict[int, list[tuple[int, bytes]]] = {}
                 for tp, messages in fetched.items():
                     if messages:
                         pending[tp.partition] = [(m.offset, m.value) for m in messages]
+                if pending:
+                    last_input = time.monotonic()
+                self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
                 while pending:
                     for partition in list(pending):
                         claim = Claim(topic, partition, epoch, self._following.get(partition))
@@ -209,7 +226,7 @@ class InputRoute:
                             pending[partition] = rest
                         await driver.apply(claim, chunk)
                     await asyncio.sleep(0)  # the other stage and the producer between rounds
-                for partition, end in ledger.catching_up(topic).items():
+                for partition, end in ledger.catching_up(topic).items() if ledger.any_catching_up else ():
                     held = ledger.claim(topic, partition)
                     if held is not None and self._following.get(partition) is held.state:
                         position = await consumer.position(TP(topic, partition))
@@ -217,6 +234,12 @@ class InputRoute:
                             driver.caught_up(held, end)
         finally:
             await consumer.stop()
+
+    def _pace(self, consumer: Any, *, idle: bool) -> None:
+        wait_ms = self.IDLE_FETCH_WAIT_MS if idle else self.busy_fetch_wait_ms
+        if wait_ms != self.fetch_wait_ms:
+            set_fetch_wait(consumer, wait_ms)
+            self.fetch_wait_ms = wait_ms
 
     def _refollow(self, consumer: Any) -> None:
         """Point the consumer at the partitions the ledger says to read now, each at its

@@ -569,6 +569,11 @@ class PartitionProcessor:
             closed_at_ms=batch.closed_at_ms,
         )
 
+    @property
+    def has_timers(self) -> bool:
+        """Whether ``tick`` has anything to look at (an idle partition costs a worker nothing)."""
+        return bool(self.batches or self._overflow_partials)
+
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
         effects = Effects()

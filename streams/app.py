@@ -279,13 +279,14 @@ class StreamShell:
         t = self.settings.topics
         ledger = self.delivery.ledger
         now_ms = _now_ms()
-        for partition, processor in sorted(self.processors.items()):
-            if ledger.timers_run(t.records, partition):
+        processors = self.processors
+        for partition, processor in sorted(processors.items()):
+            if processor.has_timers and ledger.timers_run(t.records, partition):
                 self._apply(processor.tick(now_ms), partition)
         for partition, merger in sorted(self.mergers.items()):
-            if ledger.timers_run(t.partials, partition):
+            if merger.entries and ledger.timers_run(t.partials, partition):
                 self._apply_merge(merger.tick(now_ms), partition)
-        _compact_closed(self.processors.values(), now_ms)
+        _compact_closed(processors.values(), now_ms)
 
     def ready(self) -> bool:
         """Not rebalancing, and the state of every owned partition restored."""
@@ -355,7 +356,10 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         topic_replication_factor=settings.replication_factor,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
-        broker_commit_interval=settings.commit_interval_s,
+        # Faust commits nothing of the input (``_internals.commit_offsets`` does, on its own
+        # timer): its commit loop, and the livelock check that walks every assigned partition
+        # at 2.5 times its interval, need not run often
+        broker_commit_interval=60.0,
         # Faust's consumer never hands the input over (its partitions stay paused), but
         # aiokafka under it prefetches one fetch per partition when they are resumed: keep it small
         consumer_max_fetch_size=65_536,

@@ -67,6 +67,11 @@ def test_the_commit_and_the_metadata_request_are_where_they_were():
     assert list(inspect.signature(Consumer._commit).parameters) == ["self", "offsets"]
     assert inspect.iscoroutinefunction(AIOKafkaAdminClient._send_request)
     assert "allow_auto_topic_creation" in inspect.signature(MetadataRequest).parameters
+    from aiokafka.consumer.fetcher import Fetcher
+
+    # set_fetch_wait: the fetcher keeps the wait as an attribute and reads it for every request
+    assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
+    assert "self._fetch_max_wait_ms," in inspect.getsource(Fetcher._get_actions_per_node)
     check_pins()  # and what the worker checks at start holds
 
 
