@@ -20,6 +20,8 @@ from typing import Any
 
 from specmeter.schemas import BatchMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
 
+from ._topic_lookup import subscribe_existing
+
 __all__ = [
     "follow_metrics",
     "metrics_table",
@@ -61,11 +63,13 @@ async def follow_metrics(
 
     Starts at the topic's beginning (``from_beginning``), else ``last`` messages
     before the end of each partition (those count towards ``max_messages``).
+
+    Raises:
+        TopicNotFound: ``topic`` does not exist (it is never created).
     """
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(
-        topic,
+    consumer = AIOKafkaConsumer(  # no topic here: subscribing to a missing one would create it
         bootstrap_servers=broker,
         group_id=None,
         enable_auto_commit=False,
@@ -76,6 +80,7 @@ async def follow_metrics(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         await consumer.start()  # inside try: a failed start must still close the client
+        await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
         if not from_beginning and last > 0:
             await _rewind(consumer, last)
         while (max_messages is None or seen < max_messages) and (deadline is None or time.monotonic() < deadline):
@@ -93,6 +98,13 @@ async def follow_metrics(
     finally:
         await consumer.stop()
     return seen
+
+
+def _missing_topic_fix(similar: list[str], of_role: list[str]) -> str:
+    if similar:
+        return f"did you mean {' or '.join(similar)}?"
+    named = f" (metrics topics there: {', '.join(of_role)})" if of_role else ""
+    return f"start `specmeter worker` first, or name its --metrics-topic{named}"
 
 
 async def _rewind(consumer: Any, last: int) -> None:

@@ -118,6 +118,18 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
             text,
             None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions",
         )
+    from ._topic_lookup import TopicNotFound
+
+    if isinstance(exc, TopicNotFound):
+        variable = f"SPECMETER_{command.upper()}_TOPIC"
+        if exc.similar:
+            others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
+            fix = f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+        elif exc.of_role:
+            fix = f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+        else:
+            fix = f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+        return f"topic {exc.topic!r} does not exist at {exc.broker} ({command} never creates one)", fix
     from aiokafka import errors as kafka
 
     name = type(exc).__name__
