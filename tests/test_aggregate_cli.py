@@ -111,6 +111,8 @@ def test_jsonl_stays_what_a_pipe_gets(tmp_path):
     piped = aggregate(path)
     assert [json.loads(line)["batch_id"] for line in piped.stdout.splitlines()] == ["step-2", "step-10"]
     assert without_clock(aggregate("--format", "jsonl", path).stdout) == without_clock(piped.stdout)
+    from_env = aggregate(path, env={"SPECMETER_AGGREGATE_FORMAT": "json"})
+    assert isinstance(json.loads(from_env.stdout), list)
 
 
 def test_table_view(tmp_path):

@@ -288,3 +288,19 @@ def test_json_lines_carry_the_acceptance_by_position(kafka_bootstrap, new_topic)
     assert json.loads(proc.stdout)["accept_rate_by_position"] == [0.5, 0.25]
     table = _tail("--broker", kafka_bootstrap, "--topic", topic, "--max-messages", "1", "--timeout", "30")
     assert "step-1" in table.stdout
+
+
+@pytest.mark.kafka
+def test_tail_json_follows_the_variable_rule(kafka_bootstrap, metrics_topic):
+    """SPECMETER_<COMMAND>_<FLAG>: `tail --json` reads SPECMETER_TAIL_JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"SPECMETER_TAIL_JSON": "1"}
+    args = ["tail", "--broker", kafka_bootstrap, "--topic", metrics_topic, "--max-messages", "2", "--timeout", "30"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == ["step-00005", "step-00006"]
