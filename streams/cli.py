@@ -649,7 +649,8 @@ def replay(
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._replay import replay_lines
+    from specmeter.streams._dump import DumpEncodingError
+    from specmeter.streams._replay import ReplaySummary, replay_lines
 
     security = _security()
     _preflight(broker, security)
@@ -666,23 +667,54 @@ def replay(
         transient=False,
         console=None,
     )
-    with stream, progress:
-        task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
-        summary = asyncio.run(
-            replay_lines(
-                stream,
-                settings,
-                rate=rate,
-                speculative_algorithm=speculative_algorithm,
-                on_line=lambda n: progress.advance(task, n),
+    summary = ReplaySummary()
+    try:
+        with stream, progress:
+            task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
+            asyncio.run(
+                replay_lines(
+                    stream,
+                    settings,
+                    rate=rate,
+                    speculative_algorithm=speculative_algorithm,
+                    on_line=lambda n: progress.advance(task, n),
+                    summary=summary,
+                )
             )
-        )
+    except KeyboardInterrupt:
+        _report_interrupted_replay(summary)
+        click.get_current_context().exit(130)
+    except DumpEncodingError as exc:
+        raise CommandFailed(f"cannot read {file}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
     click.echo(
         f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers from "
         f"{summary.producers} producer(s) in {summary.seconds:.1f}s; closed {summary.batches_closed_at_end} "
         f"open batch(es) at the end",
         err=True,
     )
+
+
+def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
+    """Ctrl-C: what was sent, and which batches the worker will close only by timeout."""
+    click.echo(
+        f"specmeter replay: interrupted after {summary.seconds:.1f}s: sent {summary.records:,} records, "
+        f"{summary.invalid:,} invalid, {summary.markers:,} marker(s) from {summary.producers} producer(s) "
+        f"({summary.acknowledged:,} records and invalid lines acknowledged by Kafka)",
+        err=True,
+    )
+    if summary.half_sent:
+        names = [batch if run is None else f"{run}/{batch}" for run, batch in summary.half_sent]
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        click.echo(
+            f"specmeter replay: warning: {len(names)} batch(es) left half-sent, their markers not sent: "
+            f"{', '.join(names[:shown])}{more}",
+            err=True,
+        )
+        click.echo(
+            f"  the worker closes them after its --batch-timeout ({_DEFAULTS.batch_timeout_s:g} s by default) "
+            "as 'timeout', incomplete",
+            err=True,
+        )
 
 
 @main.command(epilog=KAFKA_ENV_HELP)
