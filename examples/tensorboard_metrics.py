@@ -55,12 +55,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--broker", required=True, help="Kafka bootstrap servers, host:port[,host:port]")
     parser.add_argument("--run-id", default=None, help="the training run's run_id (default: the default run)")
     parser.add_argument("--topic", default="specmeter.metrics", help="the worker's --metrics-topic")
+    parser.add_argument(
+        "--topic-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for a worker to create the topic (default: fail at once; a reader never creates it)",
+    )
     parser.add_argument("--logdir", required=True, help="TensorBoard log directory")
     args = parser.parse_args(argv)
 
     writer = _summary_writer(args.logdir)
     try:
-        follow(consume_metrics_sync(args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True), writer)
+        follow(
+            consume_metrics_sync(
+                args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True, topic_wait_s=args.topic_wait
+            ),
+            writer,
+        )
+    except LookupError as exc:  # a mistyped --topic: one line naming existing ones, never a new topic
+        parser.exit(1, f"{parser.prog}: {exc}\n")
     finally:
         writer.close()
 

@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--broker", required=True, help="Kafka bootstrap servers, host:port[,host:port]")
     parser.add_argument("--run-id", default=None, help="the training run's run_id (default: the default run)")
     parser.add_argument("--topic", default="specmeter.metrics", help="the worker's --metrics-topic")
+    parser.add_argument(
+        "--topic-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for a worker to create the topic (default: fail at once; a reader never creates it)",
+    )
     parser.add_argument("--project", required=True, help="wandb project")
     parser.add_argument("--wandb-id", default=None, help="log into this existing wandb run (the trainer's)")
     args = parser.parse_args(argv)
@@ -57,7 +64,14 @@ def main(argv: list[str] | None = None) -> None:
 
     run = wandb.init(project=args.project, id=args.wandb_id, resume="allow" if args.wandb_id else None)
     try:
-        follow(consume_metrics_sync(args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True), run)
+        follow(
+            consume_metrics_sync(
+                args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True, topic_wait_s=args.topic_wait
+            ),
+            run,
+        )
+    except LookupError as exc:  # a mistyped --topic: one line naming existing ones, never a new topic
+        parser.exit(1, f"{parser.prog}: {exc}\n")
     finally:
         run.finish()
 

@@ -41,7 +41,7 @@ from ._errors import (
     TopicMissingError,
 )
 from ._framing import frame_batch, frame_overhead
-from ._settings import PublisherSettings, plain_bootstrap
+from ._settings import PublisherSettings, plain_bootstrap, unavailable_message
 
 __all__ = ["Publisher", "partition_for_key"]
 
@@ -145,10 +145,7 @@ class Publisher:
                 client.get_random_node(), MetadataRequest([s.topic], allow_auto_topic_creation=False)
             )
         except KafkaError as exc:
-            raise BrokerUnavailableError(
-                f"no Kafka broker answers at {bootstrap} ({type(exc).__name__}): check "
-                f"PublisherSettings.bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
-            ) from exc
+            raise BrokerUnavailableError(unavailable_message(bootstrap, type(exc).__name__)) from exc
         (topic,) = response.topics
         error_code, partitions = topic[0], topic[-1]
         if error_code not in (0, UnknownTopicOrPartitionError.errno):

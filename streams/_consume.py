@@ -27,13 +27,15 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from types import EllipsisType
 from typing import Any, TypeGuard
 
 from specmeter.schemas import METRICS_TOPIC, BatchMetrics, decode_metrics
 
-__all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC"]
+from ._topic_lookup import TopicNotFound, subscribe_existing
+
+__all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC", "TopicNotFound"]
 
 log = logging.getLogger("specmeter.consume")
 
@@ -60,23 +62,16 @@ class _Newest:
         return True
 
 
-async def _subscribe(consumer: Any, topic: str, wait_s: float) -> list[Any]:
-    """Subscribe to the topic once it exists (waiting up to ``wait_s``; never creating
-    it) and return its partitions, all assigned to this group-less consumer."""
-    deadline = time.monotonic() + wait_s
-    while topic not in await consumer.topics():
-        if time.monotonic() >= deadline:
-            raise LookupError(
-                f"metrics topic {topic!r} does not exist on the broker after {wait_s:.0f}s: start a worker "
-                f"(`specmeter worker --metrics-topic {topic}`) or pass the topic it publishes to (topic=...)"
-            )
-        await asyncio.sleep(0.5)
-    consumer.subscribe([topic])
-    while not consumer.assignment():  # without a group every partition is assigned once metadata arrives
-        if time.monotonic() >= deadline + 30:
-            raise TimeoutError(f"no partition of {topic!r} was assigned in time: check the broker's metadata")
-        await asyncio.sleep(0.05)
-    return sorted(consumer.assignment())
+def _missing_topic_fix(topic: str) -> Callable[[list[str], list[str]], str]:
+    def fix(similar: list[str], of_role: list[str]) -> str:
+        start = (
+            f"start a worker (`specmeter worker --metrics-topic {topic}`) or pass the topic it publishes to (topic=...)"
+        )
+        if similar:
+            return f"did you mean topic={similar[0]!r}? (similar: {', '.join(similar)}); else {start}"
+        return start + (f"; metrics topics there: {', '.join(of_role)}" if of_role else "")
+
+    return fix
 
 
 def _decode(message: Any) -> BatchMetrics | None:
@@ -111,7 +106,8 @@ async def consume_metrics(
         stop_at_end: stop once the messages present at the start have been read
             (with ``from_beginning``: after the backlog; otherwise at once).
         idle_timeout_s: stop after this long without a new message (None: never).
-        topic_wait_s: how long to wait for the topic to exist before raising.
+        topic_wait_s: how long to wait for the topic to exist before raising (a
+            warning is logged when the wait begins); the topic is never created.
         remember: how many batches' newest revisions are remembered.
         kafka: extra ``AIOKafkaConsumer`` arguments, e.g. security settings
             (``KafkaSecurity.from_env().aiokafka_kwargs()``).
@@ -120,7 +116,8 @@ async def consume_metrics(
         BatchMetrics, a batch's first publication or a newer revision of it.
 
     Raises:
-        LookupError: the topic does not exist after ``topic_wait_s``.
+        TopicNotFound (a LookupError): the topic does not exist after ``topic_wait_s``;
+            its message and ``similar`` name existing topics with a similar name.
     """
     from aiokafka import AIOKafkaConsumer
 
@@ -133,7 +130,19 @@ async def consume_metrics(
     )
     await consumer.start()
     try:
-        partitions = await _subscribe(consumer, topic, topic_wait_s)
+
+        def waiting(similar: list[str]) -> None:  # once: why nothing comes yet
+            log.warning(
+                "metrics topic %r does not exist at %s yet: waiting up to %.0fs for a worker to create it%s",
+                topic,
+                bootstrap_servers,
+                topic_wait_s,
+                f" (existing topics with a similar name: {', '.join(similar)})" if similar else "",
+            )
+
+        partitions = await subscribe_existing(
+            consumer, topic, bootstrap_servers, wait_s=topic_wait_s, fix=_missing_topic_fix(topic), on_wait=waiting
+        )
         if from_beginning:
             await consumer.seek_to_beginning(*partitions)
         else:

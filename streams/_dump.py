@@ -9,6 +9,7 @@ turned into a record with the rules of docs/contract.md §2 (``"attempts":
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -16,7 +17,29 @@ import msgspec
 from specmeter.producers import record_from_attempts, record_from_meta_info
 from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
 
-__all__ = ["parse_dump_line"]
+__all__ = ["parse_dump_line", "dump_lines", "DumpEncodingError"]
+
+#: what Windows tools (Notepad, PowerShell's Out-File -Encoding utf8) write before UTF-8 text
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+class DumpEncodingError(ValueError):
+    """The dump is not UTF-8 text (PowerShell 5's ``>`` writes UTF-16)."""
+
+
+def dump_lines(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of a dump, a UTF-8 byte-order mark removed (at the start of any line:
+    files joined with ``cat`` keep theirs), so a file reads the same with or without one.
+
+    Raises:
+        DumpEncodingError: the first line starts with a UTF-16 byte-order mark.
+    """
+    for number, line in enumerate(lines):
+        if number == 0 and line.startswith(UTF16_BOMS):
+            raise DumpEncodingError("it is UTF-16 text, not UTF-8 (PowerShell's `>` writes UTF-16)")
+        yield line[len(UTF8_BOM) :] if line.startswith(UTF8_BOM) else line
+
 
 _decoder = msgspec.json.Decoder()
 _IDENTITY = (

@@ -58,7 +58,10 @@ class OfflineAggregator:
     parse: Callable[[bytes | str], GenerationRecord | BatchMarker | InvalidRecord] = decode_json_line
     #: by batch identity (run_id, batch_id)
     batches: dict[tuple[str | None, str], BatchState] = field(default_factory=dict)
+    #: lines that could not be used (reported through ``on_error``)
     errors: int = 0
+    #: lines that were a valid record or marker
+    read: int = 0
 
     def _state(self, run_id: str | None, batch_id: str) -> BatchState:
         state = self.batches.get((run_id, batch_id))
@@ -76,8 +79,10 @@ class OfflineAggregator:
 
     def feed(self, item: GenerationRecord | BatchMarker | InvalidRecord, line_number: int = 0) -> None:
         if isinstance(item, GenerationRecord):
+            self.read += 1
             self._state(item.run_id, item.batch_id).add(item)
         elif isinstance(item, BatchMarker):
+            self.read += 1
             self._state(item.run_id, item.batch_id).add_marker(item)
         else:
             self.errors += 1

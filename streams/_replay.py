@@ -14,14 +14,14 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMarker, GenerationRecord
 
-from ._dump import parse_dump_line
+from ._dump import dump_lines, parse_dump_line
 
 __all__ = ["replay_lines", "ReplaySummary"]
 
@@ -29,14 +29,29 @@ DEFAULT_PRODUCER = "specmeter-replay"
 MAX_PRODUCERS = 256
 
 
+#: lines read between two yields to the event loop, so Ctrl-C (a cancellation) lands at once
+YIELD_EVERY_LINES = 256
+#: on Ctrl-C, how long the publishers may take to deliver what they had accepted
+STOP_AFTER_INTERRUPT_S = 10.0
+
+
 @dataclass
 class ReplaySummary:
+    """What a replay sent; filled in as it goes, so a caller still has it after Ctrl-C."""
+
     records: int = 0
     invalid: int = 0
     markers: int = 0
     batches_closed_at_end: int = 0
     producers: int = 0
     seconds: float = 0.0
+    #: records and invalid lines Kafka acknowledged (known once the publishers stopped)
+    acknowledged: int = 0
+    #: the replay was cancelled (Ctrl-C) before the end of the file
+    interrupted: bool = False
+    #: (run_id, batch_id) of batches with input sent but not every producer's marker:
+    #: the worker closes them only by timeout, as incomplete (filled when interrupted)
+    half_sent: list[tuple[str | None, str]] = field(default_factory=list)
 
 
 async def replay_lines(
@@ -46,12 +61,22 @@ async def replay_lines(
     rate: float | None = None,
     speculative_algorithm: str | None = None,
     on_line: Callable[[int], None] | None = None,
+    summary: ReplaySummary | None = None,
 ) -> ReplaySummary:
-    """Publish every line; ``rate`` paces records per second. Returns what was sent."""
+    """Publish every line; ``rate`` paces records per second. Returns what was sent.
+
+    ``summary`` is filled in place (pass one to still have it after a cancellation:
+    then ``interrupted`` is set and ``half_sent`` names the batches left without
+    their markers). Cancelled, the publishers still deliver what they had accepted
+    (up to ``STOP_AFTER_INTERRUPT_S``) and send no marker.
+    """
     publishers: dict[tuple[str, str | None], Publisher] = {}
     batch_producers: dict[tuple[str | None, str], set[str]] = defaultdict(set)
     algorithms: dict[tuple[str | None, str], str] = {}
-    summary = ReplaySummary()
+    #: producers whose marker was sent (acknowledged), and the producers the markers expect, per batch
+    marked: dict[tuple[str | None, str], set[str]] = defaultdict(set)
+    expected_of: dict[tuple[str | None, str], int] = {}
+    summary = ReplaySummary() if summary is None else summary
     started = time.monotonic()
     default_run = settings.run_id
 
@@ -66,8 +91,23 @@ async def replay_lines(
             await publisher.start()
         return publisher
 
+    def closed(key: tuple[str | None, str], producer: str, expected: int) -> None:
+        marked[key].add(producer)
+        expected_of[key] = max(expected_of.get(key, 0), expected)
+
+    def half_sent() -> list[tuple[str | None, str]]:
+        keys = dict.fromkeys([*batch_producers, *marked])
+        return [
+            key
+            for key in keys
+            if len(marked.get(key, ())) < max(expected_of.get(key, 0), len(batch_producers.get(key, ())), 1)
+        ]
+
+    stop_timeout_s = 30.0
     try:
-        for line in lines:
+        for number, line in enumerate(dump_lines(lines), start=1):
+            if number % YIELD_EVERY_LINES == 0:
+                await asyncio.sleep(0)
             if on_line is not None:
                 on_line(len(line))
             if not line.strip():
@@ -89,6 +129,7 @@ async def replay_lines(
                 await publisher.close_batch(
                     item.batch_id, item.speculative_algorithm or speculative_algorithm, item.expected_producers
                 )
+                closed((run, item.batch_id), item.producer_id, item.expected_producers)
                 summary.markers += 1
             else:
                 producer = item.producer_id or DEFAULT_PRODUCER
@@ -122,10 +163,19 @@ async def replay_lines(
             for batch_id in publisher.open_batches():
                 expected = len(batch_producers.get((run, batch_id), ())) or 1
                 await publisher.close_batch(batch_id, algorithms.get((run, batch_id), speculative_algorithm), expected)
+                closed((run, batch_id), publisher.settings.producer_id, expected)
                 summary.batches_closed_at_end += 1
+    except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: asyncio.run cancels, a second one raises
+        summary.interrupted = True
+        summary.half_sent = half_sent()
+        stop_timeout_s = STOP_AFTER_INTERRUPT_S
+        raise
     finally:
-        for publisher in publishers.values():
-            await publisher.stop()
-    summary.producers = len({producer for producer, _ in publishers})
-    summary.seconds = time.monotonic() - started
+        try:
+            for publisher in publishers.values():
+                await publisher.stop(stop_timeout_s)
+        finally:
+            summary.acknowledged = sum(p.stats["records_acked"] for p in publishers.values())
+            summary.producers = len({producer for producer, _ in publishers})
+            summary.seconds = time.monotonic() - started
     return summary

@@ -2,8 +2,11 @@
 
 Like ``tail`` it starts with what is already there (the last ``last`` messages of
 each partition), then follows. The table fits the terminal (80 columns
-included): fixed numeric columns, the rest shared by the batch name and a
-compact drift view, the accept rate per weight version (``v7 .75 v8 .71``).
+included), one row per batch sorted by run and batch (``step-2`` before
+``step-10``): fixed numeric columns, the rest shared by the batch name (never cut
+below what tells rows apart), the acceptance by draft position (``.81 .62 .40``,
+dropped first when short) and a compact drift view, the accept rate per weight
+version (``v7 .75 v8 .71``).
 """
 
 from __future__ import annotations
@@ -17,13 +20,28 @@ from typing import Any
 
 from specmeter.schemas import BatchMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
 
-__all__ = ["follow_metrics", "metrics_table", "drift_text", "batch_label", "run_tail"]
+from ._topic_lookup import subscribe_existing
 
-#: (header, content width) of the fixed columns, between "batch" and "drift"
-_FIXED = (("rev", 3), ("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5), ("c/i/l", 5), ("close", 8))
+__all__ = [
+    "follow_metrics",
+    "metrics_table",
+    "drift_text",
+    "positions_text",
+    "batch_label",
+    "fit_labels",
+    "batch_order",
+    "run_tail",
+]
+
+#: (header, content width) of the numeric columns, between "batch" and "c/i/l"
+_FIXED = (("rev", 3), ("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
 #: below this width "gens" is left out, so batch names and the drift view keep room
 _WIDE = 100
 _GAP = 2  # between columns: the (blank) divider and one space of right padding
+#: the per-position column shows at most this many positions (then "…")
+_MAX_POSITIONS = 8
+#: the drift view keeps at least this much room before the per-position column is shown
+_DRIFT_BEFORE_POSITIONS = 20
 
 
 def _fixed(width: int) -> tuple[tuple[str, int], ...]:
@@ -45,11 +63,13 @@ async def follow_metrics(
 
     Starts at the topic's beginning (``from_beginning``), else ``last`` messages
     before the end of each partition (those count towards ``max_messages``).
+
+    Raises:
+        TopicNotFound: ``topic`` does not exist (it is never created).
     """
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(
-        topic,
+    consumer = AIOKafkaConsumer(  # no topic here: subscribing to a missing one would create it
         bootstrap_servers=broker,
         group_id=None,
         enable_auto_commit=False,
@@ -60,6 +80,7 @@ async def follow_metrics(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         await consumer.start()  # inside try: a failed start must still close the client
+        await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
         if not from_beginning and last > 0:
             await _rewind(consumer, last)
         while (max_messages is None or seen < max_messages) and (deadline is None or time.monotonic() < deadline):
@@ -79,6 +100,13 @@ async def follow_metrics(
     return seen
 
 
+def _missing_topic_fix(similar: list[str], of_role: list[str]) -> str:
+    if similar:
+        return f"did you mean {' or '.join(similar)}?"
+    named = f" (metrics topics there: {', '.join(of_role)})" if of_role else ""
+    return f"start `specmeter worker` first, or name its --metrics-topic{named}"
+
+
 async def _rewind(consumer: Any, last: int) -> None:
     """Seek every assigned partition to ``last`` messages before its end."""
     partitions = list(consumer.assignment())
@@ -90,11 +118,17 @@ async def _rewind(consumer: Any, last: int) -> None:
         consumer.seek(tp, max(begins[tp], ends[tp] - last))
 
 
-def _natural(version: str | None) -> tuple:
-    """v9 before v10; the unknown version last."""
-    if version is None:
+def _natural(text: str | None) -> tuple:
+    """Natural order: step-2 before step-10, v9 before v10; None (unknown) last."""
+    if text is None:
         return (1, ())
-    return (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", version) if p))
+    return (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p))
+
+
+def batch_order(m: BatchMetrics) -> tuple:
+    """Rows by run, then batch, both in natural order (step-2 before step-10); the
+    default run (no run_id) first."""
+    return (m.run_id is not None, _natural(m.run_id), _natural(m.batch_id))
 
 
 def _rate(value: Any) -> str:
@@ -124,15 +158,84 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
     return _fit_left(text, width)
 
 
-def batch_label(m: BatchMetrics, width: int) -> str:
-    """``run/batch`` (just the batch in the default run), shortened from the run's side."""
+def positions_text(rates: list[float] | None, width: int = 80) -> str:
+    """Acceptance by draft position, first position first: ``.81 .62 .40`` (as many as fit, then …)."""
+    if not rates:
+        return "-"
+    parts = [_rate(r) for r in rates[:_MAX_POSITIONS]]
+    cut = len(parts) < len(rates)
+    while parts and len(" ".join(parts) + (" …" if cut else "")) > width:
+        parts.pop()
+        cut = True
+    return " ".join(parts) + (" …" if cut else "") if parts else "…"
+
+
+_SEPARATORS = "-_./:@"
+
+
+def _run_suffixes(batches: list[BatchMetrics]) -> dict[str, int]:
+    """For each run id shown, the length of its end that tells it from the other runs:
+    what follows their common prefix, from the separator before it (``-2`` of
+    ``grpo-7-attempt-2`` beside ``grpo-7-attempt-3``); 0 when a single run is shown."""
+    runs = sorted({m.run_id for m in batches if m.run_id is not None})
+    if len(runs) < 2:
+        return dict.fromkeys(runs, 0)
+    start = next((i for i, chars in enumerate(zip(*runs, strict=False)) if len(set(chars)) > 1), min(map(len, runs)))
+    if start == 0:  # they differ from their first character, which the label's start keeps
+        return dict.fromkeys(runs, 0)
+    for back in range(1, 9):  # to the separator before it, a few characters at most
+        if start - back >= 0 and runs[0][start - back] in _SEPARATORS:
+            start -= back
+            break
+    return {run: len(run) - start for run in runs}
+
+
+def _label(m: BatchMetrics, run_suffix: dict[str, int]) -> tuple[str, int]:
+    """``run/batch`` (just the batch in the default run), and how much of its end an
+    elided label keeps whenever it can: the batch id and what tells the run apart."""
     if m.run_id is None:
-        return _fit_left(m.batch_id, width)
-    room = width - len(m.batch_id) - 1
-    if room >= 2:
-        run = m.run_id if len(m.run_id) <= room else m.run_id[: room - 1] + "…"
-        return f"{run}/{m.batch_id}"
-    return _fit_left(f"{m.run_id}/{m.batch_id}", width)
+        return m.batch_id, 0
+    return f"{m.run_id}/{m.batch_id}", len(m.batch_id) + 1 + run_suffix.get(m.run_id, 0)
+
+
+def _elide(text: str, width: int, tail: int) -> str:
+    """``text`` in ``width`` characters: its start, "…", then its last ``tail`` characters."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    tail = max(0, min(tail, width - 1))
+    return text[: width - 1 - tail] + "…" + (text[len(text) - tail :] if tail else "")
+
+
+def fit_labels(batches: list[BatchMetrics], width: int) -> list[str]:
+    """Each row's ``run/batch`` in ``width`` characters, rows that differ kept different.
+
+    A label too long loses its middle, never the batch id at its end while that
+    fits, nor what tells its run from the other runs shown: ``grpo-7-attempt-2/step-1``
+    and ``grpo-7-attempt-3/step-1`` become ``grpo-7…-2/step-1`` and ``grpo-7…-3/step-1``,
+    not two ``grpo-7-at…/step-1``. Where labels still collide, the kept end grows one
+    character at a time until every label is told apart."""
+    suffixes = _run_suffixes(batches)
+    labels = [_label(m, suffixes) for m in batches]
+    if all(len(text) <= width for text, _ in labels):
+        return [text for text, _ in labels]
+    distinct = len({text for text, _ in labels})
+    balanced = (width - 1) // 2
+
+    def attempt(extra: int) -> list[str]:
+        return [_elide(text, width, (batch_end or balanced) + extra) for text, batch_end in labels]
+
+    for extra in range(width):
+        out = attempt(extra)
+        if len(set(out)) == distinct:
+            return out
+    return attempt(0)
+
+
+def batch_label(m: BatchMetrics, width: int) -> str:
+    """One row's label in ``width`` characters (``fit_labels`` of a single row)."""
+    return fit_labels([m], width)[0]
 
 
 def _count(n: float | None) -> str:
@@ -147,29 +250,62 @@ def _count(n: float | None) -> str:
     return f"{n:.0f}"
 
 
-def _widths(total: int, labels: list[str], drifts: list[str]) -> tuple[int, int]:
-    """Widths of the batch and drift columns in a table ``total`` columns wide: each
-    what it needs when both fit, else the batch name gets at most half the room."""
-    fixed = _fixed(total)
-    room = max(20, total - sum(w for _, w in fixed) - _GAP * (len(fixed) + 1))
-    batch_need = max([len(s) for s in labels] + [10])
-    drift_need = max([len(s) for s in drifts] + [10])
-    if batch_need + drift_need <= room:
-        return batch_need, drift_need
-    batch = min(batch_need, max(10, room - drift_need, room // 2))
-    return batch, max(10, room - batch)
+def _problems(m: BatchMetrics) -> str:
+    """conflicting/invalid/late: shown whole, whatever its width."""
+    conflicting = m.metrics.get("spec/conflicting_generation_count", 0)
+    return "/".join(_count(n) for n in (conflicting, m.invalid_record_count, m.late_record_count))
+
+
+def _close(m: BatchMetrics) -> str:
+    return m.close_reason if m.complete else f"{m.close_reason}!"
+
+
+class _Layout:
+    """Column widths of a table ``total`` columns wide, in the order things give way:
+    the per-position column goes first, then (below 100 columns) the generation
+    count; the drift view shrinks before the batch labels do, and a label is never
+    cut below what tells it from the other rows; c/i/l and close are never cut."""
+
+    def __init__(self, total: int, shown: list[BatchMetrics]) -> None:
+        revision_w = max([3] + [len(str(m.revision)) for m in shown])
+        self.fixed = [(name, revision_w if name == "rev" else w) for name, w in _fixed(total)]
+        self.fixed.append(("c/i/l", max([5] + [len(_problems(m)) for m in shown])))
+        self.fixed.append(("close", max([5] + [len(_close(m)) for m in shown])))
+        room = max(20, total - sum(w for _, w in self.fixed) - _GAP * (len(self.fixed) + 1))
+        labels = [_label(m, {})[0] for m in shown]
+        drifts = [drift_text(m.by_weight_version, 200) for m in shown]
+        positions = [positions_text(m.accept_rate_by_position) for m in shown]
+        batch_need = max([len(s) for s in labels] + [10])
+        drift_need = max([len(s) for s in drifts] + [10])
+        pos_need = max([len(s) for s in positions] + [3])
+        self.positions = 0
+        if any(m.accept_rate_by_position for m in shown):
+            spare = room - batch_need - _GAP - pos_need
+            if spare >= min(drift_need, _DRIFT_BEFORE_POSITIONS):
+                self.positions = pos_need
+                room -= pos_need + _GAP
+        if batch_need + drift_need <= room:
+            self.batch, self.drift = batch_need, drift_need
+            return
+        batch = min(batch_need, max(10, room - drift_need, room // 2))
+        while batch < min(batch_need, room - 10) and not _distinct(fit_labels(shown, batch), labels):
+            batch += 1
+        self.batch, self.drift = batch, max(10, room - batch)
+
+
+def _distinct(fitted: list[str], labels: list[str]) -> bool:
+    return len(set(fitted)) == len(set(labels))
 
 
 def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
-    """The latest ``rows`` batches as a rich Table no wider than ``width`` (without
-    the unique-generation count when narrower than 100 columns)."""
+    """The ``rows`` most recently updated batches of ``latest`` (in the order they were
+    updated), as a rich Table no wider than ``width``, sorted by run and batch
+    (``batch_order``)."""
     from rich import box
     from rich.table import Table
 
-    shown = list(latest.values())[-rows:]
-    full_labels = [m.batch_id if m.run_id is None else f"{m.run_id}/{m.batch_id}" for m in shown]
-    full_drifts = [drift_text(m.by_weight_version, 200) for m in shown]
-    batch_w, drift_w = _widths(width, full_labels, full_drifts)
+    shown = sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
+    layout = _Layout(width, shown)
     table = Table(
         title=title or f"specmeter: latest {len(shown)} batches",
         box=box.SIMPLE_HEAD,
@@ -177,13 +313,16 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         pad_edge=False,
         padding=(0, 1, 0, 0),
         expand=False,
-        caption="c/i/l conflicting/invalid/late · ! incomplete · drift: accept rate by version",
+        caption="c/i/l conflicting/invalid/late · ! incomplete · "
+        + ("pos: accept rate by draft position · " if layout.positions else "")
+        + "drift: accept rate by version",
     )
-    table.add_column("batch", width=batch_w, no_wrap=True, overflow="ellipsis")
-    fixed = _fixed(width)
-    for name, w in fixed:
+    table.add_column("batch", width=layout.batch, no_wrap=True, overflow="ellipsis")
+    for name, w in layout.fixed:
         table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
-    table.add_column("drift", width=drift_w, no_wrap=True, overflow="ellipsis")
+    if layout.positions:
+        table.add_column("pos", width=layout.positions, no_wrap=True, overflow="ellipsis")
+    table.add_column("drift", width=layout.drift, no_wrap=True, overflow="ellipsis")
 
     def ratio(v: Any) -> str:
         return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
@@ -191,25 +330,23 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     def share(v: Any) -> str:
         return "-" if v is None else f"{v * 100:.0f}%"
 
-    for m in shown:
+    for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
         x = m.metrics
-        problems = "/".join(
-            _count(n)
-            for n in (x.get("spec/conflicting_generation_count", 0), m.invalid_record_count, m.late_record_count)
-        )
         cells = {
             "rev": str(m.revision),
             "accept": ratio(x.get("spec/accept_rate")),
             "tok/v": ratio(x.get("spec/tokens_per_verify")),
             "cov": share(x.get("spec/accept_count_coverage")),
             "gens": _count(x.get("spec/unique_generation_count")),
-            "c/i/l": problems,
-            "close": m.close_reason if m.complete else f"{m.close_reason[:7]}!",
+            "c/i/l": _problems(m),
+            "close": _close(m),
         }
+        extra = [positions_text(m.accept_rate_by_position, layout.positions)] if layout.positions else []
         table.add_row(
-            batch_label(m, batch_w),
-            *(cells[name] for name, _ in fixed),
-            drift_text(m.by_weight_version, drift_w),
+            label,
+            *(cells[name] for name, _ in layout.fixed),
+            *extra,
+            drift_text(m.by_weight_version, layout.drift),
             style=None if m.complete else "yellow",
         )
     return table

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import click
+from click.core import ParameterSource
 
 from specmeter.schemas import MAX_ID, encode_metrics
 
@@ -118,6 +119,18 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
             text,
             None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions",
         )
+    from ._topic_lookup import TopicNotFound
+
+    if isinstance(exc, TopicNotFound):
+        variable = f"SPECMETER_{command.upper()}_TOPIC"
+        if exc.similar:
+            others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
+            fix = f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+        elif exc.of_role:
+            fix = f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+        else:
+            fix = f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+        return f"topic {exc.topic!r} does not exist at {exc.broker} ({command} never creates one)", fix
     from aiokafka import errors as kafka
 
     name = type(exc).__name__
@@ -193,6 +206,40 @@ def _preflight(broker: str, security: Any, topic_partitions: dict[str, int] | No
     asyncio.run(check_broker(broker, security, topic_partitions=topic_partitions))
 
 
+class EnvValueInvalid(CommandFailed):
+    """A flag's environment variable holds a value the flag does not take: blamed on the variable."""
+
+    exit_code = 2  # a usage error, as click's own
+
+
+class _Command(click.Command):
+    """A command that blames a bad value read from the environment on the variable
+    (``SPECMETER_WORKER_PARTITIONS='abc' ...``), not on a flag the person never typed."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            param = exc.param
+            name = None if param is None else _envvar_set(param)
+            if (
+                param is None
+                or name is None
+                or ctx.get_parameter_source(param.name or "") is not (ParameterSource.ENVIRONMENT)
+            ):
+                raise
+            flag = (param.opts or [param.human_readable_name])[0]
+            raise EnvValueInvalid(
+                f"{name}={os.environ[name]!r} is not a valid value for {flag}: {exc.message}",
+                f"set {name} to a valid value or unset it (`{ctx.command_path} --help` explains {flag})",
+                command=ctx.command_path,
+            ) from None
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+
 def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """``--version``: specmeter's and its stream libraries' versions, and which core runs."""
     if not value or ctx.resilient_parsing:
@@ -222,7 +269,7 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
 @click.option(
     "--version",
     is_flag=True,
@@ -251,8 +298,17 @@ def main() -> None:
     default=None,
     help="Treat every batch as run with this algorithm (e.g. EAGLE3), as a marker naming it would.",
 )
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["auto", "table", "jsonl", "json"], case_sensitive=False),
+    default="auto",
+    show_default=True,
+    help="table: one row per batch, fitted to the terminal; jsonl: one BatchMetrics JSON object per line; "
+    "json: one JSON document (a list); auto: a table on a terminal, JSON lines when piped.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Do not report bad lines on stderr (they are still counted).")
-def aggregate(file: IO[bytes], speculative_algorithm: str | None, quiet: bool) -> None:
+def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format: str, quiet: bool) -> None:
     """Aggregate a JSON-lines rollout dump without Kafka; '-' reads stdin.
 
     Each line is a record (batch_id, session_id, generation_id, sample_id,
@@ -260,35 +316,82 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, quiet: bool) -
     producer_id; missing fields are unknown), a batch marker
     ({"type": "marker", "batch_id", "producer_id", "records_sent",
     "speculative_algorithm", "expected_producers"}), or an SGLang output
-    ({"meta_info": {...}, "batch_id", "session_id", "sample_id", ...}). Prints one BatchMetrics JSON
-    object per batch, in order of first appearance. A bad line is reported on
-    stderr with its line number and reason, counted in its batch when the batch
-    is readable, and never stops the run.
+    ({"meta_info": {...}, "batch_id", "session_id", "sample_id", ...}). Prints the
+    BatchMetrics of each batch, in order of first appearance (the table sorts by
+    run and batch). A bad line is reported on stderr with its line number and
+    reason, counted in its batch when the batch is readable, and never stops the
+    run; the exit status is 1 when no line at all could be read (an empty file
+    included). A UTF-8 byte-order mark is ignored.
     """
 
     def report(error: LineError) -> None:
         if not quiet:
             click.echo(f"specmeter aggregate: {error}", err=True)
 
-    from specmeter.streams._dump import parse_dump_line
+    from specmeter.streams._dump import DumpEncodingError, dump_lines, parse_dump_line
 
+    given = getattr(file, "name", "-")
+    name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
     aggregator = OfflineAggregator(speculative_algorithm=speculative_algorithm, on_error=report, parse=parse_dump_line)
-    aggregator.feed_lines(file)
-    out = sys.stdout.buffer
-    for metrics in aggregator.results():
-        out.write(encode_metrics(metrics) + b"\n")
-    out.flush()
+    try:
+        aggregator.feed_lines(dump_lines(file))
+    except DumpEncodingError as exc:
+        raise CommandFailed(f"cannot read {name}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
+    results = aggregator.results()
+    fmt = output_format.lower()
+    if fmt == "auto":
+        fmt = "table" if sys.stdout.isatty() else "jsonl"
+    _print_metrics(results, fmt, f"specmeter aggregate {name}: {len(results)} batch(es)")
     if aggregator.errors and not quiet:
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
+    if aggregator.read == 0:
+        a_dump = "a dump has one record, marker or SGLang output per line (`specmeter aggregate --help`)"
+        if aggregator.errors == 0:
+            raise CommandFailed(f"{name} is empty: no records to aggregate", a_dump)
+        raise CommandFailed(f"none of the {aggregator.errors} line(s) of {name} could be read", a_dump)
+
+
+def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
+    """``aggregate``'s output: JSON lines, one JSON document, or a table."""
+    out = sys.stdout.buffer
+    if fmt == "jsonl":
+        out.writelines(encode_metrics(m) + b"\n" for m in results)
+    elif fmt == "json":  # one object per line inside the list: readable, and one document
+        out.write(b"[\n" + b",\n".join(encode_metrics(m) for m in results) + (b"\n]\n" if results else b"]\n"))
+    elif results:
+        from rich.console import Console
+
+        from ._tail import metrics_table
+
+        console = Console()
+        latest = {(m.run_id, m.batch_id): m for m in results}
+        console.print(metrics_table(latest, len(latest), console.width, title=title))
+    out.flush()
 
 
 def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from .settings import bootstrap_servers
+    """HOST:PORT list; a host without a port gets Kafka's 9092, and a line on stderr says so."""
+    from specmeter.producers._settings import split_bootstrap
 
     try:
-        return bootstrap_servers(value)
+        addresses = split_bootstrap(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    assumed = [address for address, guessed in addresses if guessed]
+    if assumed:
+        name = _envvar_set(param) if ctx.get_parameter_source("broker") is ParameterSource.ENVIRONMENT else None
+        given = f"{name}={value}" if name else f"--broker {value}"
+        click.echo(
+            f"{ctx.command_path}: {given} names no port: using {', '.join(assumed)} (Kafka's default)",
+            err=True,
+        )
+    return ",".join(address for address, _ in addresses)
+
+
+def _envvar_set(param: click.Parameter) -> str | None:
+    """The environment variable ``param`` read its value from."""
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    return next((name for name in names if name in os.environ), None)
 
 
 def _broker_option(func):
@@ -380,7 +483,8 @@ def _topic_options(func):
     default=_DEFAULTS.max_open_generations,
     show_default=True,
     metavar="N",
-    help="Distinct generations one partition may hold (130-300 B each); the batch that "
+    help="Distinct generations one partition may hold (about 85-130 B each with the native core, 570 B "
+    "with the Python core); the batch that "
     "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.",
 )
 @click.option(
@@ -545,7 +649,8 @@ def replay(
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._replay import replay_lines
+    from specmeter.streams._dump import DumpEncodingError
+    from specmeter.streams._replay import ReplaySummary, replay_lines
 
     security = _security()
     _preflight(broker, security)
@@ -562,23 +667,54 @@ def replay(
         transient=False,
         console=None,
     )
-    with stream, progress:
-        task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
-        summary = asyncio.run(
-            replay_lines(
-                stream,
-                settings,
-                rate=rate,
-                speculative_algorithm=speculative_algorithm,
-                on_line=lambda n: progress.advance(task, n),
+    summary = ReplaySummary()
+    try:
+        with stream, progress:
+            task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
+            asyncio.run(
+                replay_lines(
+                    stream,
+                    settings,
+                    rate=rate,
+                    speculative_algorithm=speculative_algorithm,
+                    on_line=lambda n: progress.advance(task, n),
+                    summary=summary,
+                )
             )
-        )
+    except KeyboardInterrupt:
+        _report_interrupted_replay(summary)
+        click.get_current_context().exit(130)
+    except DumpEncodingError as exc:
+        raise CommandFailed(f"cannot read {file}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
     click.echo(
         f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers from "
         f"{summary.producers} producer(s) in {summary.seconds:.1f}s; closed {summary.batches_closed_at_end} "
         f"open batch(es) at the end",
         err=True,
     )
+
+
+def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
+    """Ctrl-C: what was sent, and which batches the worker will close only by timeout."""
+    click.echo(
+        f"specmeter replay: interrupted after {summary.seconds:.1f}s: sent {summary.records:,} records, "
+        f"{summary.invalid:,} invalid, {summary.markers:,} marker(s) from {summary.producers} producer(s) "
+        f"({summary.acknowledged:,} records and invalid lines acknowledged by Kafka)",
+        err=True,
+    )
+    if summary.half_sent:
+        names = [batch if run is None else f"{run}/{batch}" for run, batch in summary.half_sent]
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        click.echo(
+            f"specmeter replay: warning: {len(names)} batch(es) left half-sent, their markers not sent: "
+            f"{', '.join(names[:shown])}{more}",
+            err=True,
+        )
+        click.echo(
+            f"  the worker closes them after its --batch-timeout ({_DEFAULTS.batch_timeout_s:g} s by default) "
+            "as 'timeout', incomplete",
+            err=True,
+        )
 
 
 @main.command(epilog=KAFKA_ENV_HELP)
@@ -847,17 +983,31 @@ def tail(
     )
 
 
-def _show_envvars(group: click.Group) -> None:
-    """Every option's --help names the environment variable it reads (SPECMETER_<COMMAND>_<FLAG>
-    or the explicit one, e.g. KAFKA_BOOTSTRAP_SERVERS)."""
-    for command in group.commands.values():
+#: variables a flag reads instead of SPECMETER_<COMMAND>_<FLAG>: shared by several commands
+SHARED_ENVVARS = ("KAFKA_BOOTSTRAP_SERVERS", "SPECMETER_RUN_ID")
+
+
+def envvar_of(command: str, option: click.Option) -> str:
+    """The rule: ``SPECMETER_<COMMAND>_<FLAG>``, FLAG the first long flag's name
+    (``tail --json`` reads ``SPECMETER_TAIL_JSON``, whatever the Python parameter is called)."""
+    flag = next(o for o in option.opts if o.startswith("--"))
+    return f"SPECMETER_{command}_{flag[2:]}".upper().replace("-", "_")
+
+
+def _name_envvars(group: click.Group) -> None:
+    """Give every option of every command the variable of the rule (click's automatic
+    name comes from the Python parameter, e.g. SPECMETER_TAIL_AS_JSON), unless it
+    reads a shared one, and show it in --help."""
+    for name, command in group.commands.items():
         for param in command.params:
             if isinstance(param, click.Option):
+                if param.envvar is None:
+                    param.envvar = envvar_of(name, param)
                 param.show_envvar = True
 
 
-_show_envvars(main)
+_name_envvars(main)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    main(prog_name="specmeter")

@@ -48,7 +48,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         max_open_generations: distinct generations one records partition may hold
             (all its batches); the batch whose input crosses it is closed early
             as ``incomplete`` and its later input dead-lettered as ``overflow``.
-            130-300 bytes each: the default bounds a partition near 300 MB.
+            About 85-130 bytes each with the native core, 570 with the Python one (bench/memory.py).
         session_timeout_s: how long a silent worker keeps its partitions.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).

@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 
+import msgspec
 import pytest
 from rich.console import Console
 
 from specmeter.schemas import BatchMetrics, WeightVersionMetrics, encode_metrics
-from specmeter.streams._tail import batch_label, drift_text, metrics_table
+from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text
 
 
 def version(name: str | None, rate: float | None) -> WeightVersionMetrics:
@@ -185,3 +186,121 @@ def test_piped_table_fits_80_columns_and_ends_with_a_newline(kafka_bootstrap, me
     assert max(map(len, lines)) <= 80, proc.stdout
     assert "run-a/step-00014" in proc.stdout and "v11 .60 v12 .50" in proc.stdout
     assert "step-00010" not in proc.stdout, "--rows 4 shows the latest four"
+
+
+# -- issue 24, point 6: what tells rows apart is never cut -------------------------------
+
+
+def _rows(lines: list[str]) -> list[str]:
+    return [line for line in lines if "/step-" in line or line.startswith("step-")]
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_restarted_attempts_stay_apart_at_any_width(width):
+    """The README's advice for a restarted job (a new run_id per attempt) must not render
+    `grpo-7-attempt-2` and `grpo-7-attempt-3` as one name."""
+    drift = [(f"v{i}", 0.9 - 0.05 * i) for i in range(4, 14)]
+    latest = {
+        (run, step): batch(step, run_id=run, versions=drift)
+        for run in ("grpo-7-attempt-2", "grpo-7-attempt-3", "grpo-7-attempt-10")
+        for step in ("step-1", "step-2")
+    }
+    lines = render(metrics_table(latest, 20, width), width)
+    assert max(map(len, lines)) <= width
+    labels = [line.split()[0] for line in _rows(lines)]
+    assert len(labels) == 6 and len(set(labels)) == 6, labels
+    for attempt in ("-2/", "-3/", "-10/"):
+        assert sum(attempt in label for label in labels) == 2, (attempt, labels)
+
+
+def test_labels_keep_the_batch_and_what_tells_runs_apart():
+    m2 = batch("step-1", run_id="grpo-7-attempt-2")
+    m3 = batch("step-1", run_id="grpo-7-attempt-3")
+    two, three = fit_labels([m2, m3], 14)
+    assert len(two) == len(three) == 14
+    assert two.endswith("-2/step-1") and three.endswith("-3/step-1") and two.startswith("grpo")
+    assert fit_labels([m2, m3], 40) == ["grpo-7-attempt-2/step-1", "grpo-7-attempt-3/step-1"]
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_conflicts_invalid_late_are_never_cut(width):
+    big = msgspec.structs.replace(
+        batch("step-1", complete=False),
+        invalid_record_count=67_890,
+        late_record_count=12_345,
+        metrics={"spec/conflicting_generation_count": 4_321, "spec/accept_rate": 0.5},
+        close_reason="end_of_input",
+    )
+    lines = render(metrics_table({1: big, 2: batch("step-2")}, 20, width), width)
+    row = next(line for line in lines if line.startswith("step-1"))
+    assert "4321/67890/12345" in row, row
+    assert "end_of_input!" in row, "how it closed is not cut either"
+
+
+def test_rows_are_sorted_by_run_and_step_naturally():
+    arrivals = [("run-b", "step-1"), (None, "step-10"), ("run-a", "step-10"), ("run-a", "step-2"), (None, "step-9")]
+    latest = {key: batch(key[1], run_id=key[0]) for key in arrivals}
+    labels = [line.split()[0] for line in _rows(render(metrics_table(latest, 20, 120), 120))]
+    assert labels == ["step-9", "step-10", "run-a/step-2", "run-a/step-10", "run-b/step-1"]
+
+
+def test_the_rows_shown_are_the_latest_updated_in_sorted_order():
+    latest = {i: batch(f"step-{i}") for i in (12, 3, 11, 10)}  # step-3 arrived after step-12
+    labels = [line.split()[0] for line in _rows(render(metrics_table(latest, 3, 80), 80))]
+    assert labels == ["step-3", "step-10", "step-11"]
+
+
+def with_positions(m: BatchMetrics, rates: list[float]) -> BatchMetrics:
+    return msgspec.structs.replace(m, accept_rate_by_position=rates)
+
+
+def test_positions_text():
+    assert positions_text([0.8125, 0.625, 0.4]) == ".81 .62 .40"
+    assert positions_text([1.0, 0.5]) == "1.00 .50"
+    assert positions_text(None) == "-" and positions_text([]) == "-"
+    assert positions_text([0.5] * 12) == " ".join([".50"] * 8) + " …"
+    assert positions_text([0.5] * 5, 12) == ".50 .50 …"
+
+
+def test_the_position_column_shows_when_there_is_room_and_goes_first():
+    latest = {
+        1: with_positions(batch("step-1", versions=[("v7", 0.75), ("v8", 0.25)]), [0.81, 0.62, 0.4]),
+        2: batch("step-2", versions=[("v8", 0.5)]),
+    }
+    wide = render(metrics_table(latest, 20, 160), 160)
+    assert "pos" in wide[1], wide[1]
+    row = next(line for line in wide if line.startswith("step-1"))
+    assert ".81 .62 .40" in row and "v7 .75 v8 .25" in row
+    drifting = [(f"v{i}", 0.9 - 0.05 * i) for i in range(4, 14)]
+    latest[1] = with_positions(batch("step-1", versions=drifting), [0.81, 0.62, 0.4])
+    narrow = render(metrics_table(latest, 20, 80), 80)
+    assert "pos" not in narrow[1] and "drift" in narrow[1], "dropped before the drift view shrinks"
+    assert max(map(len, narrow)) <= 80
+    assert "pos" in render(metrics_table(latest, 20, 160), 160)[1], "shown where both fit"
+
+
+@pytest.mark.kafka
+def test_json_lines_carry_the_acceptance_by_position(kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=1, prefix="tail-pos")
+    asyncio.run(_publish(kafka_bootstrap, topic, [with_positions(batch("step-1"), [0.5, 0.25])]))
+    proc = _tail("--broker", kafka_bootstrap, "--topic", topic, "--json", "--max-messages", "1", "--timeout", "30")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["accept_rate_by_position"] == [0.5, 0.25]
+    table = _tail("--broker", kafka_bootstrap, "--topic", topic, "--max-messages", "1", "--timeout", "30")
+    assert "step-1" in table.stdout
+
+
+@pytest.mark.kafka
+def test_tail_json_follows_the_variable_rule(kafka_bootstrap, metrics_topic):
+    """SPECMETER_<COMMAND>_<FLAG>: `tail --json` reads SPECMETER_TAIL_JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"SPECMETER_TAIL_JSON": "1"}
+    args = ["tail", "--broker", kafka_bootstrap, "--topic", metrics_topic, "--max-messages", "2", "--timeout", "30"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == ["step-00005", "step-00006"]

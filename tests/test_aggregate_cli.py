@@ -1,0 +1,162 @@
+"""`specmeter aggregate` as a person meets it (issue 24, point 4): it fails when nothing
+in its input could be read (an empty file included), reads a file with a UTF-8
+byte-order mark like the same file without one, and has a table view and a
+one-document JSON view besides JSON lines. Every case runs the real command."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specmeter.streams.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "streams" / "data" / "sample_rollout.jsonl"
+LINES = [
+    {"batch_id": "step-2", "session_id": "s1", "generation_id": "g1", "accepted": 3, "proposed": 4},
+    {"batch_id": "step-10", "session_id": "s2", "generation_id": "g2", "accepted": 1, "proposed": 4},
+    {"type": "marker", "batch_id": "step-2", "producer_id": "p", "speculative_algorithm": "EAGLE3"},
+]
+BOM = b"\xef\xbb\xbf"
+
+
+def dump(tmp_path: Path, data: bytes, name: str = "dump.jsonl") -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def aggregate(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, ["aggregate", *args], env=env)
+
+
+def without_clock(stdout: str) -> list[dict]:
+    out = [json.loads(line) for line in stdout.splitlines()]
+    for m in out:
+        m.pop("closed_at")
+    return out
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(bytes(range(256)) * 4, id="random-bytes"),
+        pytest.param(b'{"batch_id": "b", "session_id": "s", "gen\n{"batch_id": "b", "sess\n', id="truncated"),
+        pytest.param(b"[1, 2, 3]\n42\n", id="json-but-no-record"),
+    ],
+)
+def test_nothing_readable_exits_non_zero(tmp_path, content):
+    result = aggregate(dump(tmp_path, content))
+    assert result.exit_code == 1, result.output
+    assert "could be read" in result.stderr and "dump.jsonl" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n", BOM], ids=["empty", "blank-lines", "only-a-bom"])
+def test_an_empty_file_is_named_empty(tmp_path, content):
+    result = aggregate(dump(tmp_path, content))
+    assert result.exit_code == 1
+    assert "dump.jsonl is empty" in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_some_bad_lines_still_exit_zero(tmp_path):
+    result = aggregate(dump(tmp_path, jsonl(LINES) + b"{not json\n"))
+    assert result.exit_code == 0, result.output
+    assert "1 bad line(s)" in result.stderr
+
+
+def test_a_byte_order_mark_reads_like_the_same_file_without_it(tmp_path):
+    plain = aggregate(dump(tmp_path, jsonl(LINES), "plain.jsonl"))
+    with_bom = aggregate(dump(tmp_path, BOM + jsonl(LINES), "bom.jsonl"))
+    assert with_bom.exit_code == 0 and with_bom.stderr == "", with_bom.stderr
+    assert without_clock(with_bom.stdout) == without_clock(plain.stdout)
+    joined = aggregate(dump(tmp_path, BOM + jsonl(LINES[:1]) + BOM + jsonl(LINES[1:]), "cat.jsonl"))
+    assert without_clock(joined.stdout) == without_clock(plain.stdout), "files joined with cat keep their marks"
+
+
+def test_a_utf16_file_is_named_as_such(tmp_path):
+    result = aggregate(dump(tmp_path, jsonl(LINES).decode().encode("utf-16")))
+    assert result.exit_code == 1
+    assert "UTF-16" in result.stderr and "UTF-8" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 2
+
+
+def test_json_is_one_document_json_tool_reads(tmp_path):
+    result = aggregate("--format", "json", dump(tmp_path, jsonl(LINES)))
+    assert result.exit_code == 0, result.output
+    tool = subprocess.run(
+        [sys.executable, "-m", "json.tool"], input=result.stdout, capture_output=True, text=True, check=False
+    )
+    assert tool.returncode == 0, tool.stderr
+    batches = json.loads(result.stdout)
+    assert [b["batch_id"] for b in batches] == ["step-2", "step-10"], "in order of first appearance"
+    empty = CliRunner().invoke(main, ["aggregate", "--format", "json", "-"], input="")
+    assert empty.exit_code == 1 and json.loads(empty.stdout) == [], "still one document, and a failure"
+
+
+def test_jsonl_stays_what_a_pipe_gets(tmp_path):
+    path = dump(tmp_path, jsonl(LINES))
+    piped = aggregate(path)
+    assert [json.loads(line)["batch_id"] for line in piped.stdout.splitlines()] == ["step-2", "step-10"]
+    assert without_clock(aggregate("--format", "jsonl", path).stdout) == without_clock(piped.stdout)
+    from_env = aggregate(path, env={"SPECMETER_AGGREGATE_FORMAT": "json"})
+    assert isinstance(json.loads(from_env.stdout), list)
+
+
+def test_table_view(tmp_path):
+    result = aggregate("--format", "table", str(SAMPLE))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    header = next(line for line in lines if line.startswith("batch"))
+    for column in ("accept", "tok/v", "cov", "c/i/l", "close", "drift"):
+        assert column in header
+    rows = [line.split()[0] for line in lines if line.startswith("step-")]
+    assert rows == ["step-00000", "step-00001", "step-00002"]
+
+
+def test_table_rows_are_in_natural_order(tmp_path):
+    result = aggregate("--format", "table", dump(tmp_path, jsonl(LINES)))
+    rows = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("step-")]
+    assert rows == ["step-2", "step-10"]
+
+
+def test_a_terminal_gets_the_table(tmp_path):
+    """`auto` (the default): a table on a terminal, JSON lines when piped."""
+    path = dump(tmp_path, jsonl(LINES))
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECMETER_")} | {"COLUMNS": "100"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", "aggregate", path],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, proc.stderr
+    assert "accept" in shown and "step-10" in shown and '"batch_id"' not in shown, shown
