@@ -9,6 +9,11 @@ it is published, and again at the same step if a late record makes a newer
 revision (TensorBoard then shows the later point); an older or repeated revision
 is never written. Per-policy-version acceptance appears as
 ``specmeter/by_weight_version/<version>/accept_rate``.
+
+Where drafts stop being accepted: ``specmeter/accept_rate_by_position/<k>`` is a
+scalar per draft position k, and ``specmeter/accept_rate_by_position`` in the
+Histograms tab (offset view) is one curve per step over the positions: x is the draft
+position, the height the share of verify steps that accepted that draft.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ def step_of(batch_id: str) -> int | None:
 
 
 def follow(metrics: Iterable[BatchMetrics], writer: Any) -> int:
-    """Write each batch's scalars at its step; returns how many batches were written."""
+    """Write each batch's scalars and its acceptance-by-position curve at its step;
+    returns how many batches were written."""
     written = 0
     for m in metrics:
         step = step_of(m.batch_id)
@@ -37,9 +43,29 @@ def follow(metrics: Iterable[BatchMetrics], writer: Any) -> int:
             continue
         for tag, value in metrics_scalars(m).items():
             writer.add_scalar(tag, value, global_step=step)
+        if m.accept_rate_by_position:
+            writer.add_histogram_raw(
+                "specmeter/accept_rate_by_position", global_step=step, **position_curve(m.accept_rate_by_position)
+            )
         writer.flush()
         written += 1
     return written
+
+
+def position_curve(rates: list[float]) -> dict[str, Any]:
+    """``add_histogram_raw`` arguments drawing acceptance by draft position as a curve:
+    one bucket per position k (bounds k - 0.5 .. k + 0.5) whose height is its rate. The
+    total (``num``) is then the mean number of drafts accepted per verify step."""
+    positions = range(1, len(rates) + 1)
+    return {
+        "min": 1.0,
+        "max": float(len(rates)),
+        "num": sum(rates),
+        "sum": sum(k * r for k, r in zip(positions, rates, strict=True)),
+        "sum_squares": sum(k * k * r for k, r in zip(positions, rates, strict=True)),
+        "bucket_limits": [k + 0.5 for k in positions],
+        "bucket_counts": list(rates),
+    }
 
 
 def _summary_writer(logdir: str) -> Any:

@@ -11,13 +11,18 @@ again at the same step if a late record makes a newer revision; an older or
 repeated revision is never logged. ``trainer/step`` is declared as the x axis of
 every ``specmeter/*`` chart, so out-of-order steps are fine (wandb's own
 ``step=`` must only grow).
+
+Where drafts stop being accepted: ``specmeter/accept_rate_by_position/<k>`` is a
+line per draft position k over the steps, and ``specmeter/accept_rate_by_position_curve``
+is, at each step, the curve over positions (the batch's, and one per weight
+version in it): the share of verify steps that accepted their k-th draft.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from specmeter.schemas import BatchMetrics
@@ -30,8 +35,27 @@ def step_of(batch_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def follow(metrics: Iterable[BatchMetrics], run: Any) -> int:
-    """Log each batch's scalars at its step; returns how many batches were logged."""
+def position_curves(m: BatchMetrics) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """The batch's acceptance by draft position and each weight version's, as the
+    (xs, ys, keys) of a line chart over positions 1, 2, ...; empty when none is known."""
+    xs: list[list[int]] = []
+    ys: list[list[float]] = []
+    keys: list[str] = []
+    curves = [("all versions", m.accept_rate_by_position)] + [
+        ("unknown" if e.weight_version is None else e.weight_version, e.accept_rate_by_position)
+        for e in m.by_weight_version or ()
+    ]
+    for key, rates in curves:
+        if rates:
+            xs.append(list(range(1, len(rates) + 1)))
+            ys.append(list(rates))
+            keys.append(key)
+    return xs, ys, keys
+
+
+def follow(metrics: Iterable[BatchMetrics], run: Any, line_series: Callable[..., Any] | None = None) -> int:
+    """Log each batch's scalars at its step, and with ``line_series`` (``wandb.plot.line_series``)
+    its acceptance-by-position curve; returns how many batches were logged."""
     run.define_metric("trainer/step")
     run.define_metric("specmeter/*", step_metric="trainer/step")
     logged = 0
@@ -39,7 +63,13 @@ def follow(metrics: Iterable[BatchMetrics], run: Any) -> int:
         step = step_of(m.batch_id)
         if step is None:
             continue
-        run.log({"trainer/step": step, **metrics_scalars(m)})
+        row: dict[str, Any] = {"trainer/step": step, **metrics_scalars(m)}
+        xs, ys, keys = position_curves(m)
+        if line_series is not None and ys:
+            row["specmeter/accept_rate_by_position_curve"] = line_series(
+                xs=xs, ys=ys, keys=keys, title=f"acceptance by draft position, step {step}", xname="draft position"
+            )
+        run.log(row)
         logged += 1
     return logged
 
@@ -69,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.broker, run_id=args.run_id, topic=args.topic, from_beginning=True, topic_wait_s=args.topic_wait
             ),
             run,
+            line_series=wandb.plot.line_series,
         )
     except LookupError as exc:  # a mistyped --topic: one line naming existing ones, never a new topic
         parser.exit(1, f"{parser.prog}: {exc}\n")

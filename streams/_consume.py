@@ -220,18 +220,30 @@ def consume_metrics_sync(bootstrap_servers: str, **kwargs: Any) -> Iterator[Batc
 
 def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, float]:
     """A batch's numbers as flat scalars for a logger (wandb, TensorBoard):
-    every ``metrics`` key (``spec/`` prefix dropped), the envelope counts, and each
-    policy version's accept rate and tokens per verify as
-    ``by_weight_version/<version>/accept_rate`` (``unknown`` for the null version)."""
+    every ``metrics`` key (``spec/`` prefix dropped), the envelope counts, the
+    acceptance by draft position as ``accept_rate_by_position/<k>`` (k = 1, 2, ...: the
+    share of verify steps that accepted their k-th draft, docs/contract.md §3.3), and
+    each policy version's accept rate, tokens per verify, generation count and
+    acceptance by position under ``by_weight_version/<version>/`` (``unknown`` for the
+    null version)."""
     out: dict[str, float] = {}
     for key, value in m.metrics.items():
         out[prefix + key.removeprefix("spec/")] = float(value)
     for name in ("record_count", "invalid_record_count", "missing_record_count", "late_record_count", "revision"):
         out[prefix + name] = float(getattr(m, name))
     out[prefix + "complete"] = float(m.complete)
+    out.update(_positions(m.accept_rate_by_position, f"{prefix}accept_rate_by_position/"))
     for entry in m.by_weight_version or ():
         version = "unknown" if entry.weight_version is None else entry.weight_version
         for key in ("spec/accept_rate", "spec/tokens_per_verify", "spec/unique_generation_count"):
             if key in entry.metrics:
                 out[f"{prefix}by_weight_version/{version}/{key.removeprefix('spec/')}"] = float(entry.metrics[key])
+        out.update(
+            _positions(entry.accept_rate_by_position, f"{prefix}by_weight_version/{version}/accept_rate_by_position/")
+        )
     return out
+
+
+def _positions(rates: list[float] | None, prefix: str) -> dict[str, float]:
+    """``<prefix><k>`` for each draft position k (1-based, as the engines number them)."""
+    return {f"{prefix}{k}": float(rate) for k, rate in enumerate(rates or (), start=1)}

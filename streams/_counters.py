@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "WorkerCounters",
@@ -13,7 +14,13 @@ __all__ = [
     "PublishedTotals",
     "LabelTotals",
     "PUBLISHED_QUANTITIES",
+    "MORE_COUNTERS",
+    "MAX_EXPORTED_POSITION",
+    "VERSION_AGES",
+    "SLOTS",
+    "Slot",
     "published_labels",
+    "version_ages",
 ]
 
 #: upper bounds (seconds) of the close-latency histogram buckets
@@ -70,7 +77,8 @@ class WorkerCounters:
 #: (counter stem, where in BatchMetrics, help): sums over a batch's distinct generations
 #: or its records, so one batch's value adds to another's. ``spec/...`` are keys of
 #: ``BatchMetrics.metrics`` (absent, e.g. in a non-speculative batch: 0), ``""`` is 1 per
-#: batch, the rest are its attributes.
+#: batch, ``"incomplete"`` is 1 per batch whose newest revision is incomplete, the rest
+#: are its attributes.
 PUBLISHED_QUANTITIES: tuple[tuple[str, str, str], ...] = (
     ("batches", "", "Distinct batches published (a batch counts once, whatever its revisions)."),
     (
@@ -108,19 +116,149 @@ PUBLISHED_QUANTITIES: tuple[tuple[str, str, str], ...] = (
     ("published_records", "record_count", "Records delivered (every delivery, invalid ones included)."),
     ("published_invalid_records", "invalid_record_count", "Invalid records attributed to a batch."),
     ("published_late_records", "late_record_count", "Records applied to a batch after it closed, within grace."),
+    (
+        "incomplete_batches",
+        "incomplete",
+        "Batches whose newest revision is incomplete (a partition closed by timeout, or records a "
+        "producer's marker counted never arrived); a later complete revision takes the batch back.",
+    ),
 )
+
+#: the highest draft position with a series of its own (``position="1"`` .. ``"16"``).
+#: Higher positions are not exported (the metrics topic has them all); the exported ones
+#: stay exact, since position k counts the steps that accepted *at least* k drafts. The
+#: acceptance-length gauge folds bins past it into its last bin (``accepted="16"``: 16
+#: or more).
+MAX_EXPORTED_POSITION = 16
+
+#: the ``version_age`` label: how many weight versions a generation's version is behind
+#: the newest version in its batch (``"0"``: the newest, i.e. on-policy), ages from
+#: ``"4+"`` on folded, ``"unknown"`` for generations whose version is unknown (null) and
+#: for batches without a breakdown (``by_weight_version`` null). Version names themselves
+#: are never labels: they are unbounded over a run (one per training step).
+VERSION_AGES = ("0", "1", "2", "3", "4+", "unknown")
+
+#: counter families of published batches beside PUBLISHED_QUANTITIES: acceptance by draft
+#: position and paired tokens by version age; (stem, help, the extra label or None)
+MORE_COUNTERS: tuple[tuple[str, str, str | None], ...] = (
+    (
+        "position_verify_steps",
+        "Verify steps counted by acceptance histograms (SGLang's spec_correct_drafts_histogram): "
+        "the denominator of acceptance by draft position.",
+        None,
+    ),
+    (
+        "position_accepted_steps",
+        "Verify steps (of specmeter_position_verify_steps_total) that accepted their k-th draft token, by "
+        f"position k = 1..{MAX_EXPORTED_POSITION} (higher positions are not exported). "
+        "rate(this{position=k}) / rate(specmeter_position_verify_steps_total) is the acceptance at position k.",
+        "position",
+    ),
+    (
+        "version_age_paired_accepted_tokens",
+        "specmeter_paired_accepted_tokens_total split by version_age: how many weight versions the "
+        "generation's policy is behind the newest one in its batch (0 = on-policy; 4+ folded; unknown).",
+        "version_age",
+    ),
+    (
+        "version_age_paired_proposed_tokens",
+        "specmeter_paired_proposed_tokens_total split by version_age (see "
+        "specmeter_version_age_paired_accepted_tokens_total).",
+        "version_age",
+    ),
+)
+
+
+class Slot(NamedTuple):
+    """One counter series of a label set: its stem and, for a split family, the extra label."""
+
+    stem: str
+    label: str | None = None
+    value: str | None = None
+
+
+#: every counter series of one (algorithm, run_id), in the order of a batch's vector
+SLOTS: tuple[Slot, ...] = (
+    *(Slot(stem) for stem, _, _ in PUBLISHED_QUANTITIES),
+    Slot("position_verify_steps"),
+    *(Slot("position_accepted_steps", "position", str(k)) for k in range(1, MAX_EXPORTED_POSITION + 1)),
+    *(Slot("version_age_paired_accepted_tokens", "version_age", age) for age in VERSION_AGES),
+    *(Slot("version_age_paired_proposed_tokens", "version_age", age) for age in VERSION_AGES),
+)
+_QUANTITIES = len(PUBLISHED_QUANTITIES)
+_STEPS = _QUANTITIES
+_POSITIONS = _STEPS + 1
+_AGES_ACCEPTED = _POSITIONS + MAX_EXPORTED_POSITION
+_AGES_PROPOSED = _AGES_ACCEPTED + len(VERSION_AGES)
+#: slots shown from a label set's first scrape; the others once a batch has them
+_ALWAYS = frozenset(range(_POSITIONS))
 
 #: labels of the counters of published batches: (algorithm, run_id)
 Labels = tuple[str, str]
 _Vector = tuple[int, ...]
 
 
-def _vector(metrics: Any) -> _Vector:
-    m = metrics.metrics
+def _quantity(metrics: Any, source: str) -> int:
+    if not source:
+        return 1
+    if source == "incomplete":
+        return 0 if metrics.complete else 1
+    if source.startswith("spec/"):
+        return int(metrics.metrics.get(source, 0))
+    return int(getattr(metrics, source))
+
+
+def _natural_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Order of weight versions: digit runs compare as numbers (v9 < v10, 99 < 100)."""
     return tuple(
-        1 if not source else int(m.get(source, 0)) if source.startswith("spec/") else int(getattr(metrics, source))
-        for _, source, _ in PUBLISHED_QUANTITIES
+        (0, int(part)) if part.isascii() and part.isdigit() else (1, part)
+        for part in re.split(r"([0-9]+)", version)
+        if part
     )
+
+
+def version_ages(metrics: Any) -> dict[str | None, str]:
+    """The ``version_age`` label of each weight version of a batch's ``by_weight_version``
+    (None: the unknown version). Versions are ordered by name, digit runs as numbers,
+    the greatest being the newest: name versions so (SGLang's integer versions and
+    ``step-N`` names are)."""
+    entries = metrics.by_weight_version or ()
+    known = sorted((e.weight_version for e in entries if e.weight_version is not None), key=_natural_key)
+    ages: dict[str | None, str] = {None: "unknown"}
+    for age, version in enumerate(reversed(known)):
+        ages[version] = str(age) if age < 4 else "4+"
+    return ages
+
+
+def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
+    """A batch's value of every slot, and the slots it has (positions of its histogram,
+    version ages of its breakdown) beside those every label set shows."""
+    out = [0] * len(SLOTS)
+    present = set(_ALWAYS)
+    for i, (_, source, _) in enumerate(PUBLISHED_QUANTITIES):
+        out[i] = _quantity(metrics, source)
+    histogram = metrics.accept_histogram if metrics.speculative else None
+    if histogram:
+        at_least = out[_STEPS] = sum(histogram)
+        for k, count in enumerate(histogram[: MAX_EXPORTED_POSITION + 1]):
+            if k > 0:
+                out[_POSITIONS + k - 1] = at_least
+                present.add(_POSITIONS + k - 1)
+            at_least -= count
+    if metrics.speculative:
+        ages = version_ages(metrics)
+        entries = metrics.by_weight_version
+        shares = (
+            [(ages[e.weight_version], e.metrics) for e in entries]
+            if entries is not None
+            else [("unknown", metrics.metrics)]
+        )
+        for age, m in shares:
+            a = VERSION_AGES.index(age)
+            out[_AGES_ACCEPTED + a] += int(m.get("spec/paired_accepted_total", 0))
+            out[_AGES_PROPOSED + a] += int(m.get("spec/paired_proposed_total", 0))
+            present.update((_AGES_ACCEPTED + a, _AGES_PROPOSED + a))
+    return tuple(out), frozenset(present)
 
 
 def published_labels(metrics: Any) -> Labels:
@@ -131,14 +269,17 @@ def published_labels(metrics: Any) -> Labels:
 
 @dataclass
 class LabelTotals:
-    """One (algorithm, run_id)'s running sums: what revisions added and what later
-    revisions took back (a late record that makes a key conflicting removes its
-    counters from the batch's sums). Both only grow, as Prometheus counters must."""
+    """One (algorithm, run_id)'s running sums, per slot (``SLOTS``): what revisions added
+    and what later revisions took back (a late record that makes a key conflicting
+    removes its counters from the batch's sums). Both only grow, as Prometheus counters
+    must."""
 
-    added: list[int] = field(default_factory=lambda: [0] * len(PUBLISHED_QUANTITIES))
-    retracted: list[int] = field(default_factory=lambda: [0] * len(PUBLISHED_QUANTITIES))
-    #: whether a scrape has seen the label set (the first one shows it at 0, see _prometheus)
-    scraped: bool = False
+    added: list[int] = field(default_factory=lambda: [0] * len(SLOTS))
+    retracted: list[int] = field(default_factory=lambda: [0] * len(SLOTS))
+    #: slots exported: those of every label set, and those a batch has had
+    present: set[int] = field(default_factory=lambda: set(_ALWAYS))
+    #: slots a scrape has shown (a slot is shown at 0 on its first scrape, see _prometheus)
+    shown: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -152,7 +293,8 @@ class _Published:
 @dataclass
 class PublishedTotals:
     """Running sums of every BatchMetrics revision this worker published, for counters
-    that add up across batches, revisions and workers.
+    that add up across batches, revisions and workers, and the newest batch of each
+    label set for the latest-batch gauges.
 
     A revision adds only its difference from the previous revision of the same
     ``(run_id, batch_id)`` that this worker published (an increase to ``added``, a
@@ -161,17 +303,23 @@ class PublishedTotals:
     ``forget_after_s`` after its last publication (stage 2 keeps a batch for grace +
     timeout after its last change, so no revision can follow later) and at most
     ``max_remembered`` batches; at most ``max_label_sets`` (algorithm, run_id) pairs
-    are kept, the least recently published one dropped first; the last
-    ``latest_batches`` batches are kept whole for the latest-batch gauges.
+    are kept, the least recently published one dropped first. ``latest`` holds, for the
+    ``latest_label_sets`` most recently published pairs, the batch that closed last (at
+    its newest revision): a late revision of an older batch does not replace it.
     """
 
     forget_after_s: float = 360.0
     max_remembered: int = 100_000
     max_label_sets: int = 16
-    latest_batches: int = 8
+    latest_label_sets: int = 4
     totals: OrderedDict[Labels, LabelTotals] = field(default_factory=OrderedDict)
-    latest: OrderedDict[tuple[str | None, str], Any] = field(default_factory=OrderedDict)
+    latest: OrderedDict[Labels, Any] = field(default_factory=OrderedDict)
     _last: OrderedDict[tuple[str | None, str], _Published] = field(default_factory=OrderedDict)
+
+    @property
+    def remembered(self) -> list[tuple[str | None, str]]:
+        """(run_id, batch_id) of the batches whose last revision is remembered, oldest first."""
+        return list(self._last)
 
     def observe(self, metrics: Any, now_s: float) -> None:
         """Count a published revision (a repeated or older revision counts nothing)."""
@@ -194,8 +342,9 @@ class PublishedTotals:
             self.totals.move_to_end(labels)
         return totals
 
-    def _add(self, labels: Labels, before: _Vector, after: _Vector) -> None:
+    def _add(self, labels: Labels, before: _Vector, after: _Vector, present: frozenset[int]) -> None:
         totals = self._label_totals(labels)
+        totals.present |= present
         for i, (old, new) in enumerate(zip(before, after, strict=True)):
             if new > old:
                 totals.added[i] += new - old
@@ -207,21 +356,35 @@ class PublishedTotals:
         known = self._last.get(key)
         if known is not None and metrics.revision <= known.revision:
             return
-        labels, vector = published_labels(metrics), _vector(metrics)
+        labels = published_labels(metrics)
+        vector, present = _vector(metrics)
         if count:
             before: _Vector = (0,) * len(vector)
             if known is not None and known.labels != labels:
                 # a marker named the algorithm after the first revision: the batch moves
-                self._add(known.labels, known.vector, before)
+                self._add(known.labels, known.vector, before, frozenset())
             elif known is not None:
                 before = known.vector
-            self._add(labels, before, vector)
+            self._add(labels, before, vector, present)
+        if known is not None and known.labels != labels:
+            newest = self.latest.get(known.labels)
+            if newest is not None and (newest.run_id, newest.batch_id) == key:
+                del self.latest[known.labels]
         self._last[key] = _Published(labels, vector, metrics.revision, now_s)
         self._last.move_to_end(key)
         self._forget(now_s)
-        self.latest[key] = metrics
-        self.latest.move_to_end(key)
-        while len(self.latest) > self.latest_batches:
+        self._keep_latest(labels, metrics)
+
+    def _keep_latest(self, labels: Labels, metrics: Any) -> None:
+        newest = self.latest.get(labels)
+        if (
+            newest is None
+            or (newest.run_id, newest.batch_id) == (metrics.run_id, metrics.batch_id)
+            or metrics.closed_at >= newest.closed_at
+        ):
+            self.latest[labels] = metrics
+        self.latest.move_to_end(labels)
+        while len(self.latest) > self.latest_label_sets:
             self.latest.popitem(last=False)
 
     def _forget(self, now_s: float) -> None:

@@ -1,11 +1,15 @@
 """The worker's Prometheus exposition, built at scrape time from its own state.
 
 Naming follows Prometheus conventions: ``specmeter_`` prefix, ``_total`` for
-counters, base units (seconds, ratios, tokens, steps), no session or
-generation labels. Three kinds of series:
+counters, base units (seconds, ratios, tokens, steps). No label's set of values
+grows with the run: no batch, session, generation or weight-version name is ever a
+label (per-batch values are on the metrics topic); the series a worker exports do
+not multiply as it publishes batches. Three kinds of series:
 
 * **Counters of published batches** (``specmeter_paired_accepted_tokens_total`` …,
-  labels ``algorithm`` and ``run_id`` only): every BatchMetrics revision this worker
+  labels ``algorithm`` and ``run_id``; acceptance by draft position adds
+  ``position`` = 1..``MAX_EXPORTED_POSITION`` (16), paired tokens by policy staleness
+  add ``version_age`` = 0..3, 4+, unknown): every BatchMetrics revision this worker
   published adds its difference from the batch's previous revision, so sums and
   rates add up across batches, revisions and workers. What a revision takes back
   (a late record that turns a key conflicting) goes to the ``_retracted_total``
@@ -16,19 +20,21 @@ generation labels. Three kinds of series:
       / (sum(rate(specmeter_paired_proposed_tokens_total[5m]))
          - sum(rate(specmeter_paired_proposed_tokens_retracted_total[5m])))
 
-  is the fleet-wide weighted accept rate. A new label set is shown at 0 on its
-  first scrape and with its value from the next one: Prometheus 2 takes a
-  counter's first sample as its start, so a series born at its value would leave
-  the run's first batches out of ``rate()`` and ``increase()``. At most ``PublishedTotals.max_label_sets``
-  (16) (algorithm, run_id) pairs are exported; no counter has a batch or weight
-  version label (unbounded over a run).
-* **The latest batches** this worker published (``specmeter_batch_*`` and, per
-  policy version, ``specmeter_weight_version_*``), labelled ``run_id``, ``batch_id``,
-  ``algorithm`` (and ``weight_version``): only the last ``PublishedTotals.latest_batches`` (8)
-  batches, so the label set never grows over a run.
+  is the fleet-wide weighted accept rate, and the same with
+  ``specmeter_position_accepted_steps_total{position="k"}`` over
+  ``specmeter_position_verify_steps_total`` the fleet's acceptance at draft position k. A
+  new series is shown at 0 on its first scrape and with its value from the next one:
+  Prometheus 2 takes a counter's first sample as its start, so a series born at its
+  value would leave the run's first batches out of ``rate()`` and ``increase()``. At
+  most ``PublishedTotals.max_label_sets`` (16) (algorithm, run_id) pairs are exported.
+* **The newest batch** of each (run_id, algorithm) this worker published
+  (``specmeter_batch_*``; by version age ``specmeter_weight_version_*``), for the
+  ``PublishedTotals.latest_label_sets`` (4) most recently published pairs: the batch
+  that closed last, at its newest revision. With several workers, the fleet's newest
+  is the one with the greatest ``specmeter_batch_closed_timestamp_seconds``.
 * **The worker itself**: its stage counters, dead letters by reason, the close
-  latency histogram, the last event per partition (a timestamp), and the standard
-  ``process_*`` / ``python_*`` collectors.
+  latency histogram, per owned partition the last event (a timestamp) and the
+  applied offset, and the standard ``process_*`` / ``python_*`` collectors.
 """
 
 from __future__ import annotations
@@ -39,22 +45,33 @@ from typing import Any
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from ._counters import CLOSE_LATENCY_BUCKETS, PUBLISHED_QUANTITIES, PublishedTotals, published_labels
+from ._counters import (
+    CLOSE_LATENCY_BUCKETS,
+    MAX_EXPORTED_POSITION,
+    MORE_COUNTERS,
+    PUBLISHED_QUANTITIES,
+    SLOTS,
+    VERSION_AGES,
+    PublishedTotals,
+    published_labels,
+    version_ages,
+)
+from ._merge import accept_rate_by_position
 
-__all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS", "UNKNOWN_VERSION"]
+__all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS", "LATEST_LABELS"]
 
-#: the weight_version label of generations whose version is unknown (null)
-UNKNOWN_VERSION = "unknown"
+#: the labels of every latest-batch gauge (a gauge split further adds its own after them)
+LATEST_LABELS = ["run_id", "algorithm"]
 
 #: latest-batch gauge -> (key of BatchMetrics.metrics, help)
 _BATCH_GAUGES = {
     "specmeter_batch_accept_rate_ratio": (
         "spec/accept_rate",
-        "Accepted / proposed draft tokens (paired) of a latest batch.",
+        "Accepted / proposed draft tokens (paired) of the newest batch.",
     ),
     "specmeter_batch_tokens_per_verify": (
         "spec/tokens_per_verify",
-        "Completion tokens per verify step (paired) of a latest batch.",
+        "Completion tokens per verify step (paired) of the newest batch.",
     ),
     "specmeter_batch_accept_coverage_ratio": (
         "spec/accept_count_coverage",
@@ -64,12 +81,12 @@ _BATCH_GAUGES = {
         "spec/verify_count_coverage",
         "Share of generations with both completion and verify known.",
     ),
-    "specmeter_batch_generations": ("spec/unique_generation_count", "Distinct generations of a latest batch."),
+    "specmeter_batch_generations": ("spec/unique_generation_count", "Distinct generations of the newest batch."),
     "specmeter_batch_conflicting_generations": (
         "spec/conflicting_generation_count",
         "Generations reported with different values.",
     ),
-    "specmeter_batch_samples": ("spec/sample_count", "Samples (trajectories) of a latest batch."),
+    "specmeter_batch_samples": ("spec/sample_count", "Samples (trajectories) of the newest batch."),
     "specmeter_batch_paired_accepted_tokens": (
         "spec/paired_accepted_total",
         "Accepted draft tokens over generations with a complete accept pair.",
@@ -90,48 +107,53 @@ _BATCH_GAUGES = {
 
 #: latest-batch gauge -> (BatchMetrics attribute, help)
 _BATCH_FIELDS = {
-    "specmeter_batch_records": ("record_count", "Records delivered for a latest batch (all deliveries)."),
-    "specmeter_batch_invalid_records": ("invalid_record_count", "Invalid records of a latest batch."),
+    "specmeter_batch_records": ("record_count", "Records delivered for the newest batch (all deliveries)."),
+    "specmeter_batch_invalid_records": ("invalid_record_count", "Invalid records of the newest batch."),
     "specmeter_batch_missing_records": ("missing_record_count", "Records markers counted that never arrived."),
-    "specmeter_batch_late_records": ("late_record_count", "Late records of a latest batch."),
-    "specmeter_batch_revision": ("revision", "Revision of a latest batch's newest publication."),
-    "specmeter_batch_complete": ("complete", "1 when a latest batch is complete."),
-    "specmeter_batch_closed_timestamp_seconds": ("closed_at", "When a latest batch closed (Unix seconds)."),
+    "specmeter_batch_late_records": ("late_record_count", "Late records of the newest batch."),
+    "specmeter_batch_revision": ("revision", "Revision of the newest batch's newest publication."),
+    "specmeter_batch_complete": ("complete", "1 when the newest batch is complete."),
+    "specmeter_batch_closed_timestamp_seconds": (
+        "closed_at",
+        "When the newest batch closed (Unix seconds); the greatest across workers is the fleet's newest.",
+    ),
 }
 
-#: per-weight-version gauge of the latest batches -> (key of WeightVersionMetrics.metrics, help)
+#: per-version-age gauge of the newest batch -> (key of the age's summed metrics, help): the
+#: entries of by_weight_version whose versions share an age (only ``4+`` can hold several)
+#: are summed and their ratios taken from the sums
 _VERSION_GAUGES = {
     "specmeter_weight_version_accept_rate_ratio": (
         "spec/accept_rate",
-        "Accepted / proposed draft tokens (paired) of one policy version in a latest batch.",
+        "Accepted / proposed draft tokens (paired) of one version age in the newest batch.",
     ),
     "specmeter_weight_version_tokens_per_verify": (
         "spec/tokens_per_verify",
-        "Completion tokens per verify step (paired) of one policy version in a latest batch.",
+        "Completion tokens per verify step (paired) of one version age in the newest batch.",
     ),
     "specmeter_weight_version_accept_coverage_ratio": (
         "spec/accept_count_coverage",
-        "Share of one version's generations with both accepted and proposed known.",
+        "Share of one version age's generations with both accepted and proposed known.",
     ),
     "specmeter_weight_version_generations": (
         "spec/unique_generation_count",
-        "Distinct generations of one policy version in a latest batch.",
+        "Distinct generations of one version age in the newest batch.",
     ),
     "specmeter_weight_version_paired_accepted_tokens": (
         "spec/paired_accepted_total",
-        "Accepted draft tokens (paired) of one policy version in a latest batch.",
+        "Accepted draft tokens (paired) of one version age in the newest batch.",
     ),
     "specmeter_weight_version_paired_proposed_tokens": (
         "spec/paired_proposed_total",
-        "Proposed draft tokens (paired) of one policy version in a latest batch.",
+        "Proposed draft tokens (paired) of one version age in the newest batch.",
     ),
     "specmeter_weight_version_paired_completion_tokens": (
         "spec/paired_completion_total",
-        "Completion tokens (paired) of one policy version in a latest batch.",
+        "Completion tokens (paired) of one version age in the newest batch.",
     ),
     "specmeter_weight_version_paired_verify_steps": (
         "spec/paired_verify_total",
-        "Verify steps (paired) of one policy version in a latest batch.",
+        "Verify steps (paired) of one version age in the newest batch.",
     ),
 }
 
@@ -155,10 +177,21 @@ _WORKER_COUNTERS = (
     ("specmeter_batches_expired", "batches_expired", "Batches forgotten after their grace period."),
 )
 
+#: every counter family of published batches: stem -> (help, the extra label or None)
+_COUNTER_FAMILIES: dict[str, tuple[str, str | None]] = {
+    **{stem: (doc, None) for stem, _, doc in PUBLISHED_QUANTITIES},
+    **{stem: (doc, label) for stem, doc, label in MORE_COUNTERS},
+}
+
 _PUBLISHED_COUNTERS = tuple(
-    name
-    for stem, _, _ in PUBLISHED_QUANTITIES
-    for name in (f"specmeter_{stem}_total", f"specmeter_{stem}_retracted_total")
+    name for stem in _COUNTER_FAMILIES for name in (f"specmeter_{stem}_total", f"specmeter_{stem}_retracted_total")
+)
+
+#: gauges of the newest batch split by draft position, acceptance length or version age
+_SPLIT_GAUGES = (
+    "specmeter_batch_position_accept_rate_ratio",
+    "specmeter_batch_acceptance_length_steps",
+    "specmeter_weight_version_position_accept_rate_ratio",
 )
 
 EXPORTED_METRICS = (
@@ -166,25 +199,48 @@ EXPORTED_METRICS = (
     *_BATCH_GAUGES,
     *_BATCH_FIELDS,
     *_VERSION_GAUGES,
-    "specmeter_batch_acceptance_length_steps",
+    *_SPLIT_GAUGES,
     "specmeter_batch_info",
     *(f"{name}_total" for name, _, _ in _WORKER_COUNTERS),
-    "specmeter_offset_gap_fills_total",
-    "specmeter_idle_catch_ups_total",
+    "specmeter_input_offsets_missing_total",
     "specmeter_dead_letters_total",
     "specmeter_batches_closed_total",
     "specmeter_open_generations",
     "specmeter_partition_last_event_timestamp_seconds",
+    "specmeter_partition_applied_offset",
     "specmeter_batch_close_latency_seconds",
 )
 
+#: the sums a version age's gauges are computed from (keys of WeightVersionMetrics.metrics)
+_AGE_SUMS = (
+    "spec/unique_generation_count",
+    "spec/paired_accepted_total",
+    "spec/paired_proposed_total",
+    "spec/paired_completion_total",
+    "spec/paired_verify_total",
+    "spec/accept_covered_count",
+)
 
-def version_label(weight_version: str | None, named: set[str | None]) -> str:
-    """The weight_version label: the version, or ``unknown`` for null (``unknown (null)``
-    in the odd batch where a producer named a version "unknown" too)."""
-    if weight_version is not None:
-        return weight_version
-    return UNKNOWN_VERSION if UNKNOWN_VERSION not in named else f"{UNKNOWN_VERSION} (null)"
+
+def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | None]:
+    """The metrics and acceptance by position of the by_weight_version entries of one
+    version age: sums added, ratios taken from the sums (for one entry: its own values)."""
+    sums = {key: sum(e.metrics.get(key, 0) for e in entries) for key in _AGE_SUMS}
+    out: dict[str, float] = dict(sums)
+    if sums["spec/paired_proposed_total"] > 0:
+        out["spec/accept_rate"] = sums["spec/paired_accepted_total"] / sums["spec/paired_proposed_total"]
+    if sums["spec/paired_verify_total"] > 0:
+        out["spec/tokens_per_verify"] = sums["spec/paired_completion_total"] / sums["spec/paired_verify_total"]
+    if sums["spec/unique_generation_count"] > 0:
+        out["spec/accept_count_coverage"] = sums["spec/accept_covered_count"] / sums["spec/unique_generation_count"]
+    if len(entries) == 1:
+        return out, entries[0].accept_rate_by_position
+    histograms = [e.accept_histogram for e in entries if e.accept_histogram is not None]
+    if not histograms:
+        return out, None
+    width = max(map(len, histograms))
+    summed = [sum(h[i] for h in histograms if i < len(h)) for i in range(width)]
+    return out, accept_rate_by_position(summed)
 
 
 class WorkerCollector:
@@ -206,14 +262,10 @@ class WorkerCollector:
         for name, attribute, doc in _WORKER_COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(c, attribute))
         yield CounterMetricFamily(
-            "specmeter_offset_gap_fills",
-            "Times offsets skipped by the consumer were read directly to keep the state exact.",
-            value=shell.gap_fills,
-        )
-        yield CounterMetricFamily(
-            "specmeter_idle_catch_ups",
-            "Times a partition with unread messages and no delivery was read directly.",
-            value=shell.idle_catch_ups,
+            "specmeter_input_offsets_missing",
+            "Input offsets after a checkpoint the log no longer held when read (retention, compaction): "
+            "records lost before any worker read them.",
+            value=shell.input_offsets_missing,
         )
         dead = CounterMetricFamily("specmeter_dead_letters", "Dead letters by reason.", labels=["reason"])
         for reason, n in sorted(c.dead_letters.items()):
@@ -236,9 +288,17 @@ class WorkerCollector:
             "worker's start if none yet). time() minus it is how long the partition is idle.",
             labels=["partition"],
         )
-        for partition in sorted(shell.processors):
+        applied = GaugeMetricFamily(
+            "specmeter_partition_applied_offset",
+            "The last records-topic offset stage 1 applied, per owned partition (-1: none yet). Its "
+            "rate is the partition's progress; the log end minus 1 minus it is the partition's lag.",
+            labels=["partition"],
+        )
+        for partition, processor in sorted(shell.processors.items()):
             last.add_metric([str(partition)], shell.last_event_at.get(partition, shell.started_at))
+            applied.add_metric([str(partition)], processor.checkpoint)
         yield last
+        yield applied
         latency = HistogramMetricFamily(
             "specmeter_batch_close_latency_seconds", "From a batch's close on its partitions to its publication."
         )
@@ -248,64 +308,100 @@ class WorkerCollector:
 
     @staticmethod
     def _published(published: PublishedTotals) -> Iterator[Any]:
-        for i, (stem, _, doc) in enumerate(PUBLISHED_QUANTITIES):
-            added = CounterMetricFamily(
-                f"specmeter_{stem}",
-                f"{doc} Sum over the revisions this worker published "
-                "(each adds its difference from the batch's previous one).",
-                labels=["algorithm", "run_id"],
+        families: dict[str, tuple[CounterMetricFamily, CounterMetricFamily]] = {}
+        for stem, (doc, label) in _COUNTER_FAMILIES.items():
+            names = ["algorithm", "run_id", *([label] if label else [])]
+            families[stem] = (
+                CounterMetricFamily(
+                    f"specmeter_{stem}",
+                    f"{doc} Sum over the revisions this worker published "
+                    "(each adds its difference from the batch's previous one).",
+                    labels=names,
+                ),
+                CounterMetricFamily(
+                    f"specmeter_{stem}_retracted",
+                    f"What later revisions took back from specmeter_{stem}_total (subtract it).",
+                    labels=names,
+                ),
             )
-            retracted = CounterMetricFamily(
-                f"specmeter_{stem}_retracted",
-                f"What later revisions took back from specmeter_{stem}_total (subtract it).",
-                labels=["algorithm", "run_id"],
-            )
-            for labels, totals in published.totals.items():
-                added.add_metric(list(labels), totals.added[i] if totals.scraped else 0)
-                retracted.add_metric(list(labels), totals.retracted[i] if totals.scraped else 0)
+        for labels, totals in published.totals.items():
+            for i in sorted(totals.present):
+                slot = SLOTS[i]
+                added, retracted = families[slot.stem]
+                values = [*labels, *([slot.value] if slot.value is not None else [])]
+                shown = i in totals.shown
+                added.add_metric(values, totals.added[i] if shown else 0)
+                retracted.add_metric(values, totals.retracted[i] if shown else 0)
+        for added, retracted in families.values():
             yield added
             yield retracted
         for totals in published.totals.values():
-            totals.scraped = True
+            totals.shown |= totals.present
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:
-        batch = ["run_id", "batch_id", "algorithm"]
+        batch = LATEST_LABELS
         families = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
         fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
         versions = {
-            name: GaugeMetricFamily(name, doc, labels=[*batch, "weight_version"])
+            name: GaugeMetricFamily(name, doc, labels=[*batch, "version_age"])
             for name, (_, doc) in _VERSION_GAUGES.items()
         }
+        positions = GaugeMetricFamily(
+            "specmeter_batch_position_accept_rate_ratio",
+            "Share of the newest batch's verify steps (with a histogram) that accepted their k-th draft "
+            f"(accept_rate_by_position), by position k = 1..{MAX_EXPORTED_POSITION}; higher positions are not "
+            "exported (the metrics topic has them).",
+            labels=[*batch, "position"],
+        )
+        version_positions = GaugeMetricFamily(
+            "specmeter_weight_version_position_accept_rate_ratio",
+            "specmeter_batch_position_accept_rate_ratio of one version age in the newest batch.",
+            labels=[*batch, "version_age", "position"],
+        )
         steps = GaugeMetricFamily(
             "specmeter_batch_acceptance_length_steps",
-            "Verify steps of a latest batch that accepted N drafts.",
+            f"Verify steps of the newest batch that accepted N drafts (N = {MAX_EXPORTED_POSITION}: "
+            f"{MAX_EXPORTED_POSITION} or more).",
             labels=[*batch, "accepted"],
         )
-        info = InfoMetricFamily("specmeter_batch", "Identity of a latest published batch.", labels=batch)
+        info = InfoMetricFamily("specmeter_batch", "How the newest batch closed.", labels=batch)
         for m in latest:
-            algorithm, run_id = published_labels(m)
-            ids = [run_id, m.batch_id, algorithm]
+            algorithm, run = published_labels(m)
+            ids = [run, algorithm]
             for name, (key, _) in _BATCH_GAUGES.items():
                 value = m.metrics.get(key)
                 if value is not None:
                     families[name].add_metric(ids, value)
             for name, (attribute, _) in _BATCH_FIELDS.items():
                 fields[name].add_metric(ids, float(getattr(m, attribute)))
-            for accepted, n in enumerate(m.accept_histogram or ()):
+            histogram = m.accept_histogram or []
+            for accepted, n in enumerate(histogram[:MAX_EXPORTED_POSITION]):
                 steps.add_metric([*ids, str(accepted)], n)
+            if len(histogram) > MAX_EXPORTED_POSITION:
+                steps.add_metric([*ids, str(MAX_EXPORTED_POSITION)], sum(histogram[MAX_EXPORTED_POSITION:]))
+            for k, rate in enumerate((m.accept_rate_by_position or [])[:MAX_EXPORTED_POSITION], start=1):
+                positions.add_metric([*ids, str(k)], rate)
             info.add_metric(ids, {"close_reason": m.close_reason})
-            entries = m.by_weight_version or ()
-            named = {e.weight_version for e in entries}
-            for entry in entries:
-                labels = [*ids, version_label(entry.weight_version, named)]
+            ages = version_ages(m)
+            by_age: dict[str, list[Any]] = {}
+            for entry in m.by_weight_version or ():
+                by_age.setdefault(ages[entry.weight_version], []).append(entry)
+            for age in VERSION_AGES:
+                if age not in by_age:
+                    continue
+                metrics, rates = _age_metrics(by_age[age])
                 for name, (key, _) in _VERSION_GAUGES.items():
-                    value = entry.metrics.get(key)
+                    value = metrics.get(key)
                     if value is not None:
-                        versions[name].add_metric(labels, value)
+                        versions[name].add_metric([*ids, age], value)
+                for k, rate in enumerate((rates or [])[:MAX_EXPORTED_POSITION], start=1):
+                    version_positions.add_metric([*ids, age, str(k)], rate)
         yield from families.values()
         yield from fields.values()
         yield from versions.values()
+        yield positions
+        yield version_positions
         yield steps
         yield info
 

@@ -102,11 +102,9 @@ class StreamShell:
         return self.delivery.last_event_at
 
     @property
-    def gap_fills(self) -> int:
+    def input_offsets_missing(self) -> int:
         """offsets the input logs lacked after a checkpoint (retention, compaction)"""
         return self.delivery.ledger.gaps
-
-    idle_catch_ups = 0  # no reader stalls any more: nothing to catch up when idle
 
     # -- the ordered producer ----------------------------------------------------------
     def _send(self, topic: str, key: bytes, value: bytes | None, partition: int | None = None) -> None:
@@ -415,7 +413,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         return self.json(
             {
                 "counters": shell.counters.as_dict(),
-                "gap_fills": shell.gap_fills,
+                "input_offsets_missing": shell.input_offsets_missing,
                 "open_generations": sum(p.open_generations for p in shell.processors.values()),
                 "partitions": sorted(shell.processors),
                 # for lag (log end - checkpoint - 1) and resource figures over time

@@ -194,12 +194,20 @@ def test_metrics_scalars_flattens_a_batch_for_a_logger():
         invalid_record_count=1,
         late_record_count=2,
         metrics={"spec/accept_rate": 0.75, "spec/paired_accepted_total": 12},
+        accept_histogram=[2, 1, 1],
+        accept_rate_by_position=[0.5, 0.25],
         by_weight_version=[
-            WeightVersionMetrics(weight_version="v3", metrics={"spec/accept_rate": 0.5}, accept_histogram=None),
+            WeightVersionMetrics(
+                weight_version="v3",
+                metrics={"spec/accept_rate": 0.5},
+                accept_histogram=[1, 0, 1],
+                accept_rate_by_position=[0.5, 0.5],
+            ),
             WeightVersionMetrics(
                 weight_version=None,
                 metrics={"spec/accept_rate": 1.0, "spec/tokens_per_verify": 2.0},
-                accept_histogram=None,
+                accept_histogram=[1, 1],
+                accept_rate_by_position=[0.5],
             ),
         ],
     )
@@ -209,7 +217,18 @@ def test_metrics_scalars_flattens_a_batch_for_a_logger():
     assert scalars["specmeter/late_record_count"] == 2.0 and scalars["specmeter/complete"] == 1.0
     assert scalars["specmeter/by_weight_version/v3/accept_rate"] == 0.5
     assert scalars["specmeter/by_weight_version/unknown/tokens_per_verify"] == 2.0
+    # acceptance by draft position (docs/contract.md §3.3), numbered from 1 as the engines do
+    positions = {k: v for k, v in scalars.items() if "accept_rate_by_position" in k}
+    assert positions == {
+        "specmeter/accept_rate_by_position/1": 0.5,
+        "specmeter/accept_rate_by_position/2": 0.25,
+        "specmeter/by_weight_version/v3/accept_rate_by_position/1": 0.5,
+        "specmeter/by_weight_version/v3/accept_rate_by_position/2": 0.5,
+        "specmeter/by_weight_version/unknown/accept_rate_by_position/1": 0.5,
+    }
     assert all(isinstance(v, float) for v in scalars.values())
+    bare = metrics_scalars(metrics("step-8", 0))  # no histogram: no position key at all
+    assert not any("accept_rate_by_position" in k for k in bare)
 
 
 def _example(name: str):
@@ -257,3 +276,45 @@ def test_the_wandb_and_tensorboard_examples_log_each_batch_at_its_step(kafka_boo
     scalars = [(args[0], args[1], kwargs["global_step"]) for name, args, kwargs in writer.calls if name == "add_scalar"]
     assert ("specmeter/paired_accepted_total", 9.0, 3) in scalars
     assert ("specmeter/paired_accepted_total", 5.0, 1) in scalars
+
+
+def test_the_examples_draw_acceptance_by_position_as_a_curve_per_step():
+    """wandb: the scalars per position and, per step, one line chart over the positions
+    (the batch's and each weight version's); TensorBoard: the scalars and a histogram
+    whose buckets are the positions (one curve per step in its Histograms tab)."""
+    versions = [
+        WeightVersionMetrics(
+            weight_version="v2", metrics={}, accept_histogram=[1, 0, 1], accept_rate_by_position=[0.5, 0.5]
+        ),
+        WeightVersionMetrics(weight_version=None, metrics={}, accept_histogram=[1], accept_rate_by_position=None),
+    ]
+    batches = [
+        msgspec.structs.replace(
+            metrics("step-4", 0), accept_rate_by_position=[0.75, 0.25, 0.125], by_weight_version=versions
+        ),
+        metrics("step-5", 0),  # no histogram: scalars only
+    ]
+    run = _Recorder()
+    charts = []
+
+    def line_series(**kwargs):
+        charts.append(kwargs)
+        return "chart"
+
+    assert _example("wandb_metrics").follow(batches, run, line_series=line_series) == 2
+    logs = [args[0] for name, args, _ in run.calls if name == "log"]
+    assert logs[0]["specmeter/accept_rate_by_position/3"] == 0.125
+    assert logs[0]["specmeter/accept_rate_by_position_curve"] == "chart"
+    assert "specmeter/accept_rate_by_position_curve" not in logs[1]
+    [chart] = charts
+    assert chart["xs"] == [[1, 2, 3], [1, 2]] and chart["ys"] == [[0.75, 0.25, 0.125], [0.5, 0.5]]
+    assert chart["keys"] == ["all versions", "v2"] and chart["xname"] == "draft position"
+
+    writer = _Recorder()
+    assert _example("tensorboard_metrics").follow(batches, writer) == 2
+    [(args, kwargs)] = [(a, k) for name, a, k in writer.calls if name == "add_histogram_raw"]
+    assert args == ("specmeter/accept_rate_by_position",) and kwargs["global_step"] == 4
+    assert kwargs["bucket_counts"] == [0.75, 0.25, 0.125] and kwargs["bucket_limits"] == [1.5, 2.5, 3.5]
+    assert kwargs["num"] == 1.125, "the mean number of drafts accepted per verify step"
+    scalars = {a[0]: a[1] for name, a, k in writer.calls if name == "add_scalar" and k["global_step"] == 4}
+    assert scalars["specmeter/by_weight_version/v2/accept_rate_by_position/2"] == 0.5

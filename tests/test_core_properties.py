@@ -4,7 +4,8 @@ reference and the native one: the ``core`` fixture).
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
 and it must equal a naive reading of the metric definitions (tests/support/reference.py),
-by_weight_version included: its entries add up to the batch.
+by_weight_version and accept_rate_by_position (batch and per version) included: the
+entries add up to the batch.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from hypothesis import strategies as st
 from specmeter.schemas import GenerationRecord
 from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_partials
 
-from .support.golden_cases import assert_by_weight_version_equal, assert_metrics_equal
-from .support.reference import reference_by_weight_version, reference_metrics
+from .support.golden_cases import assert_by_weight_version_equal, assert_metrics_equal, assert_positions_equal
+from .support.reference import (
+    reference_accept_rate_by_position,
+    reference_by_weight_version,
+    reference_histogram,
+    reference_metrics,
+)
 
 # small values collide often (redeliveries, conflicts); the edges of the native core's
 # packed delta form (20-bit counters, 24-bit completion) and beyond force the wide form
@@ -37,7 +43,8 @@ record_dicts = st.fixed_dictionaries(
         "proposed": small_counter,
         "verify": small_counter,
         "completion": small_counter,
-        "accept_histogram": st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=3)),
+        # up to five bins: four draft positions (accept_rate_by_position, docs/contract.md §3.3)
+        "accept_histogram": st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=5)),
         "producer_id": st.sampled_from(["p0", "p1"]),
         "weight_version": st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
     }
@@ -60,8 +67,16 @@ def _metrics(core, records, algorithm=None, invalid=0, partitions=1):
         states[0].add_invalid("p0")
     if algorithm:
         states[0].add_algorithm(algorithm)
-    merged = merge_partials([s.partial(partition=p) for p, s in states.items()])
-    return batch_metrics_dict(merged), merged.accept_histogram, _versions(merged)
+    partials = [s.partial(partition=p) for p, s in states.items()]
+    merged = merge_partials(partials)
+    # the message as the edge builds it: accept_rate_by_position is derived there, once
+    out = build_batch_metrics(
+        partials, revision=0, close_reason="markers", closed_at=0.0, partitions_expected=len(partials)
+    )
+    assert out.metrics == batch_metrics_dict(merged) and out.accept_histogram == (
+        merged.accept_histogram if out.speculative else None
+    )
+    return out.metrics, out.accept_histogram, _versions(merged), out.accept_rate_by_position
 
 
 def _versions(merged):
@@ -106,9 +121,12 @@ def test_split_by_session_and_merged_is_exact(core, dicts, k, algorithm, invalid
 @settings(max_examples=500, deadline=None)
 @given(batches, algorithms, st.integers(0, 2), st.integers(1, 4))
 def test_core_agrees_with_naive_reading_of_spec(core, dicts, algorithm, invalid, k):
-    got, _, versions = _metrics(core, _records(dicts), algorithm, invalid, partitions=k)
+    got, histogram, versions, positions = _metrics(core, _records(dicts), algorithm, invalid, partitions=k)
     assert_metrics_equal(got, reference_metrics(dicts, algorithm, invalid), "random batch")
+    # each entry's accept_rate_by_position too (the reference's entries carry it)
     assert_by_weight_version_equal(versions, reference_by_weight_version(dicts, algorithm), "random batch")
+    assert histogram == reference_histogram(dicts, algorithm)
+    assert_positions_equal(positions, reference_accept_rate_by_position(histogram), "random batch")
 
 
 TOTALS = (
@@ -141,7 +159,7 @@ def versions_add_up_to_the_batch(metrics, versions) -> bool:
 @settings(max_examples=300, deadline=None)
 @given(batches, st.integers(1, 4), algorithms)
 def test_weight_version_entries_add_up_to_the_batch(core, dicts, k, algorithm):
-    metrics, _, versions = _metrics(core, _records(dicts), algorithm, partitions=k)
+    metrics, _, versions, _ = _metrics(core, _records(dicts), algorithm, partitions=k)
     assert versions_add_up_to_the_batch(metrics, versions)
 
 
@@ -158,9 +176,9 @@ def test_more_than_64_known_versions_give_no_breakdown(core):
         for i in range(65)
     ]
     for k in (1, 3):  # also when no single partition holds more than 64
-        metrics, _, versions = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
+        metrics, _, versions, _ = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
         assert versions is None and metrics["spec/accepted_total"] == 65
-    metrics, _, versions = _metrics(core, [GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
+    metrics, _, versions, _ = _metrics(core, [GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
     assert len(versions) == 64
 
 

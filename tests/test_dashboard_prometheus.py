@@ -1,11 +1,13 @@
-"""The Grafana dashboard proven against a real Prometheus (issue #13).
+"""The Grafana dashboard and the alert rules proven against a real Prometheus (issues #13, #23).
 
 Two workers share the partitions of one stream; a real Prometheus scrapes both
-every second. Batches with several policy versions are published in waves, then
-late records make new revisions (one adds a generation, one turns a key
-conflicting, which takes counters back). Every expression of the dashboard is
-then evaluated through Prometheus' HTTP API and checked against the exact
-BatchMetrics read from the output topic.
+every second and evaluates deploy/prometheus/alerts.yml. Batches with several
+policy versions are published in waves, then late records make new revisions (one
+adds a generation, one turns a key conflicting, which takes counters back). Every
+expression of the dashboard is then evaluated through Prometheus' HTTP API and
+checked against the exact BatchMetrics read from the output topic: acceptance by
+draft position fleet-wide to float rounding, the newest batch's gauges, acceptance
+by version age. Last, one worker is stopped and the alerts panel shows its alert.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import pytest
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMetrics, GenerationRecord
-from specmeter.streams._prometheus import UNKNOWN_VERSION
 from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
 from .support.kafka_helpers import create_topic
@@ -36,6 +37,7 @@ from .support.worker_harness import JUNK, Deployment, latest_by_batch, publish_e
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dashboards" / "specmeter.json"
+ALERTS = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "alerts.yml"
 SCRAPE_S = 1.0
 #: a session's policy version, by a stable hash of its id: a tenth unknown, the rest v1..v3
 VERSIONS = (None, "v1", "v1", "v1", "v2", "v2", "v2", "v3", "v3", "v3")
@@ -58,7 +60,10 @@ EXACT = {
     "published_records": lambda m: m.record_count,
     "published_invalid_records": lambda m: m.invalid_record_count,
     "published_late_records": lambda m: m.late_record_count,
+    "incomplete_batches": lambda m: 0 if m.complete else 1,
+    "position_verify_steps": lambda m: sum(m.accept_histogram or ()),
 }
+MAX_POSITION = 16
 
 
 def with_versions(events: list[FleetEvent]) -> list[FleetEvent]:
@@ -156,13 +161,15 @@ def fleet(kafka_bootstrap, request):
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
     ports = [free_port(), free_port()]
     workers = [d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1") for port in ports]
-    prometheus = PrometheusServer([f"127.0.0.1:{port}" for port in ports], scrape_interval_s=SCRAPE_S)
+    prometheus = PrometheusServer(
+        [f"127.0.0.1:{port}" for port in ports], scrape_interval_s=SCRAPE_S, rule_files=[ALERTS]
+    )
     try:
         prometheus.start()
         for worker in workers:
             d.wait_ready(worker)
         wait_split(ports, d.partitions)
-        yield d, prometheus
+        yield d, prometheus, ports
     finally:
         report = getattr(request.node, "rep_call", None)
         if report is None or report.failed:
@@ -173,7 +180,7 @@ def fleet(kafka_bootstrap, request):
 
 
 def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
-    d, prom = fleet
+    d, prom, ports = fleet
     started = time.time()
     deadline = time.monotonic() + 20
     while prom.targets_up() < 2:
@@ -240,13 +247,16 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     assert prom.value("sum(specmeter_paired_accepted_tokens_retracted_total)") > 0, "a retraction was exported"
     assert len(prom.query("specmeter_batches_total")) == 2, "each worker published some batches"
 
-    # 2. every dashboard expression returns finite data (a name nobody exports fails here)
+    # 2. every dashboard expression returns finite data (a name nobody exports fails here);
+    # the alerts table is read at the end, once an alert is pending
     run = latest[batches[0]].run_id or ""
     algorithm = latest[batches[0]].speculative_algorithm
     at = time.time()
     window = f"{int(at - started) + 30}s"  # covers the whole run
     results = {}
     for title, expr in dashboard_targets():
+        if expr.startswith("ALERTS"):
+            continue
         query = substitute(expr, run=run, algorithm=algorithm, window=window)
         result = prom.query(query, at)
         assert result, f"panel {title!r}: {query} returned no data"
@@ -262,14 +272,15 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     # first scrape, so Prometheus sees each worker's counters start from 0), and the
     # rate-of-sums panels are its ratios (rate() extrapolates each series to the
     # window's ends, so those agree to within a fraction of a percent, not to the digit)
-    def grown(stem: str) -> float:
-        total = 0.0
+    def grown(stem: str, by: str | None = None) -> dict[str | None, float]:
+        total: dict[str | None, float] = defaultdict(float)
         for name, sign in ((f"specmeter_{stem}_total", 1), (f"specmeter_{stem}_retracted_total", -1)):
             for series in prom.query(f"{name}[{window}]", at):
-                total += sign * (float(series["values"][-1][1]) - float(series["values"][0][1]))
-        return total
+                key = series["metric"][by] if by else None
+                total[key] += sign * (float(series["values"][-1][1]) - float(series["values"][0][1]))
+        return dict(total)
 
-    assert {stem: grown(stem) for stem in EXACT} == expected
+    assert {stem: grown(stem)[None] for stem in EXACT} == expected
     for title, num, den in (
         ("Accept rate (weighted: rate of sums)", "paired_accepted_tokens", "paired_proposed_tokens"),
         ("Tokens per verify step (rate of sums)", "paired_completion_tokens", "paired_verify_steps"),
@@ -281,45 +292,115 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         [series] = panel("Counter coverage", index)
         assert float(series["value"][1]) == pytest.approx(expected[covered] / expected["generations"], rel=0.02)
 
-    # 4. latest-batch tables (instant queries) hold each batch's newest revision
-    table = {r["metric"]["batch_id"]: float(r["value"][1]) for r in panel("Latest batches", 0)}
-    assert table == {b: m.metrics["spec/accept_rate"] for b, m in latest.items()}
-    revisions = {r["metric"]["batch_id"]: float(r["value"][1]) for r in panel("Latest batches", 5)}
-    assert revisions == {b: m.revision for b, m in latest.items()}
+    # 4. acceptance by draft position, fleet-wide: the steps that accepted at least k drafts
+    # over the steps with a histogram, summed over every batch's newest revision in the
+    # topic, equals what PromQL makes of both workers' counters, to float rounding
+    steps = sum(sum(m.accept_histogram or ()) for m in latest.values())
+    width = max(len(m.accept_histogram or ()) for m in latest.values())
+    assert width > 2, "the stream has draft positions to check"
+    topic_rate = {
+        str(k): sum(sum((m.accept_histogram or [])[k:]) for m in latest.values()) / steps
+        for k in range(1, min(width - 1, MAX_POSITION) + 1)
+    }
+    exact = prom.query(
+        "(sum by (position) (specmeter_position_accepted_steps_total)"
+        " - sum by (position) (specmeter_position_accepted_steps_retracted_total))"
+        " / on () group_left () "
+        "(sum(specmeter_position_verify_steps_total) - sum(specmeter_position_verify_steps_retracted_total))",
+        at,
+    )
+    assert {r["metric"]["position"]: float(r["value"][1]) for r in exact} == pytest.approx(topic_rate, rel=1e-12)
+    over_window = grown("position_accepted_steps", "position")
+    assert {k: v / grown("position_verify_steps")[None] for k, v in over_window.items()} == pytest.approx(
+        topic_rate, rel=1e-12
+    )
+    curves = {
+        r["metric"]["position"]: float(r["value"][1]) for r in panel("Acceptance by draft position (rate of sums)")
+    }
+    assert curves == pytest.approx(topic_rate, rel=0.02)
+
+    # 5. the newest batch (greatest close time, either worker) at its newest revision
+    newest = max(latest.values(), key=lambda m: m.closed_at)
+    bars = {r["metric"]["position"]: float(r["value"][1]) for r in panel("Acceptance by draft position, newest batch")}
+    assert bars == {str(k): rate for k, rate in enumerate(newest.accept_rate_by_position[:MAX_POSITION], start=1)}
     heatmap = {
         int(r["metric"]["accepted"]): float(r["value"][1])
-        for r in panel("Acceptance length (drafts accepted per verify step, latest batches)")
+        for r in panel("Acceptance length (drafts accepted per verify step, newest batch)")
     }
-    bins: dict[int, int] = defaultdict(int)
-    for m in latest.values():
-        for i, n in enumerate(m.accept_histogram or ()):
-            bins[i] += n
-    assert heatmap == bins
+    h = newest.accept_histogram
+    assert heatmap == dict(enumerate(h[:MAX_POSITION])) | (
+        {MAX_POSITION: sum(h[MAX_POSITION:])} if len(h) > MAX_POSITION else {}
+    )
+    # per worker, the newest batch it published: identified by its close time
+    by_close = {m.closed_at * 1000: m for m in latest.values()}
+    closed = {r["metric"]["instance"]: float(r["value"][1]) for r in panel("Newest batch of each run, per worker", 7)}
+    assert len(closed) == 2 and max(closed.values()) == newest.closed_at * 1000
+    for column, read in ((0, lambda m: m.metrics["spec/accept_rate"]), (5, lambda m: m.revision)):
+        got = {
+            r["metric"]["instance"]: float(r["value"][1]) for r in panel("Newest batch of each run, per worker", column)
+        }
+        assert got == {instance: read(by_close[ms]) for instance, ms in closed.items()}
     letters = {r["metric"]["reason"] for r in panel("Dead letters by reason")}
     assert letters, "junk was dead-lettered"
     assert "EAGLE3" in prom.label_values("algorithm", "specmeter_batches_total")
     assert run == "" or run in prom.label_values("run_id", "specmeter_batches_total")
 
-    # 5. drift: acceptance by policy version of the latest batches equals by_weight_version
-    # (needs BatchMetrics.by_weight_version from the core: SPEC revision 2, section 3.1)
+    # 6. drift: acceptance by version age (how many weight versions a generation's policy is
+    # behind the newest one in its batch), from by_weight_version read naively
+    def ages(m: BatchMetrics) -> dict[str | None, str]:
+        named = sorted((e.weight_version for e in m.by_weight_version if e.weight_version), key=lambda v: -int(v[1:]))
+        return {None: "unknown", **{v: str(i) if i < 4 else "4+" for i, v in enumerate(named)}}
+
     assert all(m.by_weight_version for m in latest.values()), "every batch knows its versions"
-    per_batch = {}
     sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for b, m in latest.items():
+    for m in latest.values():
+        age = ages(m)
         for entry in m.by_weight_version:
-            version = UNKNOWN_VERSION if entry.weight_version is None else entry.weight_version
-            if "spec/accept_rate" in entry.metrics:
-                per_batch[(b, version)] = entry.metrics["spec/accept_rate"]
-            sums[version][0] += entry.metrics["spec/paired_accepted_total"]
-            sums[version][1] += entry.metrics["spec/paired_proposed_total"]
-    assert set(sums) == {UNKNOWN_VERSION, "v1", "v2", "v3"}
-    table = {
-        (r["metric"]["batch_id"], r["metric"]["weight_version"]): float(r["value"][1])
-        for r in panel("Accept rate by weight version, per latest batch")
-    }
-    assert table == per_batch
+            sums[age[entry.weight_version]][0] += entry.metrics["spec/paired_accepted_total"]
+            sums[age[entry.weight_version]][1] += entry.metrics["spec/paired_proposed_total"]
+    assert {"0", "1", "unknown"} <= set(sums), sums
+    for stem, i in (("version_age_paired_accepted_tokens", 0), ("version_age_paired_proposed_tokens", 1)):
+        net = prom.query(
+            f"sum by (version_age) (specmeter_{stem}_total) - sum by (version_age) (specmeter_{stem}_retracted_total)",
+            at,
+        )
+        assert {r["metric"]["version_age"]: float(r["value"][1]) for r in net} == {a: s[i] for a, s in sums.items()}
     drift = {
-        r["metric"]["weight_version"]: float(r["value"][1])
-        for r in panel("Policy drift: accept rate by weight version (latest batches)")
+        r["metric"]["version_age"]: float(r["value"][1])
+        for r in panel("Policy drift: accept rate by version age (rate of sums)")
     }
-    assert drift == pytest.approx({v: a / p for v, (a, p) in sums.items() if p}, rel=1e-12)
+    assert drift == pytest.approx({a: acc / prop for a, (acc, prop) in sums.items() if prop}, rel=0.02)
+    newest_age = ages(newest)
+    table = {r["metric"]["version_age"]: float(r["value"][1]) for r in panel("Newest batch by version age")}
+    assert table == {
+        newest_age[e.weight_version]: e.metrics["spec/accept_rate"]
+        for e in newest.by_weight_version
+        if "spec/accept_rate" in e.metrics
+    }
+    matrix = {
+        (r["metric"]["version_age"], r["metric"]["position"]): float(r["value"][1])
+        for r in panel("Acceptance by draft position and version age, newest batch")
+    }
+    assert matrix == {
+        (newest_age[e.weight_version], str(k)): rate
+        for e in newest.by_weight_version
+        for k, rate in enumerate((e.accept_rate_by_position or [])[:MAX_POSITION], start=1)
+    }
+
+    # 7. the alerts panel: one worker stops answering; Prometheus evaluates the rules every
+    # second, so its SpecmeterWorkerDown is pending (it fires after 2 minutes) within seconds
+    [(_, alerts_expr)] = [(t, e) for t, e in dashboard_targets() if e.startswith("ALERTS")]
+    down = d.workers[1]
+    d.stop(down)
+    rows: list[dict] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = prom.query(substitute(alerts_expr, run=run, algorithm=algorithm, window=window))
+        if any(r["metric"]["alertname"] == "SpecmeterWorkerDown" for r in rows):
+            break
+        time.sleep(0.5)
+    [worker_down] = [r["metric"] for r in rows if r["metric"]["alertname"] == "SpecmeterWorkerDown"]
+    assert worker_down["instance"] == f"127.0.0.1:{ports[1]}" and worker_down["alertstate"] == "pending"
+    assert worker_down["severity"] == "warning"
+    loaded = {g["name"] for g in prom.api("rules")["groups"]}
+    assert loaded == {"specmeter.recording", "specmeter.alerts"}, "the rules file is loaded as shipped"

@@ -15,6 +15,7 @@ from specmeter.streams._prometheus import (
     _BATCH_FIELDS,
     _BATCH_GAUGES,
     _PUBLISHED_COUNTERS,
+    _SPLIT_GAUGES,
     _VERSION_GAUGES,
     EXPORTED_METRICS,
 )
@@ -27,7 +28,7 @@ PUBLISHED = (
     *_BATCH_GAUGES,
     *_BATCH_FIELDS,
     *_VERSION_GAUGES,
-    "specmeter_batch_acceptance_length_steps",
+    *_SPLIT_GAUGES,
 )
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -204,6 +205,8 @@ def test_pod_monitor_and_scrape_config_match_the_pod_annotations():
     monitor = yaml.safe_load((DEPLOY / "k8s" / "monitoring" / "podmonitor.yaml").read_text())
     assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    # the job label the alert rules select the workers by (job="specmeter"), as in the other configs
+    assert pod["metadata"]["labels"][monitor["spec"]["jobLabel"]] == ALERT_JOB
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in ports and endpoint["path"] == annotations["prometheus.io/path"]
     # annotation-based discovery without the Operator: simulate its relabeling on this pod
@@ -244,6 +247,8 @@ def test_prometheus_configs_pass_promtool(config, tmp_path):
             job["static_configs"] = [{"targets": ["10.1.2.3:8080"]}] if job.pop("kubernetes_sd_configs") else []
         path = tmp_path / config
         path.write_text(yaml.safe_dump(parsed))
+        for rules in parsed.get("rule_files", ()):  # read from beside the config
+            (tmp_path / rules).write_text((DEPLOY / "prometheus" / rules).read_text())
         proc = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -273,11 +278,20 @@ def test_every_dashboard_query_names_an_exported_metric():
     for panel in dashboard["panels"]:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
+            if target["expr"].startswith("ALERTS{"):  # the state of the rules in alerts.yml
+                assert 'alertname=~"Specmeter.*"' in target["expr"] and all(
+                    name.startswith("Specmeter") for name in _alert_names()
+                ), target["expr"]
+                continue
             names = _metric_names(target["expr"])
             assert names, f"{panel['title']}: no specmeter metric in {target['expr']!r}"
             unknown = {n for n in names if _base(n) not in EXPORTED_METRICS}
             assert not unknown, f"{panel['title']}: {sorted(unknown)} is not exported by the worker"
     assert any(p["type"] == "heatmap" for p in dashboard["panels"]), "acceptance-length heatmap"
+    queried = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for shown in ("specmeter_position_accepted_steps_total", "specmeter_batch_position_accept_rate_ratio", "ALERTS{"):
+        assert shown in queried, f"the dashboard shows no {shown}"
+    assert "batch_id" not in queried and "weight_version)" not in queried, "no label that grows with the run"
 
 
 def _dashboard() -> dict:
@@ -314,3 +328,124 @@ def test_grafana_provisioning_points_at_the_dashboard_and_prometheus():
     mounts = " ".join(compose["services"]["grafana"]["volumes"])
     provider = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "specmeter.yaml").read_text())
     assert provider["providers"][0]["options"]["path"] in mounts
+
+
+# -- alert rules as code (issue #23) ----------------------------------------------------------
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
+PROMETHEUS_RULE = DEPLOY / "k8s" / "monitoring" / "prometheusrule.yaml"
+RUNBOOK = DEPLOY.parent / "docs" / "alerts.md"
+#: the job every scrape config gives the workers, which the rules select them by
+ALERT_JOB = "specmeter"
+
+
+def _rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def _alert_names() -> set[str]:
+    return {rule["alert"] for rule in _rules() if "alert" in rule}
+
+
+def _promtool() -> str:
+    promtool = find_tool("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")
+    return promtool
+
+
+def test_alert_rules_pass_promtool_and_their_unit_tests():
+    promtool = _promtool()
+    check = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run(
+        [promtool, "test", "rules", ALERTS_TEST.name], cwd=ALERTS_TEST.parent, capture_output=True, text=True
+    )
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_alert_unit_tests_fail_when_a_rule_is_broken(tmp_path):
+    """The unit tests can fail: the same tests against rules whose worker-down alert fires
+    for every target, up or not."""
+    promtool = _promtool()
+    broken = ALERTS.read_text().replace('up{job="specmeter"} == 0', 'up{job="specmeter"} >= 0')
+    assert broken != ALERTS.read_text()
+    (tmp_path / ALERTS.name).write_text(broken)
+    (tmp_path / ALERTS_TEST.name).write_text(ALERTS_TEST.read_text())
+    test = subprocess.run([promtool, "test", "rules", ALERTS_TEST.name], cwd=tmp_path, capture_output=True, text=True)
+    assert test.returncode != 0 and "SpecmeterWorkerDown" in test.stdout + test.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing():
+    cases: dict[str, list[bool]] = {}
+    for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"]:
+        for case in test.get("alert_rule_test", ()):
+            cases.setdefault(case["alertname"], []).append(bool(case.get("exp_alerts")))
+    for alert in _alert_names():
+        assert True in cases.get(alert, []), f"{alert}: no test where it fires"
+        assert False in cases.get(alert, []), f"{alert}: no test where it must not fire"
+    assert set(cases) <= _alert_names(), f"tests of unknown alerts: {set(cases) - _alert_names()}"
+
+
+def test_every_alert_has_a_summary_a_severity_and_a_runbook_section():
+    runbook = RUNBOOK.read_text()
+    sections = {
+        re.sub(r"[^a-z0-9]", "", line.removeprefix("## ").lower()): line
+        for line in runbook.splitlines()
+        if line.startswith("## ")
+    }
+    for rule in _rules():
+        if "alert" not in rule:
+            continue
+        name = rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+        anchor = rule["annotations"]["runbook"].split("#", 1)[1]
+        assert rule["annotations"]["runbook"] == f"docs/alerts.md#{name.lower()}", name
+        assert anchor in sections, f"{name}: no '## {name}' section in docs/alerts.md"
+        section = runbook.split(sections[anchor], 1)[1].split("\n## ", 1)[0]
+        for part in ("What it means", "What to check", "What to do"):
+            assert part in section, f"docs/alerts.md, {name}: no '{part}'"
+    read = {
+        name
+        for rule in _rules()
+        for name in re.findall(r"(?<![:\w])(specmeter_[a-z0-9_]+)(?![:\w])", rule["expr"])  # not a recorded name
+    }
+    assert len(read) > 10
+    for name in read:
+        assert _base(name) in EXPORTED_METRICS, f"alerts.yml reads {name}, which no worker exports"
+
+
+def test_the_prometheus_rule_ships_the_same_groups_and_validates():
+    """The Prometheus Operator's PrometheusRule (no schema for its CRD offline: its
+    fields checked by hand, as for the PodMonitor, and its rules by promtool)."""
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["metadata"]["name"] and rule["metadata"]["labels"]["app.kubernetes.io/name"] == "specmeter"
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"} and set(rule["spec"]) == {"groups"}
+    duration = re.compile(
+        r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+    )
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "labels", "limit", "query_offset"}, group["name"]
+        assert group["name"] and duration.match(group.get("interval", "0"))
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}, r
+            assert ("alert" in r) != ("record" in r) and isinstance(r["expr"], str), r
+            assert duration.match(r.get("for", "0")), r
+            assert all(isinstance(v, str) for v in {**r.get("labels", {}), **r.get("annotations", {})}.values())
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"], (
+        "prometheusrule.yaml differs from deploy/prometheus/alerts.yml: copy alerts.yml's groups"
+    )
+
+
+def test_compose_prometheus_loads_the_alert_rules():
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    mounts = dict(v.split(":")[:2] for v in services["prometheus"]["volumes"])
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    assert mounts["./prometheus/alerts.yml"] == "/etc/prometheus/alerts.yml", "beside the mounted prometheus.yml"
+    assert mounts["./prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    assert [job["job_name"] for job in config["scrape_configs"]] == [ALERT_JOB]
+    k8s = yaml.safe_load((DEPLOY / "prometheus" / "kubernetes.yml").read_text())
+    assert k8s["rule_files"] == ["alerts.yml"] and [j["job_name"] for j in k8s["scrape_configs"]] == [ALERT_JOB]

@@ -82,24 +82,34 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
         assert _counter(families, stem) == sum(m.metrics[key] for m in latest.values()), stem
     assert _counter(families, "published_records") == sum(m.record_count for m in latest.values())
     assert {s.labels["algorithm"] for s in families["specmeter_batches"].samples} == {"EAGLE3"}
-    # the latest batches' gauges: each one's newest revision
-    gauges = {s.labels["batch_id"]: s for s in families["specmeter_batch_accept_rate_ratio"].samples}
-    assert gauges and set(gauges) <= set(latest)
-    for batch_id, sample in gauges.items():
-        assert sample.value == latest[batch_id].metrics["spec/accept_rate"]
+    # acceptance by draft position: steps that accepted at least k drafts, over every batch
+    histograms = [m.accept_histogram or [] for m in latest.values()]
+    assert _counter(families, "position_verify_steps") == sum(sum(h) for h in histograms)
+    positions = {s.labels["position"]: s.value for s in families["specmeter_position_accepted_steps"].samples}
+    taken = {s.labels["position"]: s.value for s in families["specmeter_position_accepted_steps_retracted"].samples}
+    width = max(map(len, histograms))
+    assert width > 2 and {k: positions[k] - taken[k] for k in positions} == {
+        str(k): sum(sum(h[k:]) for h in histograms) for k in range(1, min(width - 1, 16) + 1)
+    }
+    # the newest batch (by close time) of the run: its newest revision, no batch label
+    newest = max(latest.values(), key=lambda m: m.closed_at)
 
-    def value(name, batch_id):
-        return next(s.value for s in families[name].samples if s.labels["batch_id"] == batch_id)
+    def value(name, **labels):
+        [sample] = [s for s in families[name].samples if labels.items() <= s.labels.items()]
+        assert "batch_id" not in sample.labels
+        return sample.value
 
-    for batch_id in gauges:
-        m = latest[batch_id]
-        assert value("specmeter_batch_tokens_per_verify", batch_id) == m.metrics["spec/tokens_per_verify"]
-        assert value("specmeter_batch_accept_coverage_ratio", batch_id) == m.metrics["spec/accept_count_coverage"]
-        assert value("specmeter_batch_generations", batch_id) == m.metrics["spec/unique_generation_count"]
-        assert value("specmeter_batch_records", batch_id) == m.record_count
-        assert value("specmeter_batch_revision", batch_id) == m.revision
-        assert value("specmeter_batch_complete", batch_id) == 1.0
-    assert {s.labels["batch_id"] for s in families["specmeter_batch_info"].samples} == set(gauges)
+    assert value("specmeter_batch_closed_timestamp_seconds") == newest.closed_at
+    assert value("specmeter_batch_accept_rate_ratio") == newest.metrics["spec/accept_rate"]
+    assert value("specmeter_batch_tokens_per_verify") == newest.metrics["spec/tokens_per_verify"]
+    assert value("specmeter_batch_accept_coverage_ratio") == newest.metrics["spec/accept_count_coverage"]
+    assert value("specmeter_batch_generations") == newest.metrics["spec/unique_generation_count"]
+    assert value("specmeter_batch_records") == newest.record_count
+    assert value("specmeter_batch_revision") == newest.revision
+    assert value("specmeter_batch_complete") == 1.0
+    for k, rate in enumerate(newest.accept_rate_by_position, start=1):
+        assert value("specmeter_batch_position_accept_rate_ratio", position=str(k)) == rate
+    assert [s.labels["close_reason"] for s in families["specmeter_batch_info"].samples] == [newest.close_reason]
     records = sum(1 for e in events if e.kind == "record")
     invalid = sum(1 for e in events if e.kind == "invalid")
     worker = lambda name: families[name].samples[0].value  # noqa: E731
@@ -111,6 +121,8 @@ def test_metrics_endpoint_adds_up_to_the_published_batches(fed_worker):
     }
     assert set(last_event) == {"0", "1", "2", "3"}
     assert all(time.time() - 600 < t <= time.time() for t in last_event.values()), last_event
+    applied = {s.labels["partition"]: s.value for s in families["specmeter_partition_applied_offset"].samples}
+    assert set(applied) == set(last_event) and all(offset >= 0 for offset in applied.values()), applied
     assert "process_resident_memory_bytes" in families and "python_info" in families
     promtool = find_tool("promtool")
     if promtool is None:
@@ -181,3 +193,57 @@ def test_tail_table_renders(fed_worker):
     proc = _tail(d, "--timeout", "3", timeout_s=60)
     assert proc.returncode == 0, proc.stderr
     assert "obs-00000" in proc.stdout and "accept rate" in proc.stdout
+
+
+def _series(port: int) -> set[tuple]:
+    """The specmeter series of one scrape of a worker, as (name, sorted labels)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    return {
+        (s.name, tuple(sorted(s.labels.items())))
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+        if s.name.startswith("specmeter_")
+    }
+
+
+def test_the_series_a_worker_exports_do_not_grow_with_the_batches_it_publishes(kafka_bootstrap):
+    """Issue #24: a batch_id label (and a weight_version one) made new series at every
+    training step. Through a real worker: after 9 and after 18 published batches, each
+    with newer policy versions, /metrics holds the very same series."""
+    d = Deployment(kafka_bootstrap)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
+    port = free_port()
+    worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")
+    spec = FleetSpec(
+        batches=18,
+        sessions_per_batch=40,
+        producers=2,
+        seed=24,
+        stale_versions=1,  # every batch mixes the current version and the one before (ages 0 and 1)
+        invalid_rate=0.0,
+        batch_prefix="churn-",
+    )
+    events = list(synthetic_fleet(spec))
+    ids = sorted({e.batch_id for e in events})
+    series: list[set[tuple]] = []
+    try:
+        d.wait_ready(worker)
+        for wave in (ids[:3], ids[3:9], ids[9:]):
+            wanted = set(wave)
+            asyncio.run(publish_events(kafka_bootstrap, d.topics.records, [e for e in events if e.batch_id in wanted]))
+            done = len(ids[: ids.index(wave[-1]) + 1])
+            d.metrics(until=lambda ms, n=done: len({m.batch_id for m in ms if m.complete}) >= n, timeout_s=90)
+            scraped = _scrape(port, lambda f, n=done: "specmeter_batches" in f and _counter(f, "batches") == n)
+            assert _counter(scraped, "batches") == done, "every published batch reached /metrics"
+            series.append(_series(port))
+    except BaseException:
+        print(d.log_tail())
+        raise
+    finally:
+        d.close()
+    assert series[1] == series[2], (
+        f"new: {sorted(series[2] - series[1])[:10]}, gone: {sorted(series[1] - series[2])[:10]}"
+    )
+    assert len(series[0]) <= len(series[1])
+    labels = {name for _, pairs in series[2] for name, _ in pairs}
+    assert not labels & {"batch_id", "weight_version", "session_id", "generation_id"}, labels

@@ -1,5 +1,7 @@
 """The Prometheus series of published batches, without a broker: counters that add up
-over revisions and workers, bounded label sets, and a valid exposition (issue #13)."""
+over revisions and workers (acceptance by draft position and by version age too, issue
+#23), label sets that do not grow with the batches published (issue #24), and a valid
+exposition (issue #13)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,14 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from specmeter.schemas import BatchMetrics, WeightVersionMetrics
-from specmeter.streams._counters import PUBLISHED_QUANTITIES, PublishedTotals, WorkerCounters
+from specmeter.streams._counters import (
+    MAX_EXPORTED_POSITION,
+    PUBLISHED_QUANTITIES,
+    SLOTS,
+    PublishedTotals,
+    WorkerCounters,
+)
+from specmeter.streams._merge import accept_rate_by_position
 from specmeter.streams._prometheus import EXPORTED_METRICS, render
 
 from .support.tools import find_tool
@@ -32,7 +41,11 @@ def batch(
     verify: int = 5,
     records: int = 7,
     by_weight_version: list[WeightVersionMetrics] | None = None,
+    histogram: list[int] | None = None,
+    closed_at: float | None = None,
+    complete: bool = True,
 ) -> BatchMetrics:
+    histogram = [1, 2, 3] if histogram is None else histogram
     metrics = {
         "spec/paired_accepted_total": accepted,
         "spec/paired_proposed_total": proposed,
@@ -58,20 +71,21 @@ def batch(
         batch_id=batch_id,
         revision=revision,
         close_reason="markers",
-        closed_at=1000.0 + revision,
+        closed_at=1000.0 + revision if closed_at is None else closed_at,
         speculative=True,
-        complete=True,
+        complete=complete,
         partitions_reported=4,
         partitions_expected=4,
         record_count=records,
         invalid_record_count=0,
         missing_record_count=0,
         late_record_count=revision,
-        accept_histogram=[1, 2, 3],
+        accept_histogram=histogram or None,
         metrics=metrics,
         speculative_algorithm=algorithm,
         run_id=run_id,
         by_weight_version=by_weight_version,
+        accept_rate_by_position=accept_rate_by_position(histogram or None),
     )
 
 
@@ -92,7 +106,7 @@ def test_a_revision_adds_only_its_difference_and_repeats_add_nothing():
     assert net(totals, "paired_proposed_tokens") == 9 + 10
     assert net(totals, "batches") == 2
     t = totals.totals[("EAGLE3", "run-a")]
-    assert t.retracted == [0] * len(STEMS)
+    assert not any(t.retracted)
 
 
 def test_a_decrease_goes_to_the_retracted_twin():
@@ -127,14 +141,66 @@ def test_a_republication_after_a_rebalance_is_not_counted_again():
 
 
 def test_label_sets_batches_and_memory_are_bounded():
-    totals = PublishedTotals(max_label_sets=3, latest_batches=2, forget_after_s=10.0, max_remembered=5)
+    totals = PublishedTotals(max_label_sets=3, latest_label_sets=2, forget_after_s=10.0, max_remembered=5)
     for i in range(6):
         totals.observe(batch(f"b{i}", run_id=f"run-{i}"), float(i))
     assert list(totals.totals) == [("EAGLE3", "run-3"), ("EAGLE3", "run-4"), ("EAGLE3", "run-5")]
-    assert list(totals.latest) == [("run-4", "b4"), ("run-5", "b5")]
-    assert len(totals._last) == 5
+    assert list(totals.latest) == [("EAGLE3", "run-4"), ("EAGLE3", "run-5")]
+    assert [m.batch_id for m in totals.latest.values()] == ["b4", "b5"]
+    assert len(totals.remembered) == 5
     totals.observe(batch("late", run_id="run-5"), 100.0)  # everything else is older than forget_after_s
-    assert list(totals._last) == [("run-5", "late")]
+    assert totals.remembered == [("run-5", "late")]
+
+
+def slot_net(totals: PublishedTotals, labels=("EAGLE3", "run-a")) -> dict[tuple, int]:
+    """total - retracted of every exported counter series of one label set, by (stem, extra label value)."""
+    t = totals.totals[labels]
+    return {(SLOTS[i].stem, SLOTS[i].value): t.added[i] - t.retracted[i] for i in t.present}
+
+
+def versions(*entries: tuple[str | None, int, int, list[int] | None]) -> list[WeightVersionMetrics]:
+    """by_weight_version entries from (version, paired accepted, paired proposed, histogram)."""
+    return [
+        WeightVersionMetrics(
+            weight_version=v,
+            metrics={
+                "spec/unique_generation_count": 2,
+                "spec/paired_accepted_total": a,
+                "spec/paired_proposed_total": p,
+                "spec/accept_covered_count": 1,
+                **({"spec/accept_rate": a / p} if p else {}),
+                "spec/accept_count_coverage": 0.5,
+            },
+            accept_histogram=h,
+            accept_rate_by_position=accept_rate_by_position(h),
+        )
+        for v, a, p, h in entries
+    ]
+
+
+#: versions whose order a test knows without the worker's rule: the number after "v"
+VERSION_NAMES = ["v1", "v2", "v9", "v10", "v11", "v100", None]
+
+
+def naive_slots(m: BatchMetrics) -> dict[tuple, int]:
+    """What one batch adds to each series, read from docs/prometheus.md: steps that accepted
+    at least k drafts for k = 1..min(len(H) - 1, 16); paired tokens by how many versions the
+    generation's version is behind the batch's newest (4 or more: "4+", null: "unknown")."""
+    out: dict[tuple, int] = {}
+    h = m.accept_histogram or []
+    out[("position_verify_steps", None)] = sum(h)
+    for k in range(1, min(len(h) - 1, 16) + 1):
+        out[("position_accepted_steps", str(k))] = sum(n for accepted, n in enumerate(h) if accepted >= k)
+    named = sorted((e.weight_version for e in m.by_weight_version or () if e.weight_version), key=lambda v: -int(v[1:]))
+    for e in m.by_weight_version or [
+        WeightVersionMetrics(weight_version=None, metrics=m.metrics, accept_histogram=None)
+    ]:
+        age = "unknown" if e.weight_version is None else str(min(named.index(e.weight_version), 4))
+        age = "4+" if age == "4" else age
+        for stem, key in (("accepted", "spec/paired_accepted_total"), ("proposed", "spec/paired_proposed_total")):
+            slot = (f"version_age_paired_{stem}_tokens", age)
+            out[slot] = out.get(slot, 0) + e.metrics[key]
+    return out
 
 
 @settings(max_examples=200, deadline=None)
@@ -146,6 +212,12 @@ def test_label_sets_batches_and_memory_are_bounded():
             st.integers(0, 50),
             st.integers(0, 50),
             st.sampled_from(["r1", "r2", None]),
+            st.lists(st.integers(0, 5), max_size=20),
+            st.lists(
+                st.tuples(st.sampled_from(VERSION_NAMES), st.integers(0, 9), st.integers(0, 9)),
+                max_size=6,
+                unique_by=lambda t: t[0],
+            ),
         ),
         max_size=40,
     ),
@@ -153,11 +225,23 @@ def test_label_sets_batches_and_memory_are_bounded():
 )
 def test_net_counters_equal_the_sum_over_the_latest_revisions(publications, workers):
     """Whatever the order, repeats, decreases and the worker each batch lands on, the
-    fleet's total - retracted is the sum over each batch's latest revision."""
+    fleet's total - retracted is the sum over each batch's latest revision: the plain
+    counters, acceptance by draft position and paired tokens by version age alike."""
     fleet = [PublishedTotals() for _ in range(workers)]
     latest: dict[tuple, BatchMetrics] = {}
-    for n, (b, revision, accepted, proposed, run_id) in enumerate(publications):
-        m = batch(f"b{b}", revision, run_id=run_id, accepted=accepted, proposed=proposed)
+    for n, (b, revision, accepted, proposed, run_id, histogram, split) in enumerate(publications):
+        entries = versions(*((v, a, p, None) for v, a, p in split)) if split else None
+        if entries:  # a breakdown adds up to the batch
+            accepted, proposed = sum(a for _, a, _ in split), sum(p for _, _, p in split)
+        m = batch(
+            f"b{b}",
+            revision,
+            run_id=run_id,
+            accepted=accepted,
+            proposed=proposed,
+            histogram=histogram,
+            by_weight_version=entries,
+        )
         owner = fleet[hash((b, run_id)) % workers]  # one stage-2 owner per batch
         owner.observe(m, float(n))
         key = (run_id, m.batch_id)
@@ -171,16 +255,30 @@ def test_net_counters_equal_the_sum_over_the_latest_revisions(publications, work
         got = sum(t.added[i] - t.retracted[i] for w in fleet for t in w.totals.values())
         assert got == sum(m.metrics[source] for m in latest.values())
         assert all(t.added[i] >= 0 and t.retracted[i] >= 0 for w in fleet for t in w.totals.values())
+    got: dict[tuple, int] = {}
+    for w in fleet:
+        for labels in w.totals:
+            for slot, value in slot_net(w, labels).items():
+                if slot[0] not in STEMS:
+                    got[slot] = got.get(slot, 0) + value
+    want: dict[tuple, int] = {}
+    for m in latest.values():
+        for slot, value in naive_slots(m).items():
+            want[slot] = want.get(slot, 0) + value
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+    assert all(int(slot[1]) <= MAX_EXPORTED_POSITION for slot in got if slot[0] == "position_accepted_steps")
 
 
 def _shell(published: PublishedTotals) -> SimpleNamespace:
     return SimpleNamespace(
         counters=WorkerCounters(),
-        processors={},
-        last_event_at={},
+        processors={
+            0: SimpleNamespace(open_generations=5, checkpoint=41),
+            3: SimpleNamespace(open_generations=0, checkpoint=-1),
+        },
+        last_event_at={0: 124.0},
         started_at=123.0,
-        gap_fills=0,
-        idle_catch_ups=0,
+        input_offsets_missing=0,
         published=published,
     )
 
@@ -189,40 +287,42 @@ def _families(body: bytes) -> dict:
     return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
 
-def test_exposition_has_counters_latest_batches_by_version_and_standard_collectors():
-    totals = PublishedTotals(latest_batches=2)
-    versions = [
-        WeightVersionMetrics(
-            weight_version="v1",
-            metrics={"spec/accept_rate": 0.5, "spec/paired_accepted_total": 1, "spec/paired_proposed_total": 2},
-            accept_histogram=None,
-        ),
-        WeightVersionMetrics(
-            weight_version=None,
-            metrics={"spec/accept_rate": 1.0, "spec/paired_accepted_total": 2, "spec/paired_proposed_total": 2},
-            accept_histogram=None,
-        ),
-    ]
-    totals.observe(batch("b1", accepted=3, proposed=4, by_weight_version=versions), 1.0)
-    totals.observe(batch("b2", accepted=5, proposed=6), 2.0)
-    totals.observe(batch("b3", accepted=7, proposed=8, run_id=None), 3.0)
+def _values(families: dict, name: str, *labels: str) -> dict:
+    samples = families[name].samples
+    return {tuple(s.labels[label] for label in labels): s.value for s in samples if not s.name.endswith("_created")}
+
+
+def test_exposition_has_counters_the_newest_batch_by_version_age_and_standard_collectors():
+    totals = PublishedTotals(latest_label_sets=2)
+    split = versions(("v1", 1, 2, [1, 1]), (None, 2, 2, [0, 2, 1]))
+    totals.observe(batch("b1", accepted=3, proposed=4, by_weight_version=split, closed_at=1.0), 1.0)
+    totals.observe(batch("b2", accepted=5, proposed=6, closed_at=2.0), 2.0)
+    totals.observe(batch("b3", accepted=7, proposed=8, run_id=None, closed_at=3.0), 3.0)
     shell = _shell(totals)
-    render(shell)  # the first scrape shows new label sets at 0 (see the next test)
+    render(shell)  # the first scrape shows new series at 0 (see the tests below)
     body = render(shell)
     families = _families(body)
-    accepted = {
-        (s.labels["algorithm"], s.labels["run_id"]): s.value
-        for s in families["specmeter_paired_accepted_tokens"].samples
-        if s.name.endswith("_total")
-    }
+    accepted = _values(families, "specmeter_paired_accepted_tokens", "algorithm", "run_id")
     assert accepted == {("EAGLE3", "run-a"): 8.0, ("EAGLE3", ""): 7.0}
-    # only the last two batches have gauges: b1's series (and its versions) are gone
-    rates = {
-        (s.labels["run_id"], s.labels["batch_id"]): s.value
-        for s in families["specmeter_batch_accept_rate_ratio"].samples
+    # one newest batch per (run_id, algorithm): b2 replaced b1; no batch label anywhere
+    assert _values(families, "specmeter_batch_accept_rate_ratio", "run_id", "algorithm") == {
+        ("run-a", "EAGLE3"): 5 / 6,
+        ("", "EAGLE3"): 7 / 8,
     }
-    assert rates == {("run-a", "b2"): 5 / 6, ("", "b3"): 7 / 8}
-    assert not families["specmeter_weight_version_accept_rate_ratio"].samples
+    assert _values(families, "specmeter_batch_closed_timestamp_seconds", "run_id") == {("run-a",): 2.0, ("",): 3.0}
+    assert not any("batch_id" in s.labels or "weight_version" in s.labels for f in families.values() for s in f.samples)
+    assert not families["specmeter_weight_version_accept_rate_ratio"].samples, "b2 and b3 have no breakdown"
+    assert _values(families, "specmeter_batch_position_accept_rate_ratio", "run_id", "position") == {
+        ("run-a", "1"): 5 / 6,
+        ("run-a", "2"): 3 / 6,
+        ("", "1"): 5 / 6,
+        ("", "2"): 3 / 6,
+    }
+    assert _values(families, "specmeter_partition_applied_offset", "partition") == {("0",): 41.0, ("3",): -1.0}
+    assert _values(families, "specmeter_partition_last_event_timestamp_seconds", "partition") == {
+        ("0",): 124.0,
+        ("3",): 123.0,
+    }
     assert any(name.startswith("process_") for name in families), "process collector"
     assert any(name.startswith("python_") for name in families), "platform / gc collectors"
     exported = set(EXPORTED_METRICS)
@@ -232,14 +332,18 @@ def test_exposition_has_counters_latest_batches_by_version_and_standard_collecto
             for x in ("_bucket", "_count", "_sum", "_info")
         ), f"{sample.name} is exported but not listed in EXPORTED_METRICS"
 
-    totals = PublishedTotals(latest_batches=2)
-    totals.observe(batch("b1", accepted=3, proposed=4, by_weight_version=versions), 1.0)
+    totals = PublishedTotals()
+    totals.observe(batch("b1", accepted=3, proposed=4, by_weight_version=split), 1.0)
     families = _families(render(_shell(totals)))
-    by_version = {
-        s.labels["weight_version"]: s.value for s in families["specmeter_weight_version_accept_rate_ratio"].samples
+    assert _values(families, "specmeter_weight_version_accept_rate_ratio", "version_age") == {
+        ("0",): 0.5,
+        ("unknown",): 1.0,
     }
-    assert by_version == {"v1": 0.5, "unknown": 1.0}
-    assert {s.labels["batch_id"] for s in families["specmeter_weight_version_paired_proposed_tokens"].samples} == {"b1"}
+    assert _values(families, "specmeter_weight_version_position_accept_rate_ratio", "version_age", "position") == {
+        ("0", "1"): 0.5,
+        ("unknown", "1"): 1.0,
+        ("unknown", "2"): 1 / 3,
+    }
     assert families["specmeter_partition_last_event_timestamp_seconds"].type == "gauge"
 
     promtool = find_tool("promtool")
@@ -249,18 +353,98 @@ def test_exposition_has_counters_latest_batches_by_version_and_standard_collecto
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
 
-def test_null_version_label_does_not_collide_with_a_version_named_unknown():
-    versions = [
-        WeightVersionMetrics(weight_version="unknown", metrics={"spec/accept_rate": 0.5}, accept_histogram=None),
-        WeightVersionMetrics(weight_version=None, metrics={"spec/accept_rate": 1.0}, accept_histogram=None),
-    ]
+def test_a_late_revision_of_an_older_batch_does_not_replace_the_newest():
     totals = PublishedTotals()
-    totals.observe(batch("b1", by_weight_version=versions), 1.0)
-    families = _families(render(_shell(totals)))
-    by_version = {
-        s.labels["weight_version"]: s.value for s in families["specmeter_weight_version_accept_rate_ratio"].samples
+    totals.observe(batch("step-1", 0, accepted=1, closed_at=10.0), 1.0)
+    totals.observe(batch("step-2", 0, accepted=2, closed_at=20.0), 2.0)
+    totals.observe(batch("step-1", 1, accepted=3, closed_at=10.0), 3.0)  # late records for step-1
+    assert [(m.batch_id, m.revision) for m in totals.latest.values()] == [("step-2", 0)]
+    totals.observe(batch("step-2", 1, accepted=4, closed_at=20.0), 4.0)
+    assert [(m.batch_id, m.revision) for m in totals.latest.values()] == [("step-2", 1)]
+    totals.observe(batch("step-2", 2, algorithm="NGRAM", closed_at=20.0), 5.0)  # it moves label set
+    assert list(totals.latest) == [("NGRAM", "run-a")]
+
+
+def test_positions_past_16_and_ages_past_3_are_folded_or_dropped_exactly():
+    """A 20-bin histogram exports positions 1..16 (each exact) and acceptance-length bins
+    0..15 plus 16 = "16 or more"; six versions give ages 0, 1, 2, 3 and one 4+ whose gauges
+    come from the two oldest versions' summed counts."""
+    histogram = [1] * 20
+    split = versions(
+        ("v7", 1, 2, [1, 0]),
+        ("v6", 2, 2, [0, 1]),
+        ("v12", 3, 4, None),
+        ("v10", 1, 4, None),
+        ("v9", 1, 1, None),
+        ("v11", 5, 5, [1, 1, 1]),
+    )
+    totals = PublishedTotals()
+    totals.observe(batch("b1", histogram=histogram, by_weight_version=split, accepted=13, proposed=18), 1.0)
+    net = slot_net(totals)
+    assert net[("position_verify_steps", None)] == 20
+    assert {k: v for (stem, k), v in net.items() if stem == "position_accepted_steps"} == {
+        str(k): 20 - k for k in range(1, 17)
     }
-    assert by_version == {"unknown": 0.5, "unknown (null)": 1.0}
+    accepted = {k: v for (stem, k), v in net.items() if stem == "version_age_paired_accepted_tokens"}
+    assert accepted == {"0": 3, "1": 5, "2": 1, "3": 1, "4+": 3}
+    shell = _shell(totals)
+    render(shell)
+    families = _families(render(shell))
+    bins = _values(families, "specmeter_batch_acceptance_length_steps", "accepted")
+    assert bins == {**{(str(i),): 1.0 for i in range(16)}, ("16",): 4.0}
+    positions = _values(families, "specmeter_batch_position_accept_rate_ratio", "position")
+    assert positions == {(str(k),): (20 - k) / 20 for k in range(1, 17)}
+    rates = _values(families, "specmeter_weight_version_accept_rate_ratio", "version_age")
+    assert rates == {("0",): 3 / 4, ("1",): 1.0, ("2",): 1 / 4, ("3",): 1.0, ("4+",): 3 / 4}
+    oldest = _values(families, "specmeter_weight_version_position_accept_rate_ratio", "version_age", "position")
+    assert oldest[("4+", "1")] == 1 / 2, "v6 and v7's histograms summed: [1, 1]"
+    assert _values(families, "specmeter_weight_version_generations", "version_age")[("4+",)] == 4
+    counters = _values(families, "specmeter_position_accepted_steps", "position")
+    assert counters == {(str(k),): 20.0 - k for k in range(1, 17)}
+    assert "position" in families["specmeter_position_accepted_steps"].documentation or "16" in (
+        families["specmeter_position_accepted_steps"].documentation
+    )
+
+
+def test_a_version_named_unknown_is_an_age_like_any_other():
+    totals = PublishedTotals()
+    split = versions(("unknown", 1, 2, None), (None, 2, 2, None))
+    totals.observe(batch("b1", by_weight_version=split, accepted=3, proposed=4), 1.0)
+    families = _families(render(_shell(totals)))
+    assert _values(families, "specmeter_weight_version_accept_rate_ratio", "version_age") == {
+        ("0",): 0.5,
+        ("unknown",): 1.0,
+    }
+
+
+def _series(body: bytes) -> set[tuple]:
+    """Every specmeter series of one scrape, as (name, sorted labels)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items())))
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+        if s.name.startswith("specmeter_")
+    }
+
+
+def test_the_series_do_not_grow_with_the_batches_published():
+    """Issue #24: every training step used to make new series (a batch_id label on the
+    latest-batch gauges, a weight_version label on their breakdown). A run of 200 steps,
+    each with new policy versions, now exports the same series after step 200 as after
+    step 3."""
+    totals = PublishedTotals()
+    shell = _shell(totals)
+    seen: list[set[tuple]] = []
+    for step in range(200):
+        split = versions(
+            (f"v{step + 10}", 3, 4, [1, 2, 3]), (f"v{step + 9}", 2, 4, [2, 1, 1]), (f"v{step + 5}", 1, 4, [1, 1])
+        )
+        m = batch(f"step-{step}", accepted=6, proposed=12, by_weight_version=split, closed_at=float(step))
+        totals.observe(m, float(step))
+        if step in (2, 199):
+            seen.append(_series(render(shell)))
+    assert seen[0] == seen[1]
+    assert len(seen[1]) < 300, len(seen[1])
 
 
 def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_batches():
@@ -285,3 +469,26 @@ def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_ba
         if s.name.endswith("_total")
     }
     assert by_run == {"run-a": 7.0, "run-b": 0.0}
+
+
+def test_a_new_position_or_version_age_is_zero_on_its_first_scrape_too():
+    """The same for a series that appears later in a label set's life: a longer histogram
+    (a new draft position) or an older version age."""
+    totals = PublishedTotals()
+    totals.observe(batch("b1", histogram=[1, 1, 1]), 1.0)
+    shell = _shell(totals)
+    render(shell)
+    families = _families(render(shell))
+    assert _values(families, "specmeter_position_accepted_steps", "position") == {("1",): 2.0, ("2",): 1.0}
+    totals.observe(batch("b2", histogram=[0, 0, 0, 2], by_weight_version=versions(("v1", 3, 4, None))), 2.0)
+    families = _families(render(shell))
+    assert _values(families, "specmeter_position_accepted_steps", "position") == {
+        ("1",): 4.0,
+        ("2",): 3.0,
+        ("3",): 0.0,  # born now: shown at 0 once
+    }
+    ages = _values(families, "specmeter_version_age_paired_accepted_tokens", "version_age")
+    assert ages == {("unknown",): 3.0, ("0",): 0.0}
+    families = _families(render(shell))
+    assert _values(families, "specmeter_position_accepted_steps", "position")[("3",)] == 2.0
+    assert _values(families, "specmeter_version_age_paired_accepted_tokens", "version_age")[("0",)] == 3.0

@@ -1,5 +1,6 @@
 """A real Prometheus server for tests: started on a free port with a generated config,
-scraping the given targets, queried through its HTTP API, stopped (log kept for failures).
+scraping the given targets (and evaluating the given rule files), queried through its
+HTTP API, stopped (log kept for failures).
 
 The binary is Debian's ``prometheus`` package, unpacked into ``.venv/bin`` by
 ``deploy/dev`` (``ensure_promtool``); tests skip when it is not there.
@@ -15,6 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,14 @@ class PrometheusError(RuntimeError):
 class PrometheusServer:
     """One Prometheus process with its own data directory; use as a context manager."""
 
-    def __init__(self, targets: list[str], *, scrape_interval_s: float = 1.0, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        targets: list[str],
+        *,
+        scrape_interval_s: float = 1.0,
+        binary: str | None = None,
+        rule_files: Sequence[Path] = (),
+    ) -> None:
         self.binary = binary or find_tool("prometheus")
         if self.binary is None:
             raise FileNotFoundError(
@@ -37,6 +46,8 @@ class PrometheusServer:
             )
         self.targets = targets
         self.scrape_interval_s = scrape_interval_s
+        #: rule files it evaluates (every scrape interval), copied into its directory
+        self.rule_files = list(rule_files)
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="specmeter-prometheus-"))
         self.log_path = self.dir / "prometheus.log"
@@ -51,6 +62,7 @@ class PrometheusServer:
         return json.dumps(
             {  # JSON is YAML
                 "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+                "rule_files": [str(self.dir / f"rules-{i}-{p.name}") for i, p in enumerate(self.rule_files)],
                 "scrape_configs": [
                     {"job_name": "specmeter", "metrics_path": "/metrics", "static_configs": [{"targets": self.targets}]}
                 ],
@@ -61,6 +73,8 @@ class PrometheusServer:
     def start(self, timeout_s: float = 30.0) -> PrometheusServer:
         config = self.dir / "prometheus.yml"
         config.write_text(self.config())
+        for i, rules in enumerate(self.rule_files):
+            (self.dir / f"rules-{i}-{rules.name}").write_text(rules.read_text())
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [

@@ -1,5 +1,5 @@
-"""A deliberately naive, slow implementation of the metrics (docs/contract.md §3
-and §3.1), written from the text alone, to check the core against on random inputs."""
+"""A deliberately naive, slow implementation of the metrics (docs/contract.md §3,
+§3.1 and §3.3), written from the text alone, to check the core against on random inputs."""
 
 from __future__ import annotations
 
@@ -124,5 +124,38 @@ def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm:
         histogram = None
         if histograms:
             histogram = [sum(h[i] for h in histograms if i < len(h)) for i in range(max(map(len, histograms)))]
-        out.append({"weight_version": version, "metrics": _sums(values), "accept_histogram": histogram})
+        out.append(
+            {
+                "weight_version": version,
+                "metrics": _sums(values),
+                "accept_histogram": histogram,
+                "accept_rate_by_position": reference_accept_rate_by_position(histogram),
+            }
+        )
     return out
+
+
+def reference_histogram(records: list[dict[str, Any]], marker_algorithm: str | None) -> list[int] | None:
+    """The batch's ``accept_histogram``: the element-wise sum over G \\ C of the known
+    histograms (shorter ones padded with zeros); null when none is known or the batch
+    is not speculative."""
+    if not _speculative(records, marker_algorithm):
+        return None
+    known = [v[5] for v in (next(iter(vs)) for vs in _values_by_key(records).values() if len(vs) == 1)]
+    known = [h for h in known if h is not None]
+    if not known:
+        return None
+    return [sum(h[i] if i < len(h) else 0 for h in known) for i in range(max(len(h) for h in known))]
+
+
+def reference_accept_rate_by_position(histogram: list[int] | None) -> list[float] | None:
+    """§3.3 read literally: bin i counts the verify steps that accepted exactly i drafts,
+    a step accepted its k-th draft when it accepted at least k; the rate at position k
+    is the share of steps (of those that reported a histogram) that did. One step at a
+    time: every step of every bin is asked, for every position, whether it got there."""
+    if histogram is None or len(histogram) < 2:
+        return None
+    steps = [accepted for accepted, count in enumerate(histogram) for _ in range(count)]
+    if not steps:
+        return None
+    return [sum(1 for accepted in steps if accepted >= k) / len(steps) for k in range(1, len(histogram))]

@@ -200,7 +200,36 @@ def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEven
         assert got.complete and got.close_reason == "markers" and got.missing_record_count == 0, got
         assert got.partitions_reported == got.partitions_expected == partitions
         assert got.run_id == want.run_id and got.by_weight_version == want.by_weight_version, batch_id
+        assert got.accept_rate_by_position == want.accept_rate_by_position, batch_id
+    assert_positions_match_reference(latest, events)
     assert_duplicates_identical(published)
+
+
+def assert_positions_match_reference(latest: dict[str, BatchMetrics], events: list[FleetEvent]) -> None:
+    """Each batch's ``accept_rate_by_position``, and each weight version's, equal the naive
+    reading of docs/contract.md §3.3 (tests/support/reference.py) over the batch's valid
+    records (the worker must not only agree with the offline core, which shares its code)."""
+    from .golden_cases import assert_positions_equal
+    from .reference import reference_accept_rate_by_position, reference_by_weight_version, reference_histogram
+
+    records: dict[str, list[dict]] = {}
+    algorithms: dict[str, str | None] = {}
+    for e in events:
+        if e.kind == "record":
+            records.setdefault(e.batch_id, []).append(msgspec.structs.asdict(e.payload))
+        elif e.kind == "marker" and e.payload.speculative_algorithm:
+            algorithms[e.batch_id] = e.payload.speculative_algorithm
+    for batch_id, dicts in records.items():
+        got = latest[batch_id]
+        histogram = reference_histogram(dicts, algorithms.get(batch_id))
+        assert got.accept_histogram == histogram, batch_id
+        assert_positions_equal(got.accept_rate_by_position, reference_accept_rate_by_position(histogram), batch_id)
+        versions = reference_by_weight_version(dicts, algorithms.get(batch_id)) or []
+        assert [e.weight_version for e in got.by_weight_version or ()] == [v["weight_version"] for v in versions]
+        for entry, want in zip(got.by_weight_version or (), versions, strict=True):
+            where = f"{batch_id}/{entry.weight_version}"
+            assert_positions_equal(entry.accept_rate_by_position, want["accept_rate_by_position"], where)
+    assert any(latest[b].accept_rate_by_position for b in records), "the stream had per-position rates to check"
 
 
 def latest_by_batch(published: list[BatchMetrics]) -> dict[str, BatchMetrics]:
