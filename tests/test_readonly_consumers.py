@@ -144,7 +144,10 @@ def test_the_examples_end_with_one_line_for_a_mistyped_topic(
     topic, typo = metrics_topic_pair
     module = _example(example)
     if example == "wandb_metrics":
-        monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kwargs: _Recorder()))
+        fake = types.SimpleNamespace(
+            init=lambda **kwargs: _Recorder(), plot=types.SimpleNamespace(line_series=lambda **kwargs: kwargs)
+        )
+        monkeypatch.setitem(sys.modules, "wandb", fake)
         args = ["--project", "p"]
     else:
         monkeypatch.setattr(module, "_summary_writer", lambda logdir: _Recorder())
