@@ -1,5 +1,5 @@
 """SASL (PLAIN, SCRAM-SHA-256/512) over TLS against a real broker with an
-authorizer: producer, worker and `tail` each run with only the rights the README
+authorizer: producer, worker and `tail` each run with only the rights docs/operations.md
 lists for them, and no password shows in their output, logs or ``--help``."""
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_sasl_ssl_with_least_privilege_end_to_end(secure_broker, tmp_path):
         asyncio.run(create_topic(secure_broker["plaintext"], topic, d.partitions))
     for topic in (t.metrics, t.deadletter, assignor):
         asyncio.run(create_topic(secure_broker["plaintext"], topic, 1))
-    # each component gets exactly what the README lists
+    # each component gets exactly what docs/operations.md lists
     _grant(secure_broker, "producer", {t.records: ("Write",)})
     _grant(
         secure_broker,

@@ -1,0 +1,61 @@
+"""The README is a user's page and the docs hold the rest: the README stays short, every link
+between them resolves (files and headings), and their Python snippets compile (the README's
+producer snippet also runs: tests/test_readme_snippets.py)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_the_readme_is_a_user_s_page():
+    readme = (REPO / "README.md").read_text()
+    size = len(readme.encode())
+    assert size <= 25 * 1024, f"README.md is {size} bytes; engineering notes go to docs/"
+    for section in ("Set up and run", "Using the producer library", "The command line", "Where to read more"):
+        assert f"\n## {section}" in readme, section
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(REPO).as_posix() for p in PAGES])
+def test_every_relative_link_resolves(page):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.exists(), f"{page.name}: link to {target!r}: {resolved} does not exist"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved), f"{page.name}: link to {target!r}: no such heading"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(REPO).as_posix() for p in PAGES])
+def test_python_snippets_compile(page):
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)):
+        # snippets may await at top level (they run inside a rollout worker's coroutine)
+        compile(f"async def _snippet():\n{textwrap.indent(block, '    ')}", f"{page.name} block {i}", "exec")
+
+
+def test_every_doc_is_reachable_from_the_readme():
+    readme = (REPO / "README.md").read_text()
+    for page in PAGES[1:]:
+        assert f"docs/{page.name}" in readme, f"docs/{page.name} is not linked from README.md"
