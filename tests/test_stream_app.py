@@ -212,5 +212,6 @@ def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
         assert made[topic] == 6, (topic, made[topic])
     import msgspec
 
-    with pytest.raises(TopicMismatch, match="--partitions 6"):
+    with pytest.raises(TopicMismatch, match=r"--partitions 3 but topics .* have 6 partitions") as refused:
         asyncio.run(ensure_topics(msgspec.structs.replace(settings, partitions=3)))
+    assert "--partitions 6" in refused.value.fix
