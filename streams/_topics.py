@@ -299,8 +299,9 @@ async def _create(admin: Any, specs: Sequence[TopicSpec], settings: WorkerSettin
     )
 
 
-async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 10.0) -> dict[str, int]:
-    """Check every topic, then create the missing ones; return partitions per topic.
+async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 10.0) -> ClusterView:
+    """Check every topic, then create the missing ones; return the cluster's brokers
+    and the shape of every topic of the worker.
 
     Logs one warning when a topic has fewer replicas than the cluster has brokers
     (up to three).
@@ -336,7 +337,7 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
         warning = replication_warning(view, specs)
         if warning is not None:
             log.warning(warning)
-        return {s.name: view.topics[s.name].partitions if s.name in view.topics else s.partitions for s in specs}
+        return view
     finally:
         await admin.close()
 

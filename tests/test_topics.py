@@ -184,7 +184,7 @@ def test_a_partition_mismatch_creates_nothing_and_names_the_way_out(kafka_bootst
 
     # the way it names works: every topic is made with 8, none refused
     made = asyncio.run(ensure_topics(msgspec.structs.replace(settings, partitions=8)))
-    assert made[settings.topics.records] == 8
+    assert made.topics[settings.topics.records].partitions == 8
 
 
 @pytest.mark.kafka
