@@ -117,6 +117,30 @@ def test_replication_factor_defaults_to_the_clusters():
     assert WorkerSettings().replication_factor is None
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "want"),
+    [
+        ([], {}, None),
+        (["--replication-factor", "2"], {}, 2),
+        ([], {"SPECMETER_WORKER_REPLICATION_FACTOR": "3"}, 3),
+    ],
+)
+def test_the_replication_factor_flag_and_its_variable_reach_the_settings(monkeypatch, args, env, want):
+    from click.testing import CliRunner
+
+    import specmeter.streams.cli as cli
+    import specmeter.streams.worker as worker_module
+
+    seen: list[WorkerSettings] = []
+    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker_module, "run_worker", seen.append)
+    result = CliRunner().invoke(cli.main, ["worker", "--no-web", "--broker", "127.0.0.1:1", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen[0].replication_factor == want
+    help_text = CliRunner().invoke(cli.main, ["worker", "--help"], terminal_width=200).output
+    assert "SPECMETER_WORKER_REPLICATION_FACTOR" in help_text and "default.replication.factor" in help_text
+
+
 # -- against a real broker ------------------------------------------------------------
 
 
