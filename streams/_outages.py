@@ -329,7 +329,9 @@ class OutageLogFilter(logging.Filter):
                     found = _DISCOVERED.search(record.getMessage())
                     if found:
                         self.outages.found_coordinator(found.group(1), self._clock())
-                return True
+                # the coordinator's logger is kept at INFO for that line alone: its INFO
+                # lines show only where aiokafka's own level lets them (worker.py quiets it)
+                return record.name != COORDINATOR_LOGGER or logging.getLogger("aiokafka").isEnabledFor(record.levelno)
             if self._retries is not None and not str(record.msg).startswith(self._retries):
                 return True
             message = record.getMessage()
@@ -347,14 +349,15 @@ class OutageLogFilter(logging.Filter):
 
 #: the loggers whose lines are folded; aiokafka logs with one logger per module
 FOLDED_PREFIXES = ("aiokafka",)
-#: the worker's own lines that repeat every second while Kafka is away (streams/app.py,
-#: streams/_reader.py); they are folded only when they name an unreachable endpoint
+#: the worker's own lines that repeat at every try while Kafka is away (streams/app.py);
+#: they are folded only when they name an unreachable endpoint
 WORKER_RETRIES = (
-    "catch-up failed",
-    "committing records offsets failed",
-    "restoring topic=",
+    "committing the input offsets failed",
     "connecting the output producer failed",
 )
+#: the logger of aiokafka's "Discovered coordinator" line (INFO), the sign the
+#: group's coordinator is back
+COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
 
 
 def _loggers(prefixes: tuple[str, ...]) -> list[logging.Logger]:
@@ -403,6 +406,10 @@ def fold_outage_logs(
     folding = OutageLogFilter(outages)
     for logger in _loggers(FOLDED_PREFIXES):
         logger.addFilter(folding)
+    # its "Discovered coordinator" line (INFO) says the coordinator is back, whatever level
+    # aiokafka's other lines are shown at (the filter shows its INFO lines only where they were)
+    coordinator = logging.getLogger(COORDINATOR_LOGGER)
+    coordinator.setLevel(min(coordinator.getEffectiveLevel(), logging.INFO))
     logging.getLogger("specmeter.worker").addFilter(OutageLogFilter(outages, retries=WORKER_RETRIES))
     if app is not None:
 

@@ -169,6 +169,19 @@ async def _existing(bootstrap: str, names: list[str]) -> dict[str, tuple[int, in
     return {name: (shape.partitions, shape.replicas) for name, shape in view.topics.items()}
 
 
+def _visible(bootstrap: str, names: list[str], timeout_s: float = 15.0) -> dict[str, tuple[int, int]]:
+    """``_existing`` once every one of ``names`` shows: a broker learns of a topic
+    another broker's controller just created a moment later."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    found = asyncio.run(_existing(bootstrap, names))
+    while len(found) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = asyncio.run(_existing(bootstrap, names))
+    return found
+
+
 def _worker_args(settings: WorkerSettings, *extra: str) -> list[str]:
     t = settings.topics
     return [
@@ -240,9 +253,7 @@ def test_topics_get_the_clusters_replication_factor(kafka_cluster, caplog):
     names = [s.name for s in worker_topics(settings)]
     with caplog.at_level(logging.WARNING, logger="specmeter.topics"):
         asyncio.run(ensure_topics(settings))
-    assert asyncio.run(_existing(kafka_cluster.bootstrap, names)) == {
-        s.name: (s.partitions, 3) for s in worker_topics(settings)
-    }
+    assert _visible(kafka_cluster.bootstrap, names) == {s.name: (s.partitions, 3) for s in worker_topics(settings)}
     assert not [r for r in caplog.records if r.name == "specmeter.topics"], caplog.text
 
 
@@ -257,7 +268,8 @@ def test_a_replication_factor_below_the_clusters_is_warned_about(kafka_cluster, 
     assert "7 of the worker's topics have fewer replicas than the cluster's 3 brokers" in text, text
     assert f"{settings.app_id}-stage1-state-changelog (1)" in text and "give them 3 replicas" in text
     names = [s.name for s in worker_topics(settings)]
-    assert {r for _, r in asyncio.run(_existing(kafka_cluster.bootstrap, names)).values()} == {1}
+    found = _visible(kafka_cluster.bootstrap, names)
+    assert len(found) == len(names) and {r for _, r in found.values()} == {1}
 
 
 @pytest.mark.kafka
