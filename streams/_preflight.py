@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from specmeter.producers import KafkaSecurity
 
 from ._topics import TopicMismatch
+from .settings import WorkerSettings
 
 __all__ = [
     "BadSecurity",
     "BrokerUnreachable",
-    "PartitionMismatch",
     "PortInUse",
+    "TopicMismatch",
     "WebHostInvalid",
     "check_broker",
     "check_security",
@@ -57,14 +58,6 @@ class BrokerUnreachable(ConnectionError):
     @property
     def tls_failed(self) -> bool:
         return any("SSL" in r or "certificate" in r or "TLS" in r for r in self.reasons)
-
-
-class PartitionMismatch(TopicMismatch):
-    """The records topic exists with ``have`` partitions; the worker was told ``want``."""
-
-    def __init__(self, topic: str, have: int, want: int) -> None:
-        super().__init__(f"topic {topic!r} has {have} partitions but the worker runs with --partitions {want}")
-        self.topic, self.have, self.want = topic, have, want
 
 
 class PortInUse(OSError):
@@ -144,37 +137,37 @@ def quiet_kafka_logs() -> Iterator[list[str]]:
 
 
 async def check_broker(
-    broker: str, security: KafkaSecurity, *, topic_partitions: dict[str, int] | None = None, timeout_ms: int = 15_000
-) -> dict[str, int]:
-    """Connect once and close; return the partitions of those ``topic_partitions`` that exist.
+    broker: str, security: KafkaSecurity, *, settings: WorkerSettings | None = None, timeout_ms: int = 15_000
+) -> None:
+    """Connect once and close; with ``settings``, check every topic of that worker first.
 
     Raises:
         BrokerUnreachable: no address of ``broker`` completed a connection
             (refused, unresolvable, TLS or SASL failure: see ``reasons``).
-        PartitionMismatch: a topic of ``topic_partitions`` exists with another
-            partition count.
+        TopicMismatch: existing topics of the worker have partition counts it
+            cannot use (every such topic is named; nothing is created).
     """
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
-    from ._topics import existing_partitions
+    from ._topics import describe_cluster, plan_topics, worker_topics
 
     admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
-    found: dict[str, int] = {}
+    plan = None
     with quiet_kafka_logs() as messages:
         try:
             try:
                 await admin.start()
             except KafkaConnectionError:
                 raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
-            found = await existing_partitions(admin, topic_partitions or {})
+            if settings is not None:
+                specs = worker_topics(settings)
+                view = await describe_cluster(admin, [s.name for s in specs])
+                plan = plan_topics(specs, view, settings.partitions)
         finally:
             await admin.close()
-    for name, partitions in found.items():
-        want = (topic_partitions or {})[name]
-        if partitions != want:
-            raise PartitionMismatch(name, partitions, want)
-    return found
+    if plan is not None and plan.mismatched:
+        raise TopicMismatch(plan, specs)
 
 
 def check_web_port(host: str, port: int) -> None:

@@ -29,6 +29,7 @@ from . import _internals
 from ._changelog import changelog_topics
 from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
+from ._outages import Outages
 from ._output import OrderedProducer
 from ._routes import DeliveryDriver
 from ._stage1 import Effects, PartitionProcessor, shorten
@@ -65,6 +66,8 @@ class StreamShell:
         self.stage1_log, self.stage2_log = changelog_topics(settings.app_id)
         self.last_published: BatchMetrics | None = None
         self.started_at = time.time()
+        #: brokers and the group coordinator the worker cannot reach now (fed by worker.py's log filter)
+        self.outages = Outages()
         self.crash_points = CrashPoints.from_env()
         #: what is read and applied, restored and caught up (the rules in ``_delivery``)
         self.delivery = DeliveryDriver(settings, self)
@@ -421,6 +424,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 "rss_bytes": _rss_bytes(),
                 "cpu_seconds": time.process_time(),
                 "producer_pending": shell.output.pending,
+                "outages": shell.outages.as_dict(),
             }
         )
 
@@ -437,8 +441,10 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/specmeter/readyz")
     async def readyz(self: Any, request: Any) -> Any:
-        """Readiness: partitions assigned and their state recovered."""
-        ready = not app.rebalancing and shell.ready()
-        return self.json({"ready": ready}, status=200 if ready else 503)
+        """Readiness: partitions assigned, their state recovered, and every broker reachable."""
+        unreachable = shell.outages.unreachable
+        ready = not app.rebalancing and shell.ready() and not unreachable
+        body = {"ready": ready, **({"unreachable": list(unreachable)} if unreachable else {})}
+        return self.json(body, status=200 if ready else 503)
 
     return app, shell

@@ -84,8 +84,8 @@ def _env_naming(path: str | None) -> list[str]:
 
 def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
     """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
-    from ._preflight import BadSecurity, BrokerUnreachable, PartitionMismatch, PortInUse, WebHostInvalid
-    from ._topics import TopicMismatch
+    from ._preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
+    from ._topics import TopicProblem
 
     broker = params.get("broker", "the broker")
     set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
@@ -108,17 +108,8 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
         )
     if isinstance(exc, WebHostInvalid):
         return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
-    if isinstance(exc, PartitionMismatch):
-        return str(exc), (
-            f"start it with --partitions {exc.have} (env SPECMETER_WORKER_PARTITIONS={exc.have}): "
-            "a topic's partition count is fixed, and the state topics must match it"
-        )
-    if isinstance(exc, TopicMismatch):
-        text = str(exc)
-        return (
-            text,
-            None if "SPECMETER_WORKER_PARTITIONS" in text else "env SPECMETER_WORKER_PARTITIONS sets --partitions",
-        )
+    if isinstance(exc, TopicProblem):
+        return str(exc), exc.fix
     from ._topic_lookup import TopicNotFound
 
     if isinstance(exc, TopicNotFound):
@@ -198,12 +189,12 @@ def _security() -> Any:
     return security
 
 
-def _preflight(broker: str, security: Any, topic_partitions: dict[str, int] | None = None) -> None:
+def _preflight(broker: str, security: Any, settings: WorkerSettings | None = None) -> None:
     import asyncio
 
     from ._preflight import check_broker
 
-    asyncio.run(check_broker(broker, security, topic_partitions=topic_partitions))
+    asyncio.run(check_broker(broker, security, settings=settings))
 
 
 class EnvValueInvalid(CommandFailed):
@@ -454,6 +445,15 @@ def _topic_options(func):
     help="Partitions of the records topic (state topics use the same).",
 )
 @click.option(
+    "--replication-factor",
+    type=click.IntRange(1, 32767),
+    default=_DEFAULTS.replication_factor,
+    show_default="the cluster's default.replication.factor",
+    metavar="N",
+    help="Replicas of each topic the worker creates (topics that exist keep theirs). A production cluster "
+    "wants 3, with min.insync.replicas=2.",
+)
+@click.option(
     "--batch-timeout",
     type=click.FloatRange(0.1),
     default=_DEFAULTS.batch_timeout_s,
@@ -548,6 +548,7 @@ def worker(
     deadletter_topic: str,
     app_id: str,
     partitions: int,
+    replication_factor: int | None,
     batch_timeout: float,
     grace: float,
     session_timeout: float,
@@ -570,8 +571,9 @@ def worker(
     batch and revision. Start more workers with the same --app-id to scale out
     (up to --partitions). Stop with Ctrl-C or SIGTERM.
 
-    Before starting it checks that the broker answers, that the records topic
-    (if it exists) has --partitions partitions and that the web port is free.
+    Before starting it checks that the broker answers, that every topic of
+    its own that exists has --partitions partitions (the records, partials and
+    state topics; nothing is created otherwise) and that the web port is free.
     """
     from ._preflight import check_web_port
     from .settings import TopicNames, WorkerSettings
@@ -581,6 +583,7 @@ def worker(
         broker=broker,
         app_id=app_id,
         partitions=partitions,
+        replication_factor=replication_factor,
         batch_timeout_s=batch_timeout,
         grace_s=grace,
         session_timeout_s=session_timeout,
@@ -599,7 +602,7 @@ def worker(
             records=records_topic, partials=partials_topic, metrics=metrics_topic, deadletter=deadletter_topic
         ),
     )
-    _preflight(broker, security, {records_topic: partitions})
+    _preflight(broker, security, settings)
     if not no_web:
         check_web_port(web_host, web_port)
     from .worker import run_worker

@@ -30,7 +30,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         app_id: Faust application id: consumer group and prefix of state topics.
         topics: topic names.
         partitions: partitions of the records topic (and of every state topic).
-        replication_factor: of the topics the worker creates.
+        replication_factor: replicas of each topic the worker creates; None: the
+            cluster's ``default.replication.factor`` (a production cluster sets 3).
+            Topics that exist keep theirs.
         batch_timeout_s: close a batch this long after its last input if its
             markers never complete (close_reason ``timeout``).
         grace_s: keep a closed batch this long: late records within it give a
@@ -62,7 +64,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     app_id: str = "specmeter"
     topics: TopicNames = TopicNames()
     partitions: int = 8
-    replication_factor: int = 1
+    replication_factor: int | None = None
     batch_timeout_s: float = 60.0
     grace_s: float = 300.0
     chunk_bytes: int = 1_048_576

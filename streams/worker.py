@@ -10,6 +10,7 @@ import sys
 import msgspec
 
 from ._logging import bound_log_lines
+from ._outages import fold_outage_logs
 from ._topics import ensure_topics
 from .app import build_app
 from .settings import WorkerSettings
@@ -36,8 +37,10 @@ def run_worker(settings: WorkerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     if settings.web_enabled and settings.web_port == 0:  # any free port: say which
         settings = msgspec.structs.replace(settings, web_port=_free_port(settings.web_host))
-    asyncio.run(ensure_topics(settings))
+    cluster = asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)
+    # a broker away: one warning, not thousands of errors
+    fold_outage_logs(shell.outages, app, brokers=cluster.brokers)
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
     if settings.web_enabled:

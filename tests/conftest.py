@@ -24,6 +24,27 @@ def kafka_bootstrap() -> str:
     release()
 
 
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory):
+    """A local three-broker KRaft cluster (``deploy/kafka/broker cluster``), started
+    once for the session; a test that stops a broker starts it again before it ends."""
+    from .support.kafka_broker import KafkaCluster, local_broker_tools_missing
+
+    missing = local_broker_tools_missing()
+    if missing:
+        pytest.skip(missing)
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"))
+    try:
+        cluster.start()
+    except NoBroker as exc:
+        cluster.stop(purge=True)
+        if os.environ.get("CI"):
+            pytest.fail(f"no Kafka cluster in CI: {exc}")
+        pytest.skip(f"no Kafka cluster: {exc}")
+    yield cluster
+    cluster.stop(purge=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Attach the broker log tail to a failing Kafka test."""

@@ -209,8 +209,9 @@ def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
     settings = WorkerSettings(broker=kafka_bootstrap, app_id=name, topics=topics, partitions=6)
     made = asyncio.run(ensure_topics(settings))
     for topic in (topics.records, topics.partials, *changelog_topics(name)):
-        assert made[topic] == 6, (topic, made[topic])
+        assert made.topics[topic].partitions == 6, (topic, made.topics[topic])
     import msgspec
 
-    with pytest.raises(TopicMismatch, match="--partitions 6"):
+    with pytest.raises(TopicMismatch, match=r"--partitions 3 but topics .* have 6 partitions") as refused:
         asyncio.run(ensure_topics(msgspec.structs.replace(settings, partitions=3)))
+    assert "--partitions 6" in refused.value.fix

@@ -130,3 +130,61 @@ def local_broker_tools_missing() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} not found (a private local broker needs Java 17+ and Maven)"
     return None
+
+
+class KafkaCluster:
+    """A local KRaft cluster of one controller and brokers 1, 2, 3
+    (``deploy/kafka/broker cluster``: default.replication.factor=3,
+    min.insync.replicas=2) in its own state folder, for tests of replication and of
+    brokers that crash, restart or come back with an empty disk."""
+
+    BROKERS = (1, 2, 3)
+
+    def __init__(self, state_dir: Path, **env: str) -> None:
+        self.state_dir = state_dir
+        self.env = {**os.environ, "SPECMETER_KAFKA_CLUSTER_DIR": str(state_dir), **env}
+        #: the three brokers' bootstrap list, once started
+        self.bootstrap = ""
+
+    def _run(self, *args: str, timeout: float = 300) -> str:
+        proc = subprocess.run(
+            [str(BROKER_SCRIPT), "cluster", *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
+        if proc.returncode != 0:
+            raise NoBroker(f"deploy/kafka/broker cluster {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+        return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+
+    def start(self) -> str:
+        """Start every node that is not running; returns the bootstrap list of the three brokers."""
+        self.bootstrap = self._run("start", timeout=600)
+        return self.bootstrap
+
+    def start_broker(self, broker: int) -> None:
+        """Start one broker (after ``kill`` or ``wipe``) and wait until it serves."""
+        self._run("start", str(broker))
+
+    def kill(self, broker: int) -> None:
+        """SIGKILL one broker."""
+        self._run("kill", str(broker))
+
+    def restart(self, broker: int) -> None:
+        """Clean stop and start of one broker (a rolling restart's step)."""
+        self._run("restart", str(broker))
+
+    def wipe(self, broker: int) -> None:
+        """SIGKILL one broker and empty its disk (a replaced machine); ``start_broker`` brings it back."""
+        self._run("wipe", str(broker))
+
+    def stop(self, purge: bool = False) -> None:
+        self._run("stop", *(["--purge"] if purge else []))
+
+    def address(self) -> str:
+        return self._run("address")
+
+    def log_tail(self, node: int | str = "controller", lines: int = 40) -> str:
+        folder = self.state_dir / ("controller" if node == "controller" else f"broker-{node}")
+        log = folder / "broker.log"
+        return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:]) if log.exists() else ""
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {node}:\n{self.log_tail(node, lines)}" for node in ("controller", *self.BROKERS))

@@ -1,0 +1,285 @@
+"""The worker's topics: every one checked before any is created (issue 24.2), created
+at the cluster's replication factor unless told otherwise, and a warning when one
+has fewer replicas than the cluster has brokers (issue 21.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import uuid
+
+import msgspec
+import pytest
+
+from specmeter.streams._topics import (
+    ClusterView,
+    TopicMismatch,
+    TopicShape,
+    ensure_topics,
+    plan_topics,
+    replication_warning,
+    worker_topics,
+)
+from specmeter.streams.settings import TopicNames, WorkerSettings
+
+from .support.kafka_helpers import create_topic
+
+
+def _settings(bootstrap: str = "127.0.0.1:9092", name: str | None = None, **kwargs) -> WorkerSettings:
+    name = name or f"tp-{uuid.uuid4().hex[:8]}"
+    topics = TopicNames(
+        records=f"{name}.records",
+        partials=f"{name}.partials",
+        metrics=f"{name}.metrics",
+        deadletter=f"{name}.deadletter",
+    )
+    return WorkerSettings(broker=bootstrap, app_id=name, topics=topics, **kwargs)
+
+
+def _view(topics: dict[str, tuple[int, int]], brokers: int = 1) -> ClusterView:
+    return ClusterView(
+        brokers={i: f"127.0.0.1:{9091 + i}" for i in range(1, brokers + 1)},
+        topics={name: TopicShape(p, r) for name, (p, r) in topics.items()},
+    )
+
+
+# -- the plan, without a broker ------------------------------------------------------
+
+
+def test_nothing_exists_so_everything_is_created_with_the_workers_count():
+    settings = _settings(partitions=6)
+    specs = worker_topics(settings)
+    plan = plan_topics(specs, _view({}), 6)
+    assert [s.name for s in plan.create] == [s.name for s in specs]
+    assert not plan.mismatched
+    assert {s.name: s.partitions for s in plan.create}[settings.topics.partials] == 6
+    assert {s.name: s.partitions for s in plan.create}[settings.topics.metrics] == 1
+
+
+def test_one_mismatch_names_the_count_every_existing_topic_agrees_on():
+    """Issue 24.2's case: partials has 8, the new records topic is missing."""
+    settings = _settings(partitions=4)
+    specs = worker_topics(settings)
+    plan = plan_topics(specs, _view({settings.topics.partials: (8, 1)}), 4)
+    assert plan.mismatched == {settings.topics.partials: 8} and plan.agreed == 8
+    error = TopicMismatch(plan, specs)
+    assert f"topic {settings.topics.partials!r} has 8 partitions" in str(error)
+    assert "--partitions 4" in str(error) and "nothing was created" in str(error)
+    assert "--partitions 8" in error.fix and "SPECMETER_WORKER_PARTITIONS=8" in error.fix
+    assert "--partials-topic" in error.fix  # the other way out
+
+
+def test_existing_topics_that_disagree_leave_no_partition_count_to_suggest():
+    settings = _settings(partitions=8)
+    t = settings.topics
+    specs = worker_topics(settings)
+    plan = plan_topics(specs, _view({t.records: (4, 1), t.partials: (8, 1), t.metrics: (3, 1)}), 8)
+    assert plan.mismatched == {t.records: 4} and plan.agreed is None  # metrics: any count is fine
+    error = TopicMismatch(plan, specs)
+    assert "--partitions 4" not in error.fix and "no --partitions fits" in error.fix
+    assert "--records-topic" in error.fix and "delete" in error.fix
+    # every mismatching topic is named in the one line
+    plan = plan_topics(specs, _view({t.records: (4, 1), t.partials: (2, 1)}), 8)
+    error = TopicMismatch(plan, specs)
+    assert f"{t.records!r} has 4" in str(error) and f"{t.partials!r} has 2" in str(error)
+    assert "--records-topic" in error.fix and "--partials-topic" in error.fix
+
+
+@pytest.mark.parametrize(
+    ("brokers", "replicas", "warned"),
+    [
+        (1, 1, False),  # a single node cannot hold more
+        (2, 1, True),
+        (2, 2, False),
+        (3, 2, True),
+        (3, 3, False),
+        (5, 3, False),  # three is enough on a larger cluster
+        (5, 2, True),
+    ],
+)
+def test_replication_warning_compares_replicas_with_brokers_up_to_three(brokers, replicas, warned):
+    settings = _settings()
+    specs = worker_topics(settings)
+    view = _view({s.name: (s.partitions, replicas) for s in specs}, brokers=brokers)
+    warning = replication_warning(view, specs)
+    assert (warning is not None) == warned, warning
+    if warned:
+        assert "\n" not in warning
+        assert f"{settings.app_id}-stage1-state-changelog ({replicas})" in warning
+        # state topics are named first
+        assert warning.index("stage1-state-changelog") < warning.index(settings.topics.records)
+
+
+def test_replication_factor_defaults_to_the_clusters():
+    assert WorkerSettings().replication_factor is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "want"),
+    [
+        ([], {}, None),
+        (["--replication-factor", "2"], {}, 2),
+        ([], {"SPECMETER_WORKER_REPLICATION_FACTOR": "3"}, 3),
+    ],
+)
+def test_the_replication_factor_flag_and_its_variable_reach_the_settings(monkeypatch, args, env, want):
+    from click.testing import CliRunner
+
+    import specmeter.streams.cli as cli
+    import specmeter.streams.worker as worker_module
+
+    seen: list[WorkerSettings] = []
+    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker_module, "run_worker", seen.append)
+    result = CliRunner().invoke(cli.main, ["worker", "--no-web", "--broker", "127.0.0.1:1", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen[0].replication_factor == want
+    help_text = CliRunner().invoke(cli.main, ["worker", "--help"], terminal_width=200).output
+    assert "SPECMETER_WORKER_REPLICATION_FACTOR" in help_text and "default.replication.factor" in help_text
+
+
+# -- against a real broker ------------------------------------------------------------
+
+
+def _specmeter(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=timeout,
+    )
+
+
+async def _existing(bootstrap: str, names: list[str]) -> dict[str, tuple[int, int]]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from specmeter.streams._topics import describe_cluster
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        view = await describe_cluster(admin, names)
+    finally:
+        await admin.close()
+    return {name: (shape.partitions, shape.replicas) for name, shape in view.topics.items()}
+
+
+def _visible(bootstrap: str, names: list[str], timeout_s: float = 15.0) -> dict[str, tuple[int, int]]:
+    """``_existing`` once every one of ``names`` shows: a broker learns of a topic
+    another broker's controller just created a moment later."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    found = asyncio.run(_existing(bootstrap, names))
+    while len(found) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = asyncio.run(_existing(bootstrap, names))
+    return found
+
+
+def _worker_args(settings: WorkerSettings, *extra: str) -> list[str]:
+    t = settings.topics
+    return [
+        "worker",
+        "--broker",
+        settings.broker,
+        "--app-id",
+        settings.app_id,
+        "--records-topic",
+        t.records,
+        "--partials-topic",
+        t.partials,
+        "--metrics-topic",
+        t.metrics,
+        "--deadletter-topic",
+        t.deadletter,
+        "--no-web",
+        *extra,
+    ]
+
+
+@pytest.mark.kafka
+def test_a_partition_mismatch_creates_nothing_and_names_the_way_out(kafka_bootstrap):
+    """Issue 24.2: ``--partitions 4 --records-topic other.records`` where partials has 8
+    created other.records with 4 partitions, then refused; asked for 8 it refused again."""
+    settings = _settings(kafka_bootstrap, partitions=4)
+    asyncio.run(create_topic(kafka_bootstrap, settings.topics.partials, 8))
+    names = [s.name for s in worker_topics(settings)]
+
+    proc = _specmeter(*_worker_args(settings, "--partitions", "4"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"topic {settings.topics.partials!r} has 8 partitions" in lines[0]
+    assert "--partitions 8" in lines[1] and "SPECMETER_WORKER_PARTITIONS=8" in lines[1]
+    assert asyncio.run(_existing(kafka_bootstrap, names)) == {settings.topics.partials: (8, 1)}, "nothing created"
+
+    # the way it names works: every topic is made with 8, none refused
+    made = asyncio.run(ensure_topics(msgspec.structs.replace(settings, partitions=8)))
+    assert made.topics[settings.topics.records].partitions == 8
+
+
+@pytest.mark.kafka
+def test_topics_that_disagree_are_all_named_and_nothing_is_created(kafka_bootstrap):
+    settings = _settings(kafka_bootstrap, partitions=8)
+    asyncio.run(create_topic(kafka_bootstrap, settings.topics.records, 4))
+    asyncio.run(create_topic(kafka_bootstrap, settings.topics.partials, 8))
+    names = [s.name for s in worker_topics(settings)]
+    for partitions, other in (("8", "4"), ("4", "8")):
+        proc = _specmeter(*_worker_args(settings, "--partitions", partitions))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 2, proc.stderr
+        assert f"has {other} partitions" in lines[0] and "no --partitions fits" in lines[1], lines
+        assert "--records-topic" in lines[1] or "--partials-topic" in lines[1], lines
+    assert set(asyncio.run(_existing(kafka_bootstrap, names))) == {settings.topics.records, settings.topics.partials}
+    with pytest.raises(TopicMismatch):  # the library refuses before creating, too
+        asyncio.run(ensure_topics(settings))
+    assert set(asyncio.run(_existing(kafka_bootstrap, names))) == {settings.topics.records, settings.topics.partials}
+
+
+# -- against a three-broker cluster ---------------------------------------------------
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_topics_get_the_clusters_replication_factor(kafka_cluster, caplog):
+    settings = _settings(kafka_cluster.bootstrap, partitions=3)
+    names = [s.name for s in worker_topics(settings)]
+    with caplog.at_level(logging.WARNING, logger="specmeter.topics"):
+        asyncio.run(ensure_topics(settings))
+    assert _visible(kafka_cluster.bootstrap, names) == {s.name: (s.partitions, 3) for s in worker_topics(settings)}
+    assert not [r for r in caplog.records if r.name == "specmeter.topics"], caplog.text
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_replication_factor_below_the_clusters_is_warned_about(kafka_cluster, caplog):
+    settings = _settings(kafka_cluster.bootstrap, partitions=2, replication_factor=1)
+    with caplog.at_level(logging.WARNING, logger="specmeter.topics"):
+        asyncio.run(ensure_topics(settings))
+    (warning,) = [r for r in caplog.records if r.name == "specmeter.topics" and r.levelno == logging.WARNING]
+    text = warning.getMessage()
+    assert "7 of the worker's topics have fewer replicas than the cluster's 3 brokers" in text, text
+    assert f"{settings.app_id}-stage1-state-changelog (1)" in text and "give them 3 replicas" in text
+    names = [s.name for s in worker_topics(settings)]
+    found = _visible(kafka_cluster.bootstrap, names)
+    assert len(found) == len(names) and {r for _, r in found.values()} == {1}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_replication_factor_the_cluster_cannot_hold_is_one_line(kafka_cluster):
+    settings = _settings(kafka_cluster.bootstrap, partitions=2)
+    proc = _specmeter(*_worker_args(settings, "--partitions", "2", "--replication-factor", "5"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and len(lines) == 2, proc.stderr
+    assert "InvalidReplicationFactorError" in lines[0] and "--replication-factor" in lines[1], lines
+    names = [s.name for s in worker_topics(settings)]
+    assert asyncio.run(_existing(kafka_cluster.bootstrap, names)) == {}
