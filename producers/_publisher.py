@@ -85,7 +85,8 @@ class Publisher:
         self._started = False
         self._closed = False
         #: counters for monitoring: messages and records acknowledged, re-sends
-        self.stats = {"records_acked": 0, "messages_acked": 0, "resends": 0, "queue_full": 0}
+        self.stats = {"records_acked": 0, "messages_acked": 0, "resends": 0, "queue_full": 0, "producer_renewals": 0}
+        self._renewing = asyncio.Lock()
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -98,12 +99,24 @@ class Publisher:
         """
         if self._started:
             return
+        bootstrap = plain_bootstrap(self.settings.bootstrap_servers)
+        self._producer = self._new_producer()
+        try:
+            self._partitions = await self._connect(bootstrap)
+        except BaseException:
+            await self._producer.stop()  # nothing left open behind an error
+            raise
+        self._wake, self._room, self._idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._runner = asyncio.create_task(self._run(), name="specmeter-publisher")
+        self._started = True
+
+    def _new_producer(self) -> Any:
         from aiokafka import AIOKafkaProducer
 
         s = self.settings
-        bootstrap = plain_bootstrap(s.bootstrap_servers)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+        return AIOKafkaProducer(
+            bootstrap_servers=plain_bootstrap(s.bootstrap_servers),
             client_id=f"specmeter-{s.producer_id}",
             enable_idempotence=True,
             acks="all",
@@ -116,15 +129,33 @@ class Publisher:
             **s.security.aiokafka_kwargs(),
             **s.kafka,
         )
-        try:
-            self._partitions = await self._connect(bootstrap)
-        except BaseException:
-            await self._producer.stop()  # nothing left open behind an error
-            raise
-        self._wake, self._room, self._idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        self._idle.set()
-        self._runner = asyncio.create_task(self._run(), name="specmeter-publisher")
-        self._started = True
+
+    async def _renew_producer(self, failed: Any, exc: BaseException) -> None:
+        """Replace the idempotent producer after a failure that leaves its sequence numbers
+        out of step with the broker's (a batch that timed out through a broker restart, then
+        sent again with the next number): every later send to that partition would be
+        refused as out of order, forever. A new producer gets a new producer id; a message
+        the old one did deliver after all is a redelivery, which the worker deduplicates."""
+        async with self._renewing:
+            if self._producer is not failed:
+                return  # another delivery renewed it already
+            fresh = self._new_producer()
+            try:
+                await fresh.start()
+            except Exception as start_exc:  # noqa: BLE001 - the broker is still away: next failure tries again
+                log.debug("publisher: a new producer could not start yet (%r)", start_exc)
+                with contextlib.suppress(Exception):
+                    await fresh.stop()
+                return
+            self._producer = fresh
+            self.stats["producer_renewals"] += 1
+            log.warning(
+                "publisher: renewed the Kafka producer after %s (its sequence numbers no longer match the "
+                "broker's); unacknowledged messages are sent again through the new one",
+                type(exc).__name__,
+            )
+        with contextlib.suppress(Exception):  # its pending sends fail and are retried through the new one
+            await asyncio.wait_for(failed.stop(), 10)
 
     async def _connect(self, bootstrap: str) -> int:
         """Start the producer and return the records topic's partition count, asked for
@@ -392,8 +423,9 @@ class Publisher:
         """Send one message until Kafka acknowledges it; retries never give up while running."""
         backoff = self.settings.retry_backoff_ms / 1000
         while True:
+            producer = self._producer
             try:
-                future = await self._producer.send(self.settings.topic, value, key=key, partition=partition)
+                future = await producer.send(self.settings.topic, value, key=key, partition=partition)
                 await future
                 break
             except asyncio.CancelledError:
@@ -407,6 +439,8 @@ class Publisher:
                     exc,
                     backoff,
                 )
+                if _breaks_sequence(exc):
+                    await self._renew_producer(producer, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self.stats["messages_acked"] += 1
@@ -415,3 +449,22 @@ class Publisher:
             self._queued -= count
             if self._room is not None:
                 self._room.set()
+
+
+def _breaks_sequence(exc: BaseException) -> bool:
+    """Whether a failed send may leave the idempotent producer's sequence numbers out of step
+    with the broker's: the broker refused them, or aiokafka gave up on a batch (a timeout)
+    whose numbers the resend does not reuse."""
+    from aiokafka import errors
+
+    return isinstance(
+        exc,
+        (
+            errors.OutOfOrderSequenceNumber,
+            errors.UnknownProducerId,
+            errors.InvalidProducerEpoch,
+            errors.ProducerFenced,
+            errors.KafkaTimeoutError,
+            errors.RequestTimedOutError,
+        ),
+    )

@@ -327,6 +327,10 @@ def _compact_closed(
     return done
 
 
+#: for Faust's checks of a delivery it does not do: once a day at most, and never a warning
+_FAUST_NEVER_S = 86_400.0
+
+
 def _input_partitions(app: Any, topics: tuple[str, ...]) -> set[Any]:
     consumer = app.consumer
     return {tp for tp in consumer.assignment() if tp.topic in topics} if consumer is not None else set()
@@ -358,9 +362,13 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
         # Faust commits nothing of the input (``_internals.commit_offsets`` does, on its own
-        # timer): its commit loop, and the livelock check that walks every assigned partition
-        # at 2.5 times its interval, need not run often
-        broker_commit_interval=60.0,
+        # timer) and processes none of it: its commit loop, and the livelock check that walks
+        # every assigned partition at 2.5 times its interval (and would report its paused
+        # partitions as "not processing", or trip over a partition whose offset aiokafka is
+        # resetting), have nothing to do
+        broker_commit_interval=_FAUST_NEVER_S,
+        broker_commit_livelock_soft_timeout=_FAUST_NEVER_S,
+        stream_processing_timeout=_FAUST_NEVER_S,
         # Faust's consumer never hands the input over (its partitions stay paused), but
         # aiokafka under it prefetches one fetch per partition when they are resumed: keep it small
         consumer_max_fetch_size=65_536,

@@ -205,3 +205,52 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
         assert got == {r.generation_id for r in records}, "every accepted record arrived"
     finally:
         subprocess.run([*broker, "stop", "--purge"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_sends_that_timed_out_through_a_broker_restart_are_delivered_after_it(tmp_path):
+    """Batches that time out while the broker is away are sent again once it is back. The
+    idempotent producer gave the resends new sequence numbers while the broker had never
+    seen the old ones: every later send to those partitions was refused as out of order,
+    forever, and the open batch closed incomplete. A renewed producer (new producer id)
+    delivers them; nothing accepted is lost."""
+    from .support.kafka_broker import PrivateBroker
+
+    broker = PrivateBroker(tmp_path / "kafka")
+    address = broker.start()
+    topic = "restart-" + tmp_path.name[-8:]
+    sent = 400
+
+    async def run() -> dict:
+        await create_topic(address, topic, 4)
+        settings = PublisherSettings(
+            bootstrap_servers=address, topic=topic, producer_id="p", request_timeout_ms=1500, retry_backoff_ms=100
+        )
+        async with Publisher(settings, linger_ms=1) as publisher:
+            for i in range(sent):
+                if i == 100:
+                    await asyncio.to_thread(broker.stop)
+                if i == 300:
+                    await asyncio.to_thread(broker.start)
+                publisher.publish_nowait(
+                    GenerationRecord(batch_id="b", session_id=f"s{i}", generation_id=f"g{i}", completion=i)
+                )
+                await asyncio.sleep(0.01 if i < 100 or i >= 300 else 0.03)  # records keep coming meanwhile
+            await asyncio.wait_for(publisher.flush(), 90)
+            await publisher.close_batch("b")
+            return dict(publisher.stats)
+
+    try:
+        stats = asyncio.run(run())
+        messages = asyncio.run(
+            read_topic(
+                address,
+                topic,
+                until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 4,
+                timeout_s=60,
+            )
+        )
+    finally:
+        broker.stop(purge=True)
+    generations = {r.generation_id for m in messages for r in decode_records_message(m.value).records}
+    assert generations == {f"g{i}" for i in range(sent)}, (sent - len(generations), stats)
