@@ -10,6 +10,7 @@ newest BatchMetrics from the metrics topic.
 
 from ._consume import consume_metrics, consume_metrics_sync, metrics_scalars
 from ._core import CORE, NATIVE_CORE
+from ._errors import SpecmeterError
 from ._exact import expansion_value, merge_expansions
 from ._merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
 from ._offline import LineError, OfflineAggregator
@@ -34,4 +35,5 @@ __all__ = [
     "consume_metrics",
     "consume_metrics_sync",
     "metrics_scalars",
+    "SpecmeterError",
 ]

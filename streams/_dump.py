@@ -17,6 +17,8 @@ import msgspec
 from specmeter.producers import record_from_attempts, record_from_meta_info
 from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
 
+from ._errors import SpecmeterError
+
 __all__ = ["parse_dump_line", "dump_lines", "DumpEncodingError"]
 
 #: what Windows tools (Notepad, PowerShell's Out-File -Encoding utf8) write before UTF-8 text
@@ -24,7 +26,7 @@ UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
-class DumpEncodingError(ValueError):
+class DumpEncodingError(SpecmeterError, ValueError):
     """The dump is not UTF-8 text (PowerShell 5's ``>`` writes UTF-16)."""
 
 

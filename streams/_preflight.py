@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from specmeter.producers import KafkaSecurity
 
+from ._errors import SpecmeterError
 from ._topics import TopicMismatch
 from .settings import WorkerSettings
 
@@ -39,12 +40,14 @@ PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-class BadSecurity(ValueError):
+class BadSecurity(SpecmeterError, ValueError):
     """The KAFKA_* security environment cannot work; the message names the variable."""
 
 
-class BrokerUnreachable(ConnectionError):
+class BrokerUnreachable(SpecmeterError, ConnectionError):
     """No broker at ``broker`` completed a connection; ``reasons`` are aiokafka's, per address."""
+
+    retriable = True
 
     def __init__(self, broker: str, reasons: list[str]) -> None:
         super().__init__(f"no Kafka broker answers at {broker}")
@@ -60,7 +63,7 @@ class BrokerUnreachable(ConnectionError):
         return any("SSL" in r or "certificate" in r or "TLS" in r for r in self.reasons)
 
 
-class PortInUse(OSError):
+class PortInUse(SpecmeterError, OSError):
     """The worker's web port is taken by another process."""
 
     def __init__(self, host: str, port: int) -> None:
@@ -68,7 +71,7 @@ class PortInUse(OSError):
         self.host, self.port = host, port
 
 
-class WebHostInvalid(OSError):
+class WebHostInvalid(SpecmeterError, OSError):
     """The worker's web host is no address of this machine."""
 
     def __init__(self, host: str, reason: str) -> None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ._errors import SpecmeterError
+
 __all__ = ["TopicNotFound", "similar_topics", "subscribe_existing", "topics_of_role"]
 
 
@@ -30,7 +32,7 @@ def topics_of_role(existing: Iterable[str], role: str = "metrics", limit: int = 
     return sorted(t for t in existing if t.endswith(role) and not t.startswith("_"))[:limit]
 
 
-class TopicNotFound(LookupError):
+class TopicNotFound(SpecmeterError, LookupError):
     """The topic a reader was given does not exist; nothing was created.
 
     ``similar``: existing topics with a name like it; ``of_role``: other existing

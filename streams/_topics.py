@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from ._errors import SpecmeterError
 from ._layout import changelog_topics
 from .settings import WorkerSettings
 
@@ -53,7 +54,7 @@ WANTED_REPLICAS = 3
 CLUSTER_DEFAULT = -1
 
 
-class TopicProblem(RuntimeError):
+class TopicProblem(SpecmeterError, RuntimeError):
     """The worker's topics cannot be used or made; ``fix`` says what to do (one line)."""
 
     def __init__(self, problem: str, fix: str | None = None) -> None:

@@ -23,6 +23,7 @@ from click.core import ParameterSource
 
 from specmeter.schemas import MAX_ID, encode_metrics
 
+from ._errors import SpecmeterError
 from ._offline import LineError, OfflineAggregator
 from .settings import WorkerSettings
 
@@ -128,7 +129,7 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
     if isinstance(exc, kafka.KafkaError) and "Authorization" in name:
         return (
             f"the broker at {broker} denied this principal ({name}: {exc})",
-            "grant it the ACLs the README lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME",
+            "grant it the ACLs docs/operations.md lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME",
         )
     if isinstance(
         exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError, kafka.UnsupportedSaslMechanismError)
@@ -150,6 +151,8 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
 
     if isinstance(exc, ssl.SSLError):
         return f"TLS setup failed ({exc})", "check KAFKA_SSL_CAFILE (a PEM CA bundle) and KAFKA_SECURITY_PROTOCOL"
+    if isinstance(exc, SpecmeterError):  # the rest of specmeter's own: the message says it, ``fix`` what to do
+        return str(exc).splitlines()[0], exc.fix
     return None
 
 
