@@ -35,6 +35,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             markers never complete (close_reason ``timeout``).
         grace_s: keep a closed batch this long: late records within it give a
             new revision; after it they are dead-lettered as ``late``.
+        expired_retention_s: remember a batch this long after its grace ended (or
+            after it overflowed): its records and markers are dead-lettered, never
+            opening it again (SPEC §4). 8-16 bytes of memory per batch (docs/state.md).
         chunk_messages: Kafka messages Faust's delivery hands over (and stage 1
             checkpoints) together.
         chunk_wait_s: longest wait to fill such a chunk.
@@ -68,6 +71,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     replication_factor: int = 1
     batch_timeout_s: float = 60.0
     grace_s: float = 300.0
+    expired_retention_s: float = 7 * 24 * 3600.0
     chunk_messages: int = 200
     chunk_wait_s: float = 0.01
     chunk_bytes: int = 1_048_576
