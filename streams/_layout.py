@@ -70,7 +70,6 @@ __all__ = [
     "merge_key",
     "merge_key_prefixes",
     "stage2_checkpoint_key",
-    "durable_batch",
     "batch_from_durable",
     "encode_state",
     "decode_delta",
@@ -147,12 +146,9 @@ def stage2_checkpoint_key(partition: int) -> bytes:
     return f"{partition}{_SEP}k".encode()
 
 
-def durable_batch(key: BatchKey) -> str | tuple[str, str]:
-    """A batch in a checkpoint's lists: its batch_id for the default run."""
-    return key[1] if key[0] is None else (key[0], key[1])
-
-
 def batch_from_durable(item: str | tuple[str, str] | list[str]) -> BatchKey:
+    """A batch in the lists of a checkpoint an older worker wrote: its batch_id for the
+    default run, ``[run_id, batch_id]`` for a named one."""
     return (None, item) if isinstance(item, str) else (item[0], item[1])
 
 
