@@ -14,6 +14,15 @@ with a 4-bin histogram (SGLang 0.5.9+ sends one; EAGLE3 has 4 bins). Also: how
 much of its resident memory the native state gives back when the batch is dropped.
 
 Targets (issue #14): <= 1.0x the plain dict (goal 0.5x).
+
+Expired batches (issue 21): what a partition remembers of each batch that expired,
+for the retention horizon (``_expired.GoneIds``: a 64-bit hash in sorted arrays, and
+the number of the changelog key that holds it), at 1M of them spread over a week of
+expiry ticks, in a fresh process: Python-allocated bytes and resident memory per id,
+for one id per changelog key (a tick expires one batch: the most per id) and 100.
+Baseline, same run: the same batches as a Python set of (run_id, batch_id) tuples,
+what the worker held before (10,000 of them at most, in an ordered dict). Also: the
+time of a lookup (a new batch's first record) and of a restore of every id.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import gc
 import json
 import subprocess
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -109,6 +119,66 @@ def measure(kind: str, n: int, histograms: bool) -> dict:
     return out
 
 
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def measure_expired(kind: str, n: int, per_key: int) -> dict:
+    """Memory of ``n`` remembered expired batches, in this (fresh) process."""
+    from specmeter.streams._expired import GoneIds
+    from specmeter.streams._layout import GoneBatches, batch_hash, encode_state, expired_key, pack_hashes
+
+    keys = [(None, f"step-{i:09d}") for i in range(n)]
+    ticks = (n + per_key - 1) // per_key
+    at = [t * WEEK_MS // ticks for t in range(ticks)]  # expiry ticks spread over a week
+    entries = []  # the changelog the ticks write (built first: not counted)
+    if kind == "expired":
+        for t in range(ticks):
+            ids = pack_hashes(batch_hash(k) for k in keys[t * per_key : (t + 1) * per_key])
+            entries.append((expired_key(0, at[t]), encode_state(GoneBatches(at_ms=at[t], hashes=ids))))
+    gc.collect()
+    tracemalloc.start()
+    rss0 = rss_bytes()
+    out: dict = {"ids": n}
+    if kind == "expired":
+        held = GoneIds(WEEK_MS)
+        for t in range(ticks):
+            held.add([batch_hash(k) for k in keys[t * per_key : (t + 1) * per_key]], at[t], at[t])
+        out["heap"] = held.heap_bytes()
+    else:  # what the worker held before: the batch keys themselves, as Python objects
+        held = {(run_id, str(batch_id)): None for run_id, batch_id in keys}  # fresh strings, as decoded
+    gc.collect()
+    traced, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    out.update(traced=traced, rss=rss_bytes() - rss0, held=len(held))
+    if isinstance(held, GoneIds):
+        probes = [batch_hash((None, f"new-{i}")) for i in range(2_000)]
+        t0 = time.perf_counter()
+        found = sum(held.has_hash(h) for h in probes)
+        out["lookup_us"] = (time.perf_counter() - t0) * 1e6 / len(probes)
+        out["false_late"] = found
+        out["restore_s"] = _restore_s(entries, n)
+    return out
+
+
+def _restore_s(entries: list[tuple[bytes, bytes]], n: int) -> float:
+    """Seconds for a processor's restore to load every remembered id from the keys the
+    expiry ticks wrote."""
+    from specmeter.streams._stage1 import PartitionProcessor
+
+    p = PartitionProcessor(0, source_topic="bench", batch_timeout_ms=60_000, grace_ms=60_000)
+    t0 = time.perf_counter()
+    p.restore(entries, WEEK_MS)
+    seconds = time.perf_counter() - t0
+    if len(p.expired) != n:
+        raise SystemExit(f"the restore knows {len(p.expired)} expired ids, {n} expected")
+    return seconds
+
+
+def run_expired(kind: str, n: int, per_key: int) -> dict:
+    cmd = [sys.executable, __file__, "--measure", kind, "--expired-ids", str(n), "--per-key", str(per_key)]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
 def run(kind: str, n: int, histograms: bool) -> dict:
     cmd = [sys.executable, __file__, "--measure", kind, "--generations", str(n)] + (["--histograms"] * histograms)
     result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
@@ -121,11 +191,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=1_000_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
-    parser.add_argument("--measure", choices=["dict", "python", "native"], help=argparse.SUPPRESS)
+    parser.add_argument("--expired-ids", type=int, default=1_000_000, help="expired batches remembered")
+    parser.add_argument(
+        "--measure", choices=["dict", "python", "native", "expired", "expired-baseline"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--histograms", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--per-key", type=int, default=1, help=argparse.SUPPRESS)
     add_json_flag(parser)
     args = parser.parse_args()
     n = 20_000 if args.smoke else args.generations
+    expired_ids = 20_000 if args.smoke else args.expired_ids
+    if args.measure in ("expired", "expired-baseline"):
+        print(json.dumps(measure_expired(args.measure, expired_ids, args.per_key)))
+        return
     if args.measure:
         print(json.dumps(measure(args.measure, n, args.histograms)))
         return
@@ -168,7 +246,51 @@ def main() -> None:
             f"{k}_bytes_per_generation" if not k.endswith(("ratio", "released")) else k: v for k, v in per.items()
         }
     rows.append(("ratio", "native heap / plain dict: floor 1.0x, goal 0.5x"))
-    report(f"dedup state memory ({n:,} open generations, one batch)", rows, data, as_json=args.json)
+    expired_rows, data["expired"] = expired_figures(expired_ids)
+    rows += expired_rows
+    report(
+        f"dedup state memory ({n:,} open generations, one batch); {expired_ids:,} expired batches remembered",
+        rows,
+        data,
+        as_json=args.json,
+    )
+
+
+def expired_figures(n: int) -> tuple[list[tuple[str, str]], dict]:
+    """Rows and figures of the expired-batch memory (issue 21)."""
+    base = run_expired("expired-baseline", n, 1)
+    rows = [
+        (
+            "expired: Python set of (run_id, batch_id) (baseline)",
+            f"{base['traced'] / n:.1f} B/id allocated, {base['rss'] / n:.1f} B/id resident",
+        )
+    ]
+    data: dict = {"ids": n, "baseline_bytes_per_id": base["traced"] / n, "baseline_rss_bytes_per_id": base["rss"] / n}
+    for per_key in (1, 100):
+        got = run_expired("expired", n, per_key)
+        if got["held"] != n:
+            raise SystemExit(f"{got['held']} expired ids held, {n} expected")
+        rows += [
+            (
+                f"expired: 64-bit hashes, {per_key} id(s) per changelog key",
+                f"{got['traced'] / n:.1f} B/id allocated, {got['rss'] / n:.1f} B/id resident "
+                f"({got['rss'] / 2**20:.1f} MiB at {n:,}), ratio {got['traced'] / base['traced']:.2f}x the baseline",
+            ),
+            (
+                f"expired: lookup, restore ({per_key} per key)",
+                f"{got['lookup_us']:.1f} µs per new batch, {got['restore_s']:.2f} s to restore all "
+                f"({got['false_late']} false 'late' in 2,000 new batches)",
+            ),
+        ]
+        data[f"per_key_{per_key}"] = {
+            "bytes_per_id": got["traced"] / n,
+            "rss_bytes_per_id": got["rss"] / n,
+            "rss_bytes": got["rss"],
+            "ratio": got["traced"] / base["traced"],
+            "lookup_us": got["lookup_us"],
+            "restore_s": got["restore_s"],
+        }
+    return rows, data
 
 
 if __name__ == "__main__":

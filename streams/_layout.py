@@ -12,7 +12,18 @@ Stage 1 keys (per records partition P), ``\\x1f`` between parts:
 * ``P d <batch_id> <last offset, 20 digits>``: a ``BatchDelta``
 * ``P s <batch_id>``: the batch's ``BatchStatus``
 * ``P o <batch_id>``: an overflowed batch's last ``PartialAggregate`` (until grace ends)
-* ``P c``: the partition's ``Checkpoint``
+* ``P c``: the partition's ``Checkpoint`` (its offset; lists of batches only when an
+  older worker wrote it)
+* ``P x <expiry time ms, 20 digits>``: ``GoneBatches``, the batches an expiry tick let go
+* ``P y <last offset, 20 digits>``: ``GoneBatches``, the batches a chunk closed early at
+  the open-generation limit (stale, like a delta, past the checkpoint)
+
+``x`` and ``y`` keys are written once, when their batches go, and tombstoned when the
+retention horizon has passed (``_expired``). A ``BatchDelta`` is written compressed:
+``COMPRESSED`` (a byte no msgpack value starts with), then an LZ4 block with its
+uncompressed size first (4 bytes, little-endian: LZ4's ``store_size`` layout); an
+uncompressed one (older workers, or when compressing would not make it smaller) is
+plain msgpack and reads the same.
 
 A batch of a named run uses the upper-case kind (``D``, ``S``, ``O``) and
 ``<len(run_id)>:<run_id><batch_id>`` in place of the batch_id, so keys stay unique
@@ -27,7 +38,11 @@ its partials itself, and still restores).
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
+from collections.abc import Iterable
 
+import cramjam
 import msgspec
 
 from specmeter.schemas import BatchMarker, PartialAggregate
@@ -45,12 +60,22 @@ __all__ = [
     "status_key",
     "overflow_key",
     "checkpoint_key",
+    "expired_key",
+    "overflowed_key",
+    "key_number",
+    "GoneBatches",
+    "batch_hash",
+    "pack_hashes",
+    "unpack_hashes",
+    "COMPRESSED",
+    "compress_state",
+    "encode_delta",
+    "decode_gone",
     "merge_key",
     "merge_key_prefixes",
     "merge_partial_key",
     "merge_partial_prefixes",
     "stage2_checkpoint_key",
-    "durable_batch",
     "batch_from_durable",
     "encode_state",
     "decode_delta",
@@ -101,6 +126,19 @@ def checkpoint_key(partition: int) -> bytes:
     return f"{partition}{_SEP}c".encode()
 
 
+def expired_key(partition: int, at_ms: int) -> bytes:
+    return f"{partition}{_SEP}x{_SEP}{at_ms:020d}".encode()
+
+
+def overflowed_key(partition: int, last_offset: int) -> bytes:
+    return f"{partition}{_SEP}y{_SEP}{last_offset:020d}".encode()
+
+
+def key_number(key: bytes) -> int:
+    """The number an ``x``, ``y`` or delta key ends with."""
+    return int(key.rsplit(_SEP.encode(), 1)[1])
+
+
 def merge_key(partition: int, key: BatchKey) -> bytes:
     return f"{partition}{_SEP}{_batch_part('m', key)}".encode()
 
@@ -124,12 +162,9 @@ def stage2_checkpoint_key(partition: int) -> bytes:
     return f"{partition}{_SEP}k".encode()
 
 
-def durable_batch(key: BatchKey) -> str | tuple[str, str]:
-    """A batch in a checkpoint's lists: its batch_id for the default run."""
-    return key[1] if key[0] is None else (key[0], key[1])
-
-
 def batch_from_durable(item: str | tuple[str, str] | list[str]) -> BatchKey:
+    """A batch in the lists of a checkpoint an older worker wrote: its batch_id for the
+    default run, ``[run_id, batch_id]`` for a named one."""
     return (None, item) if isinstance(item, str) else (item[0], item[1])
 
 
@@ -179,13 +214,48 @@ class BatchStatus(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
 
 
 class Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
-    """The last source offset whose effects are durable, and recently expired batches
-    (``overflowed``: those closed early at the open-generation limit). A batch of the
-    default run is its batch_id, one of a named run ``[run_id, batch_id]``."""
+    """The last source offset whose effects are durable.
+
+    Workers before issue 21 also wrote the last 10,000 expired batches (``overflowed``:
+    those closed early at the open-generation limit) here, with every checkpoint; they
+    are read once and written again as ``GoneBatches``. A batch of the default run is
+    its batch_id, one of a named run ``[run_id, batch_id]``."""
 
     offset: int
     expired: list[str | tuple[str, str]] = []
     overflowed: list[str | tuple[str, str]] = []
+
+
+class GoneBatches(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Batches a partition let go of at one moment (expired, or closed early at the
+    open-generation limit): when, and their ``batch_hash`` es (``pack_hashes``)."""
+
+    at_ms: int
+    hashes: bytes
+
+
+def batch_hash(key: BatchKey) -> int:
+    """A batch's identity in 64 bits: what is remembered of an expired batch (durable:
+    never change it). Two of a million remembered batches collide with a new batch with
+    probability about 10^6 / 2^64 = 5.4e-14 (docs/state.md)."""
+    digest = hashlib.blake2b(_encoder.encode(key), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def pack_hashes(hashes: Iterable[int]) -> bytes:
+    """64-bit hashes as 8 little-endian bytes each."""
+    packed = array("Q", hashes)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_hashes(data: bytes) -> array:
+    packed = array("Q")
+    packed.frombytes(data)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed
 
 
 # -- stage 2 -------------------------------------------------------------------------------
@@ -213,6 +283,7 @@ class Stage2Checkpoint(msgspec.Struct, array_like=True, frozen=True, kw_only=Tru
 
 
 _encoder = msgspec.msgpack.Encoder()
+_gone_decoder = msgspec.msgpack.Decoder(GoneBatches)
 _delta_decoder = msgspec.msgpack.Decoder(BatchDelta)
 _status_decoder = msgspec.msgpack.Decoder(BatchStatus)
 _checkpoint_decoder = msgspec.msgpack.Decoder(Checkpoint)
@@ -220,12 +291,38 @@ _merge_entry_decoder = msgspec.msgpack.Decoder(MergeEntry)
 _stage2_checkpoint_decoder = msgspec.msgpack.Decoder(Stage2Checkpoint)
 
 
-def encode_state(obj: BatchDelta | BatchStatus | Checkpoint | MergeEntry | Stage2Checkpoint) -> bytes:
+#: the first byte of a compressed state value (msgpack never starts a value with it)
+COMPRESSED = 0xC1
+_COMPRESSED_PREFIX = bytes([COMPRESSED])
+
+
+def encode_state(
+    obj: BatchDelta | BatchStatus | Checkpoint | GoneBatches | MergeEntry | Stage2Checkpoint,
+) -> bytes:
     return _encoder.encode(obj)
 
 
+def compress_state(raw: bytes) -> bytes:
+    """``COMPRESSED`` + an LZ4 block with its size first, or ``raw`` when that is not
+    smaller (the native core writes the same: ``streams/native/src/compress.rs``)."""
+    packed = _COMPRESSED_PREFIX + bytes(cramjam.lz4.compress_block(raw, store_size=True))
+    return packed if len(packed) < len(raw) else raw
+
+
+def encode_delta(delta: BatchDelta) -> bytes:
+    """A delta as the changelog holds it (compressed: deltas are most of stage 1's state bytes)."""
+    return compress_state(_encoder.encode(delta))
+
+
 def decode_delta(data: bytes) -> BatchDelta:
+    """Reads compressed and plain (older) deltas alike."""
+    if data[:1] == _COMPRESSED_PREFIX:
+        return _delta_decoder.decode(cramjam.lz4.decompress_block(memoryview(data)[1:]))
     return _delta_decoder.decode(data)
+
+
+def decode_gone(data: bytes) -> GoneBatches:
+    return _gone_decoder.decode(data)
 
 
 def decode_status(data: bytes) -> BatchStatus:

@@ -22,12 +22,16 @@ generations. A batch whose input finds the limit reached is closed early (reason
 ``incomplete``) with what fitted, its partial emitted and its state dropped; the
 rest of its input is dead-lettered as ``overflow``. Memory per partition stays near the limit
 whatever a producer floods in.
+
+Late for the whole life of a run (SPEC §4): an expired or overflowed batch is
+remembered by its 64-bit hash for ``expired_retention_ms`` (``_expired``), written to
+the changelog once when it goes (``x``/``y`` keys, not with every checkpoint), so
+its input is dead-lettered and it never opens again, however many batches came since.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -47,30 +51,38 @@ from specmeter.schemas import (
 from ._core import CORE, Core
 from ._counters import WorkerCounters
 from ._exact import exact_sum
+from ._expired import GoneIds
 from ._layout import (
     BatchKey,
     BatchStatus,
     Checkpoint,
+    GoneBatches,
     batch_from_durable,
+    batch_hash,
     checkpoint_key,
     content_digest,
     decode_checkpoint,
     decode_delta,
+    decode_gone,
     decode_status,
     delta_key,
-    durable_batch,
     encode_state,
+    expired_key,
+    key_number,
     overflow_key,
+    overflowed_key,
+    pack_hashes,
     state_key_prefix,
     status_key,
+    unpack_hashes,
 )
 from ._state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "shorten"]
 
 log = logging.getLogger("specmeter.stage1")
-#: how many expired batch ids each partition remembers (to dead-letter late records)
-EXPIRED_MEMORY = 10_000
+#: how long an expired (or overflowed) batch is remembered by default: a week
+EXPIRED_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: a dead letter carries at most this much of the rejected message (brokers refuse
 #: messages over 1 MiB by default; base64 in JSON adds a third)
 DEAD_LETTER_RAW_LIMIT = 256 * 1024
@@ -151,6 +163,7 @@ class PartitionProcessor:
         max_open_generations: int | None = None,
         counters: WorkerCounters | None = None,
         core: Core | None = None,
+        expired_retention_ms: int = EXPIRED_RETENTION_MS,
     ) -> None:
         self.partition = partition
         #: the stage-1 core: the loaded one unless a test picks one
@@ -162,10 +175,15 @@ class PartitionProcessor:
         self.counters = counters if counters is not None else WorkerCounters()
         self.checkpoint = -1
         self.batches: dict[BatchKey, _Batch] = {}
-        self.expired: OrderedDict[BatchKey, None] = OrderedDict()
+        #: batches closed more than grace ago, for ``expired_retention_ms`` (their input is late)
+        self.expired = GoneIds(expired_retention_ms)
         self.max_open_generations = max_open_generations
         #: batches closed early at the open-generation limit (their input is dead-lettered)
-        self.overflowed: OrderedDict[BatchKey, None] = OrderedDict()
+        self.overflowed = GoneIds(expired_retention_ms)
+        #: hashes of the batches overflowed in the current chunk (written with its checkpoint)
+        self._overflowed_now: set[int] = set()
+        #: the time of the last ``x`` key written: each expiry tick gets a key of its own
+        self._last_expired_ms = -1
         #: distinct generations held over all batches (open or within grace)
         self.open_generations = 0
         self._dropped: list[_Batch] = []
@@ -185,6 +203,8 @@ class PartitionProcessor:
         deltas = []
         statuses = {}
         overflow_partials: list[PartialAggregate] = []
+        gone: dict[bytes, list[tuple[int, int, bytes]]] = {b"x": [], b"y": []}  # kind -> (number, at, hashes)
+        legacy: Checkpoint | None = None
         effects = Effects()
         for key, value in entries:
             if not key.startswith(prefix) or value is None:
@@ -193,8 +213,11 @@ class PartitionProcessor:
             if kind == b"c":
                 checkpoint = decode_checkpoint(value)
                 self.checkpoint = checkpoint.offset
-                self.expired = OrderedDict.fromkeys(map(batch_from_durable, checkpoint.expired))
-                self.overflowed = OrderedDict.fromkeys(map(batch_from_durable, checkpoint.overflowed))
+                if checkpoint.expired or checkpoint.overflowed:
+                    legacy = checkpoint  # written before issue 21: its lists are written again below
+            elif kind in gone:
+                record = decode_gone(value)
+                gone[kind].append((key_number(key), record.at_ms, record.hashes))
             elif kind == b"d":
                 deltas.append((key, decode_delta(value)))
             elif kind == b"s":
@@ -207,9 +230,10 @@ class PartitionProcessor:
                 else:
                     overflow_partials.append(partial)
                     self._overflow_partials[(partial.run_id, partial.batch_id)] = partial.closed_at_ms
+        self._restore_gone(gone, legacy, now_ms, effects)
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
             batch_key = (delta.run_id, delta.batch_id)
-            if delta.last_offset > self.checkpoint or batch_key in self.expired or batch_key in self.overflowed:
+            if delta.last_offset > self.checkpoint or self._gone_reason(batch_key) is not None:
                 effects.changelog.append((key, None))
                 continue
             batch = self._open(batch_key, delta.last_input_ms)
@@ -244,13 +268,61 @@ class PartitionProcessor:
         self._flush_statuses(effects)
         effects.partials.extend(overflow_partials)
         log.info(
-            "partition=%d restored batches=%d checkpoint=%d stale_deltas=%d",
+            "partition=%d restored batches=%d checkpoint=%d expired=%d overflowed=%d changelog_writes=%d",
             self.partition,
             len(self.batches),
             self.checkpoint,
+            len(self.expired),
+            len(self.overflowed),
             len(effects.changelog),
         )
         return effects
+
+    def _restore_gone(
+        self,
+        gone: dict[bytes, list[tuple[int, int, bytes]]],
+        legacy: Checkpoint | None,
+        now_ms: int,
+        effects: Effects,
+    ) -> None:
+        """Load the expired and overflowed batches the changelog names (tombstoning the
+        keys past the horizon, and ``y`` keys past the checkpoint: their chunk is replayed
+        and overflows again), and write again, in the new form, the lists of a checkpoint
+        an older worker wrote (the next checkpoint drops them)."""
+        overflowed = {number: (at_ms, hashes) for number, at_ms, hashes in gone[b"y"]}
+        if legacy is not None:
+            migrated = [batch_hash(batch_from_durable(item)) for item in legacy.expired]
+            if migrated:
+                at_ms = max([now_ms, *(number + 1 for number, _, _ in gone[b"x"])])
+                record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(migrated))
+                effects.changelog.append((expired_key(self.partition, at_ms), encode_state(record)))
+                gone[b"x"].append((at_ms, at_ms, record.hashes))
+            migrated = [batch_hash(batch_from_durable(item)) for item in legacy.overflowed]
+            if migrated:
+                at_ms, hashes = overflowed.get(legacy.offset, (now_ms, b""))
+                record = GoneBatches(at_ms=at_ms, hashes=hashes + pack_hashes(migrated))
+                effects.changelog.append((overflowed_key(self.partition, legacy.offset), encode_state(record)))
+                overflowed[legacy.offset] = (at_ms, record.hashes)
+        kinds = (
+            (self.expired, expired_key, gone[b"x"]),
+            (self.overflowed, overflowed_key, [(n, at, h) for n, (at, h) in overflowed.items()]),
+        )
+        for ids, key_of, records in kinds:
+            for number, at_ms, hashes in sorted(records, key=lambda r: (r[1], r[0])):  # generations fill in order
+                stale = ids is self.overflowed and number > self.checkpoint
+                if stale or ids.past_horizon(at_ms, now_ms):
+                    effects.changelog.append((key_of(self.partition, number), None))
+                else:
+                    ids.add(unpack_hashes(hashes), at_ms, number)
+        self._last_expired_ms = max((number for number, _, _ in gone[b"x"]), default=-1)
+
+    def _gone_reason(self, key: BatchKey) -> str | None:
+        """``overflow`` or ``late`` when the batch was let go of for good (its input is
+        dead-lettered), else None."""
+        h = batch_hash(key)
+        if h in self._overflowed_now or self.overflowed.has_hash(h):
+            return "overflow"
+        return "late" if self.expired.has_hash(h) else None
 
     def _open(self, key: BatchKey, now_ms: int) -> _Batch:
         batch = self.batches.get(key)
@@ -309,6 +381,12 @@ class PartitionProcessor:
                 if batch.close_reason == "timeout" and batch.state.markers_complete:
                     batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
                 self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
+        if self._overflowed_now:  # before the checkpoint: stale (replayed, overflowing again) without it
+            hashes = sorted(self._overflowed_now)
+            record = GoneBatches(at_ms=now_ms, hashes=pack_hashes(hashes))
+            effects.changelog.append((overflowed_key(self.partition, last), encode_state(record)))
+            self.overflowed.add(hashes, now_ms, last)
+            self._overflowed_now.clear()
         self.checkpoint = last
         effects.changelog.append((checkpoint_key(self.partition), self._checkpoint_value()))
         self._flush_statuses(effects)
@@ -348,7 +426,7 @@ class PartitionProcessor:
         was closed early at the open-generation limit."""
         batch = self.batches.get(key)
         if batch is None:
-            if key in self.expired or key in self.overflowed:
+            if self._gone_reason(key) is not None:
                 return None
             batch = self._open(key, now_ms)
         batch.last_input_ms = now_ms
@@ -371,7 +449,7 @@ class PartitionProcessor:
         counters = self.counters
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            if key in self.overflowed:
+            if self._gone_reason(key) == "overflow":
                 self._dead_letter_records(
                     "overflow", self._overflow_detail(key), decoded.records(group), offset, key, now_ms, effects
                 )
@@ -439,14 +517,12 @@ class PartitionProcessor:
             self._close(batch, "incomplete", now_ms, effects)
         del self.batches[key]
         self.open_generations -= batch.state.generation_count
-        self.overflowed[key] = None
+        self._overflowed_now.add(batch_hash(key))
         # its last partial stays in the changelog until grace ends (sent again on restore)
         effects.changelog.append(
             (overflow_key(self.partition, key), encode_partial(self._partial(batch, batch.revision)))
         )
         self._overflow_partials[key] = batch.closed_at_ms
-        while len(self.overflowed) > EXPIRED_MEMORY:
-            self.overflowed.popitem(last=False)
         self._dropped.append(batch)
 
     def _forget_state(self, batch: _Batch, effects: Effects) -> None:
@@ -461,7 +537,7 @@ class PartitionProcessor:
         key = (marker.run_id, marker.batch_id)
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            overflowed = key in self.overflowed
+            overflowed = self._gone_reason(key) == "overflow"
             reason = "overflow" if overflowed else "late"
             detail = self._overflow_detail(key) if overflowed else f"marker for {_describe(key)} after its grace ended"
             self.counters.dead_letter(reason, records=0)
@@ -575,8 +651,11 @@ class PartitionProcessor:
         return bool(self.batches or self._overflow_partials)
 
     def tick(self, now_ms: int) -> Effects:
-        """Close batches idle for ``batch_timeout``; forget those closed more than ``grace`` ago."""
+        """Close batches idle for ``batch_timeout``; drop those closed more than ``grace`` ago
+        (remembering them as expired); forget expired ones past the retention horizon."""
         effects = Effects()
+        for ids, key_of in ((self.expired, expired_key), (self.overflowed, overflowed_key)):
+            effects.changelog.extend((key_of(self.partition, number), None) for number in ids.forget(now_ms))
         for key, closed_at_ms in list(self._overflow_partials.items()):
             if now_ms - closed_at_ms >= self.grace_ms:
                 del self._overflow_partials[key]
@@ -591,22 +670,20 @@ class PartitionProcessor:
             for batch in expired:
                 del self.batches[batch.key]
                 self.open_generations -= batch.state.generation_count
-                self.expired[batch.key] = None
                 self.counters.batches_expired += 1
-            while len(self.expired) > EXPIRED_MEMORY:
-                self.expired.popitem(last=False)
-            # checkpoint (with the expired ids) first: deltas left behind by a crash are then known stale
-            effects.changelog.append((checkpoint_key(self.partition), self._checkpoint_value()))
+            # the expired ids first (once, under a key of their own): deltas left behind by a
+            # crash are then known stale
+            at_ms = max(now_ms, self._last_expired_ms + 1)
+            self._last_expired_ms = at_ms
+            hashes = sorted({batch_hash(batch.key) for batch in expired})
+            record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(hashes))
+            effects.changelog.append((expired_key(self.partition, at_ms), encode_state(record)))
+            self.expired.add(hashes, at_ms, at_ms)
             for batch in expired:
                 self._forget_state(batch, effects)
         self._flush_statuses(effects)
         return effects
 
     def _checkpoint_value(self) -> bytes:
-        return encode_state(
-            Checkpoint(
-                offset=self.checkpoint,
-                expired=[durable_batch(k) for k in self.expired],
-                overflowed=[durable_batch(k) for k in self.overflowed],
-            )
-        )
+        """The offset alone: constant size, however many batches expired (issue 21)."""
+        return encode_state(Checkpoint(offset=self.checkpoint))

@@ -30,7 +30,7 @@ from specmeter.schemas import (
 )
 
 from ._exact import grow
-from ._layout import BatchDelta, encode_state
+from ._layout import BatchDelta, encode_delta
 
 __all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message"]
 
@@ -341,9 +341,10 @@ class BatchState:
         return delta
 
     def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
-        """``take_delta`` encoded for the changelog (the native core encodes it itself)."""
+        """``take_delta`` encoded for the changelog, compressed (the native core encodes
+        and compresses it itself, in the same format: ``_layout.encode_delta``)."""
         delta = self.take_delta(first_offset=first_offset, last_offset=last_offset, last_input_ms=last_input_ms)
-        return None if delta is None else encode_state(delta)
+        return None if delta is None else encode_delta(delta)
 
     def apply_delta(self, delta: BatchDelta) -> None:
         """Replay one durable delta (restoring after a crash or a rebalance), whichever

@@ -167,6 +167,7 @@ class StreamShell:
                 max_message_bytes=s.max_message_bytes,
                 max_open_generations=s.max_open_generations,
                 counters=self.counters,
+                expired_retention_ms=int(s.expired_retention_s * 1000),
             )
             effects = processor.restore(entries, _now_ms())
             return processor, lambda: self._apply(effects, partition)

@@ -473,6 +473,15 @@ def _topic_options(func):
     help="Keep a closed batch this long; later records are dead-lettered as 'late'.",
 )
 @click.option(
+    "--expired-retention",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.expired_retention_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Remember a batch this long after its grace ended: its stragglers are dead-lettered as 'late', "
+    "never opening it again (8-16 B of memory per batch).",
+)
+@click.option(
     "--session-timeout",
     type=click.FloatRange(1),
     default=_DEFAULTS.session_timeout_s,
@@ -554,6 +563,7 @@ def worker(
     replication_factor: int | None,
     batch_timeout: float,
     grace: float,
+    expired_retention: float,
     session_timeout: float,
     max_open_generations: int,
     max_message_bytes: int,
@@ -589,6 +599,7 @@ def worker(
         replication_factor=replication_factor,
         batch_timeout_s=batch_timeout,
         grace_s=grace,
+        expired_retention_s=expired_retention,
         session_timeout_s=session_timeout,
         max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes,

@@ -37,6 +37,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             markers never complete (close_reason ``timeout``).
         grace_s: keep a closed batch this long: late records within it give a
             new revision; after it they are dead-lettered as ``late``.
+        expired_retention_s: remember a batch this long after its grace ended (or
+            after it overflowed): its records and markers are dead-lettered, never
+            opening it again (SPEC §4). 8-16 bytes of memory per batch (docs/state.md).
         chunk_bytes: input bytes a stage's route applies (and checkpoints) together at
             most, per partition: a marker waits behind at most one such chunk of each
             partition (1 MiB: about 60 ms of work).
@@ -67,6 +70,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     replication_factor: int | None = None
     batch_timeout_s: float = 60.0
     grace_s: float = 300.0
+    expired_retention_s: float = 7 * 24 * 3600.0
     chunk_bytes: int = 1_048_576
     fetch_wait_ms: int = 50
     max_queued_output_bytes: int = 8 * 1024 * 1024

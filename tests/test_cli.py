@@ -394,3 +394,28 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
         "partitions",
     ):
         assert defaults[field] == getattr(WorkerSettings(), field), field
+
+
+def test_expired_retention_reaches_the_settings_by_flag_and_environment(monkeypatch):
+    """How long expired batches are remembered (issue 21): --expired-retention, or
+    SPECMETER_WORKER_EXPIRED_RETENTION; a week by default."""
+    import specmeter.streams.cli as cli
+    import specmeter.streams.worker as worker_module
+    from specmeter.streams.settings import WorkerSettings
+
+    seen = []
+    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker_module, "run_worker", seen.append)
+    base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
+    runs = [
+        (base, {}, 7 * 24 * 3600.0),
+        ([*base, "--expired-retention", "86400"], {}, 86400.0),
+        (base, {"SPECMETER_WORKER_EXPIRED_RETENTION": "3600"}, 3600.0),
+    ]
+    for args, env, want in runs:
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 0, result.output
+        assert seen.pop().expired_retention_s == want, (args, env)
+    assert WorkerSettings().expired_retention_s == 7 * 24 * 3600.0
+    result = CliRunner().invoke(main, [*base, "--expired-retention", "0"])
+    assert result.exit_code != 0 and "--expired-retention" in result.output

@@ -21,6 +21,7 @@ from specmeter.schemas import (
     encode_records_message,
 )
 from specmeter.streams import OfflineAggregator, build_batch_metrics
+from specmeter.streams._layout import batch_hash
 from specmeter.streams._stage1 import PartitionProcessor
 
 
@@ -166,7 +167,9 @@ def test_stage1_restores_named_runs_from_its_changelog(core):
 
     apply(p.tick(now_ms=10_000))  # r1 expires after grace; the others time out
     apply(p.tick(now_ms=20_000))
-    assert set(p.expired) == {(None, "step-1"), ("r1", "step-1"), ("r2", "step-1")}
+    # remembered by hash (issue 21): exactly these three, nothing else
+    want = {(None, "step-1"), ("r1", "step-1"), ("r2", "step-1")}
+    assert set(p.expired.hashes()) == {batch_hash(k) for k in want} and all(k in p.expired for k in want)
     late = p.process(
         [
             (
@@ -181,7 +184,7 @@ def test_stage1_restores_named_runs_from_its_changelog(core):
     assert [(d.reason, d.run_id) for d in late.dead_letters] == [("late", "r1")]
     restored = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=1_000, grace_ms=5_000)
     restored.restore(list(log.items()), now_ms=20_002)
-    assert set(restored.expired) == set(p.expired) and restored.batches == {}
+    assert set(restored.expired.hashes()) == set(p.expired.hashes()) and restored.batches == {}
 
 
 # -- limits ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //! No panic crosses into Python: `decode` answers None (the Python decoder takes the
 //! message) and every other entry point raises a RuntimeError that says what to do.
 
+mod compress;
 mod core;
 mod wire;
 mod exact;
@@ -335,7 +336,7 @@ impl BatchState {
         if out.is_some() {
             self.markers_base = Some(self.markers.bind(py).copy()?.unbind());
         }
-        Ok(out)
+        Ok(out.map(compress::compress_state))
     }
 
     fn expected(&self, py: Python<'_>) -> PyResult<u64> {
@@ -630,7 +631,8 @@ impl BatchState {
         Ok(())
     }
 
-    /// What changed since the last delta, msgpack-encoded as ``BatchDelta``; None if nothing did.
+    /// What changed since the last delta, msgpack-encoded as ``BatchDelta`` and compressed
+    /// (``_layout.encode_delta``'s format); None if nothing did.
     #[pyo3(signature = (*, first_offset, last_offset, last_input_ms))]
     fn take_delta_encoded<'py>(
         &mut self,
