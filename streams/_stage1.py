@@ -78,7 +78,7 @@ from ._layout import (
 )
 from ._state import BatchState, Decoded
 
-__all__ = ["PartitionProcessor", "Effects", "shorten"]
+__all__ = ["PartitionProcessor", "Effects", "Waiting", "shorten"]
 
 log = logging.getLogger("specmeter.stage1")
 #: how long an expired (or overflowed) batch is remembered by default: a week
@@ -118,6 +118,8 @@ class _Batch:
     revision: int = -1
     partial_digest: bytes = b""
     delta_keys: list[bytes] = field(default_factory=list)
+    #: producers whose marker for the batch arrived on this partition (to explain a wait)
+    marker_producers: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> BatchKey:
@@ -133,6 +135,21 @@ class _Batch:
             revision=self.revision,
             partial_digest=self.partial_digest,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """An open batch of one partition, and what it waits for (``/specmeter/stats``, the log)."""
+
+    run_id: str | None
+    batch_id: str
+    #: producers whose marker arrived; ``expected_producers`` of them close it (0: no marker yet)
+    marker_producers: frozenset[str]
+    expected_producers: int
+    #: since its last input
+    idle_ms: int
+    #: until it closes by timeout unless more input comes
+    closes_in_ms: int
 
 
 def _digest(partial: PartialAggregate) -> bytes:
@@ -238,6 +255,7 @@ class PartitionProcessor:
                 continue
             batch = self._open(batch_key, delta.last_input_ms)
             batch.state.apply_delta(delta)
+            batch.marker_producers.update(m.producer_id for m in delta.markers)
             batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
             batch.delta_keys.append(key)
         for batch_key, (key, status) in statuses.items():
@@ -544,6 +562,7 @@ class PartitionProcessor:
             effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
             return
         batch.state.add_marker(marker)
+        batch.marker_producers.add(marker.producer_id)
         touched[key] = batch
 
     def _dead_letter_records(
@@ -644,6 +663,21 @@ class PartitionProcessor:
             close_reason=batch.close_reason or "markers",
             closed_at_ms=batch.closed_at_ms,
         )
+
+    def waiting(self, now_ms: int) -> list[Waiting]:
+        """The open batches and what each waits for: its producers' markers, or its timeout."""
+        return [
+            Waiting(
+                run_id=batch.state.run_id,
+                batch_id=batch.state.batch_id,
+                marker_producers=frozenset(batch.marker_producers),
+                expected_producers=batch.state.expected_producers,
+                idle_ms=now_ms - batch.last_input_ms,
+                closes_in_ms=max(0, batch.last_input_ms + self.batch_timeout_ms - now_ms),
+            )
+            for batch in self.batches.values()
+            if not batch.closed
+        ]
 
     @property
     def has_timers(self) -> bool:

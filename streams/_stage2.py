@@ -38,7 +38,7 @@ from ._layout import (
 from ._merge import build_batch_metrics
 from ._stage1 import shorten
 
-__all__ = ["BatchMerger", "MergeEffects"]
+__all__ = ["BatchMerger", "MergeEffects", "MergeWaiting"]
 
 log = logging.getLogger("specmeter.stage2")
 
@@ -47,6 +47,20 @@ log = logging.getLogger("specmeter.stage2")
 class MergeEffects:
     changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     published: list[BatchMetrics] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class MergeWaiting:
+    """A batch not published yet, waiting for partials (``/specmeter/stats``, the log)."""
+
+    run_id: str | None
+    batch_id: str
+    partitions_reported: tuple[int, ...]
+    partitions_expected: int
+    #: since its first partial
+    waited_ms: int
+    #: until it is published by timeout, incomplete
+    publishes_in_ms: int
 
 
 class BatchMerger:
@@ -163,6 +177,21 @@ class BatchMerger:
             effects.changelog.append((merge_partial_key(self.partition, entry.key, p.partition), encode_partial(p)))
         book = msgspec.structs.replace(entry, partials={})
         effects.changelog.append((merge_key(self.partition, entry.key), encode_state(book)))
+
+    def waiting(self, now_ms: int) -> list[MergeWaiting]:
+        """The batches waiting for some partitions' partials before their first publication."""
+        return [
+            MergeWaiting(
+                run_id=entry.run_id,
+                batch_id=entry.batch_id,
+                partitions_reported=tuple(sorted(entry.partials)),
+                partitions_expected=self.partitions_expected,
+                waited_ms=now_ms - entry.first_seen_ms,
+                publishes_in_ms=max(0, entry.first_seen_ms + self.batch_timeout_ms - now_ms),
+            )
+            for entry in self.entries.values()
+            if entry.published_revision < 0
+        ]
 
     def tick(self, now_ms: int) -> MergeEffects:
         effects = MergeEffects()

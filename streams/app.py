@@ -34,6 +34,7 @@ from ._output import OrderedProducer
 from ._routes import DeliveryDriver
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
+from ._waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from .settings import WorkerSettings, faust_security_kwargs
 
 __all__ = ["build_app", "StreamShell"]
@@ -85,6 +86,8 @@ class StreamShell:
             request_timeout_ms=1_200_000,
             **s.security.aiokafka_kwargs(),
         )
+        #: says once in the log what a batch (or a merge) waits for
+        self.wait_reporter = WaitReporter(batch_timeout_ms=int(settings.batch_timeout_s * 1000))
         #: the first produce that failed after the producer's own retries: the worker
         #: stops on it (an output or state write must never be skipped)
         self.fatal: str | None = None
@@ -289,6 +292,22 @@ class StreamShell:
             if merger.entries and ledger.timers_run(t.partials, partition):
                 self._apply_merge(merger.tick(now_ms), partition)
         _compact_closed(processors.values(), now_ms)
+        mergers = self.mergers.values()
+        for line in self.wait_reporter.lines(
+            self._stage1_waits(now_ms), (w for m in mergers for w in m.waiting(now_ms))
+        ):
+            log.info("%s", line)
+
+    def _stage1_waits(self, now_ms: int) -> list[BatchWait]:
+        return stage1_waits((p, processor.waiting(now_ms)) for p, processor in sorted(self.processors.items()))
+
+    def waits(self) -> dict[str, list[dict[str, Any]]]:
+        """What every open batch and merge of this worker waits for (``/specmeter/stats``)."""
+        now_ms = _now_ms()
+        return {
+            "batches": [b.as_dict() for b in self._stage1_waits(now_ms)],
+            "merges": merge_waits(w for m in self.mergers.values() for w in m.waiting(now_ms)),
+        }
 
     def ready(self) -> bool:
         """Not rebalancing, and the state of every owned partition restored."""
@@ -433,6 +452,8 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 "rss_bytes": _rss_bytes(),
                 "cpu_seconds": time.process_time(),
                 "producer_pending": shell.output.pending,
+                # open batches and merges, each with what it waits for
+                "waiting": shell.waits(),
                 "outages": shell.outages.as_dict(),
             }
         )
