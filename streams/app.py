@@ -26,9 +26,9 @@ from typing import Any
 from specmeter.schemas import BatchMetrics, decode_partial, encode_dead_letter, encode_metrics, encode_partial
 
 from . import _internals
-from ._changelog import changelog_topics
 from ._counters import PublishedTotals, WorkerCounters
 from ._faults import CrashPoints
+from ._layout import changelog_topics
 from ._outages import Outages
 from ._output import OrderedProducer
 from ._routes import DeliveryDriver

@@ -1,5 +1,6 @@
 """A worker on a three-broker cluster (the shape production has) while one broker
-crashes and comes back as a replaced machine, with an empty disk (issue 21.1).
+crashes and comes back as a replaced machine, with an empty disk, another gets a
+rolling restart and a third is SIGKILLed (issue 21.1).
 
 At replication factor 1 (the worker's topics before issue 21) the lost disk took
 input and state with it: 5 of 24 batches exact. At the cluster's replication
@@ -21,14 +22,16 @@ from .support.worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-#: sized for two shared cores: ~1,500 records a batch, paced over about a minute
-BATCHES = 12
+#: sized for two shared cores: ~750 records a batch, paced over about a minute
+BATCHES = 20
 SESSIONS_PER_BATCH = 200
 RATE = 300
 
 
 @pytest.mark.timeout(900)
-def test_a_broker_killed_and_replaced_with_an_empty_disk_mid_stream(kafka_cluster, tmp_path, request):
+def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mid_stream(
+    kafka_cluster, tmp_path, request
+):
     cluster = kafka_cluster
     d = Deployment(cluster.bootstrap, batch_timeout_s=120.0, grace_s=300.0, session_timeout_s=10.0)
     # the worker creates every topic (records included) at the cluster's replication factor
@@ -65,20 +68,29 @@ def test_a_broker_killed_and_replaced_with_an_empty_disk_mid_stream(kafka_cluste
         )
 
         def chaos() -> None:
-            time.sleep(12)
+            time.sleep(8)
             cluster.kill(2)  # a crash mid-stream
             faults.append(f"killed 2 at {time.monotonic():.0f}")
-            time.sleep(10)
+            time.sleep(6)
             cluster.wipe(2)  # the machine is replaced: its disk is empty
             cluster.start_broker(2)
             faults.append(f"2 back, empty, at {time.monotonic():.0f}")
+            time.sleep(4)
+            cluster.restart(3)  # a rolling restart's step, while 2 still copies its partitions back
+            faults.append(f"3 restarted at {time.monotonic():.0f}")
+            time.sleep(4)
+            cluster.kill(1)  # and a third crash
+            faults.append(f"killed 1 at {time.monotonic():.0f}")
+            time.sleep(5)
+            cluster.start_broker(1)
+            faults.append(f"1 back at {time.monotonic():.0f}")
 
         fault = threading.Thread(target=chaos)
         fault.start()
         _, err = loadgen.communicate(timeout=600)
         fault.join(120)
         assert loadgen.returncode == 0, err[-3000:]
-        assert len(faults) == 2, faults
+        assert len(faults) == 5, faults
         assert worker.poll() is None, "the worker was not supposed to need a restart"
 
         expected = {m["batch_id"]: m for m in map(json.loads, expect.read_text().splitlines())}
