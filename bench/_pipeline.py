@@ -33,10 +33,11 @@ FLEET_SHAPE = {
 }
 
 
-def fleet(records_target: int) -> FleetSpec:
-    """≈ records_target records: 100 batches (fewer when small), 20 % redeliveries,
-    shared ancestors, 1 % conflicts, 5 % missing counters."""
-    batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
+def fleet(records_target: int, batches: int | None = None) -> FleetSpec:
+    """≈ records_target records: ``batches`` batches (default 100, fewer when small), 20 %
+    redeliveries, shared ancestors, 1 % conflicts, 5 % missing counters."""
+    if batches is None:
+        batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
     sessions = max(1, round(records_target / batches / 101))
     return FleetSpec(batches=batches, sessions_per_batch=sessions, seed=1, batch_prefix="bench-", **FLEET_SHAPE)
 

@@ -9,6 +9,12 @@ a fresh worker reads a pre-loaded fleet of ``--records`` records to the last bat
 metrics (records/s, from ready to the last metrics: the steady state). The baseline is
 the smallest partition count, measured in the same run: a worker whose cost grows with
 its partitions shows ratios well over 1.
+
+The fleet's batches hold ``--batch-records`` records each (40,000 by default: one rollout
+step of a large fleet). Some work is per batch and partition, whatever its records: every
+producer's marker reaches every partition, and each partition closes the batch with a
+partial, a status and a merge. Small batches on many partitions are slower for that
+(see docs/benchmarks.md); ``--batch-records 2000`` shows it.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def idle_worker(bootstrap: str, partitions: int, idle_s: float) -> tuple[int, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--batch-records", type=int, default=40_000, help="records per batch")
     parser.add_argument("--partitions", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--idle-s", type=float, default=10.0, help="how long an idle worker is watched")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
@@ -78,7 +85,7 @@ def main() -> None:
     rows, figures = [], {}
     for partitions in args.partitions:
         connections, cpu = idle_worker(bootstrap, partitions, idle_s)
-        topic, records, batches = preload(bootstrap, fleet(target), partitions)
+        topic, records, batches = preload(bootstrap, fleet(target, max(2, target // args.batch_records)), partitions)
         run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
         rate = records / run.steady_s
         figures[partitions] = {"connections": connections, "idle_cpu_percent": cpu, "records_per_s": rate}

@@ -320,8 +320,18 @@ class StreamShell:
             await self.output.stop()
 
 
+#: a closed batch smaller than this (on one partition) is not compacted: it holds little,
+#: and compacting thousands of them (many partitions, small batches) cost more than it saved
+COMPACT_MIN_GENERATIONS = 512
+
+
 def _compact_closed(
-    processors: Iterable[PartitionProcessor], now_ms: int, *, min_age_ms: int = 1_000, budget_s: float = 0.02
+    processors: Iterable[PartitionProcessor],
+    now_ms: int,
+    *,
+    min_age_ms: int = 1_000,
+    budget_s: float = 0.02,
+    min_generations: int = COMPACT_MIN_GENERATIONS,
 ) -> int:
     """Compact closed batches (``BatchState.compact``): in grace they hold a sixth of the
     memory and nothing for the garbage collector to walk; a late record thaws one.
@@ -335,7 +345,10 @@ def _compact_closed(
         (batch.closed_at_ms, id(batch), batch)
         for processor in processors
         for batch in processor.batches.values()
-        if batch.closed and not batch.state.compacted and now_ms - batch.closed_at_ms >= min_age_ms
+        if batch.closed
+        and not batch.state.compacted
+        and now_ms - batch.closed_at_ms >= min_age_ms
+        and batch.state.generation_count >= min_generations
     )
     started = time.perf_counter()
     done = 0

@@ -58,9 +58,11 @@ def test_a_late_record_after_compaction_gives_the_same_revision_and_changelog(co
     for p in (plain, compacted):
         p.process(list(enumerate(messages)), 1_000)
     assert all(b.closed for b in compacted.batches.values()) and len(compacted.batches) == 2
-    assert _compact_closed([compacted], 1_500) == 0  # closed less than a second ago: not yet
-    assert _compact_closed([compacted], 2_000, budget_s=0.0) == 1  # one at a time when out of budget
-    assert _compact_closed([compacted], 2_000) == 1
+    largest = max(b.state.generation_count for b in compacted.batches.values())
+    assert _compact_closed([compacted], 2_000, min_generations=largest + 1) == 0  # too small to be worth it
+    assert _compact_closed([compacted], 1_500, min_generations=0) == 0  # closed less than a second ago: not yet
+    assert _compact_closed([compacted], 2_000, budget_s=0.0, min_generations=0) == 1  # one at a time out of budget
+    assert _compact_closed([compacted], 2_000, min_generations=0) == 1
     assert all(b.state.compacted for b in compacted.batches.values())
     assert compacted.open_generations == plain.open_generations
     # late input within grace: a redelivery, a new occurrence and a conflict of batch 0
