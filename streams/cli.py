@@ -495,8 +495,8 @@ def _topic_options(func):
     default=_DEFAULTS.max_open_generations,
     show_default=True,
     metavar="N",
-    help="Distinct generations one partition may hold (about 85-130 B each with the native core, 570 B "
-    "with the Python core); the batch that "
+    help="Distinct generations one partition may hold (about 300 B of worker memory each with the native "
+    "core, 85-130 B of it dedup state; twice that with the Python core: docs/operations.md); the batch that "
     "crosses it is closed early as 'incomplete' and its later input dead-lettered as 'overflow'.",
 )
 @click.option(

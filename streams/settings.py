@@ -53,7 +53,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         max_open_generations: distinct generations one records partition may hold
             (all its batches); the batch whose input crosses it is closed early
             as ``incomplete`` and its later input dead-lettered as ``overflow``.
-            About 85-130 bytes each with the native core, 570 with the Python one (bench/memory.py).
+            About 300 bytes of worker memory each with the native core (85-130 of
+            them dedup state, bench/memory.py), twice that with the Python one
+            (docs/operations.md, Memory).
         session_timeout_s: how long a silent worker keeps its partitions.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).

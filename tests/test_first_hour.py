@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from .support.kafka_helpers import create_topic
+from .support.kafka_helpers import create_topic, topic_names
 from .support.sglang_meta_info import SGLANG_OUTPUTS
 from .support.worker_harness import Deployment
 from .test_readme_snippets import python_blocks, readme_section
@@ -29,17 +29,6 @@ def _specmeter(*args: str, env: dict[str, str], timeout: float = 120) -> subproc
     return subprocess.run(
         [sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
     )
-
-
-async def _topics(bootstrap: str) -> set[str]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 def _wait_for(log_path, pattern: str, timeout_s: float) -> str:
@@ -95,13 +84,13 @@ def test_a_first_hour_from_the_readme_has_no_surprise(kafka_bootstrap, tmp_path)
         _wait_for(log, r"step-12.*markers from 1 of 8 producers \(rollout-worker-3\); waiting for 7 more", 20)
 
         # 4. `specmeter tail` with a mistyped topic: one line naming the real one, nothing created
-        before = asyncio.run(_topics(kafka_bootstrap))
+        before = asyncio.run(topic_names(kafka_bootstrap))
         typo = d.topics.metrics.replace("metrics", "metircs")
         tail_typo = _specmeter("tail", "--topic", typo, "--timeout", "5", env=env)
         outputs += [tail_typo.stdout, tail_typo.stderr]
         assert tail_typo.returncode != 0
         assert d.topics.metrics in tail_typo.stderr and len(tail_typo.stderr.strip().splitlines()) <= 2
-        assert typo not in asyncio.run(_topics(kafka_bootstrap)) and typo not in before
+        assert typo not in asyncio.run(topic_names(kafka_bootstrap)) and typo not in before
 
         # 5. `specmeter tail` with the right topic: the batch, closed by timeout and marked incomplete
         tail = _specmeter(

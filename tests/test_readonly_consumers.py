@@ -19,25 +19,16 @@ import pytest
 
 from specmeter.streams import consume_metrics_sync
 
+from .support.kafka_helpers import topic_names
+
 REPO = Path(__file__).resolve().parents[1]
 NOISE = ("Traceback", "Unclosed AIOKafka")
 
 pytestmark = pytest.mark.kafka
 
 
-async def _topics(bootstrap: str) -> set[str]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 def assert_not_created(bootstrap: str, topic: str) -> None:
-    assert topic not in asyncio.run(_topics(bootstrap)), f"a reader created {topic!r}"
+    assert topic not in asyncio.run(topic_names(bootstrap)), f"a reader created {topic!r}"
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def metrics_topic_pair(kafka_bootstrap, unique_name):
     topic = unique_name("readonly") + ".metrics"
     asyncio.run(create_topic(kafka_bootstrap, topic, 2))
     deadline = time.monotonic() + 30
-    while topic not in asyncio.run(_topics(kafka_bootstrap)):
+    while topic not in asyncio.run(topic_names(kafka_bootstrap)):
         assert time.monotonic() < deadline, f"{topic} never showed in the metadata"
         time.sleep(0.2)
     yield topic, topic.replace(".metrics", ".metrcs")
@@ -62,7 +53,7 @@ async def _delete(bootstrap: str, topic: str) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.delete_topics([topic])
+        await admin.deletetopic_names([topic])
     finally:
         await admin.close()
 

@@ -53,3 +53,15 @@ async def send_to_partitions(bootstrap: str, topic: str, items: list[tuple[int, 
             await producer.send_and_wait(topic, value, partition=partition)
     finally:
         await producer.stop()
+
+
+async def topic_names(bootstrap: str) -> set[str]:
+    """Every topic of the cluster (to check that nothing was created)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
