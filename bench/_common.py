@@ -59,6 +59,27 @@ async def _wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout
         await admin.close()
 
 
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete a run's topics (best effort): a broker that serves many runs holds a few files
+    per partition, and runs that leave their topics behind reach its open-file limit."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def delete() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            if gone := [n for n in names if n in existing]:
+                await admin.delete_topics(gone)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(delete(), 30))
+    except Exception as exc:  # noqa: BLE001 - clean-up only
+        print(f"(could not delete {len(names)} topic(s): {exc!r})", file=sys.stderr)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (for a worker's web server)."""
     import socket

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import NamedTuple
 
-from _common import fresh_topic
+from _common import delete_topics, fresh_topic
 
 from specmeter.producers import PublisherSettings
 from specmeter.schemas import decode_records_message
@@ -123,6 +123,14 @@ def start_workers(
         with open(worker_logs(name, workers)[len(procs)], "wb") as log:  # the worker keeps its own descriptor
             procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return name, procs
+
+
+def app_topics(name: str) -> list[str]:
+    """The topics ``start_workers`` names and the worker creates for app ``name``."""
+    from specmeter.streams._layout import changelog_topics
+    from specmeter.streams._topics import leader_topic
+
+    return [f"{name}.partials", f"{name}.metrics", f"{name}.deadletter", *changelog_topics(name), leader_topic(name)]
 
 
 def worker_logs(name: str, workers: int) -> list[str]:
@@ -253,6 +261,7 @@ def run_workers_timed(
         last = asyncio.run(wait_metrics())
     finally:
         stop_workers(procs)
+        delete_topics(bootstrap, app_topics(name))
     # a worker that was assigned no partition restores nothing
     readies = [r for r in map(_ready_at, worker_logs(name, workers)) if r is not None]
     if not readies:

@@ -34,18 +34,19 @@ from _common import (
     broker_connections,
     core_name,
     cpu_seconds,
+    delete_topics,
     free_port,
     fresh_topic,
     report,
 )
-from _pipeline import fleet, preload, run_workers_timed, start_workers, stop_workers
+from _pipeline import app_topics, fleet, preload, run_workers_timed, start_workers, stop_workers
 
 
 def idle_worker(bootstrap: str, partitions: int, idle_s: float) -> tuple[int, float]:
     """(connections to the broker, CPU % of one core) of a ready worker on an idle topic."""
     topic = fresh_topic(bootstrap, "idle", partitions)
     port = free_port()
-    _, procs = start_workers(bootstrap, topic, partitions, 1, web_port=port)
+    name, procs = start_workers(bootstrap, topic, partitions, 1, web_port=port)
     try:
         deadline = time.time() + 120
         while True:
@@ -68,6 +69,7 @@ def idle_worker(bootstrap: str, partitions: int, idle_s: float) -> tuple[int, fl
         return max(connections, broker_connections(pid, port_of_broker)), cpu
     finally:
         stop_workers(procs)
+        delete_topics(bootstrap, [topic, *app_topics(name)])
 
 
 def main() -> None:
@@ -81,12 +83,15 @@ def main() -> None:
     args = parser.parse_args()
     target = 5_000 if args.smoke else args.records
     idle_s = 2.0 if args.smoke else args.idle_s
+    if args.smoke and args.partitions == parser.get_default("partitions"):
+        args.partitions = [2, 8]  # the script runs; the figures are the full run's
     bootstrap = broker_address()
     rows, figures = [], {}
     for partitions in args.partitions:
         connections, cpu = idle_worker(bootstrap, partitions, idle_s)
         topic, records, batches = preload(bootstrap, fleet(target, max(2, target // args.batch_records)), partitions)
         run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
+        delete_topics(bootstrap, [topic])
         rate = records / run.steady_s
         figures[partitions] = {"connections": connections, "idle_cpu_percent": cpu, "records_per_s": rate}
         rows.append(

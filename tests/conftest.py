@@ -67,15 +67,19 @@ def unique_name():
 
 @pytest.fixture
 def new_topic(kafka_bootstrap, unique_name):
-    """Factory: create a fresh topic with N partitions and return its name."""
-    from .support.kafka_helpers import create_topic
+    """Factory: create a fresh topic with N partitions and return its name (deleted afterwards)."""
+    from .support.kafka_helpers import create_topic, delete_topics
+
+    made: list[str] = []
 
     def make(partitions: int = 4, prefix: str = "test") -> str:
         name = unique_name(prefix)
         asyncio.run(create_topic(kafka_bootstrap, name, partitions))
+        made.append(name)
         return name
 
-    return make
+    yield make
+    asyncio.run(delete_topics(kafka_bootstrap, made))
 
 
 @pytest.fixture
@@ -88,10 +92,10 @@ def deployment(kafka_bootstrap, request):
     d = Deployment(kafka_bootstrap)
     asyncio.run(create_topic(kafka_bootstrap, d.topics.records, d.partitions))
     yield d
-    d.close()
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         print(d.log_tail())  # shown with the failure
+    d.close()
 
 
 def _cores():

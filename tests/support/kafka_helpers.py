@@ -65,3 +65,25 @@ async def topic_names(bootstrap: str) -> set[str]:
         return set(await admin.list_topics())
     finally:
         await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: list[str], timeout_s: float = 15.0) -> None:
+    """Delete topics a test made, best effort: those that do not exist, or a broker that is
+    gone (a test stopped it), are no failure of the test."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def delete() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            gone = [name for name in names if name in existing]
+            if gone:
+                await admin.delete_topics(gone)
+        finally:
+            await admin.close()
+
+    try:
+        await asyncio.wait_for(delete(), timeout_s)
+    except Exception:  # noqa: BLE001 - clean-up only
+        pass

@@ -22,7 +22,7 @@ from specmeter.streams._loadgen import publish_fleet
 from specmeter.streams.settings import TopicNames
 from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
-from .kafka_helpers import read_topic
+from .kafka_helpers import delete_topics, read_topic
 
 #: foreign bytes on the records topic: not msgpack, a bare array, an unknown tag
 JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
@@ -143,9 +143,20 @@ class Deployment:
                 self.kill(proc)
 
     def close(self) -> None:
+        """Kill the workers and delete the deployment's topics: a broker that serves a whole
+        session (or many) holds a few files per partition, and a suite that leaves every
+        topic behind runs into the broker's open-file limit."""
         for proc in self.workers:
             if proc.poll() is None:
                 self.kill(proc)
+        asyncio.run(delete_topics(self.bootstrap, self.topic_names()))
+
+    def topic_names(self) -> list[str]:
+        from specmeter.streams._layout import changelog_topics
+        from specmeter.streams._topics import leader_topic
+
+        t = self.topics
+        return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name), leader_topic(self.name)]
 
     def log_tail(self, chars: int = 4000) -> str:
         return "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-chars:]}" for p in self.logs)
