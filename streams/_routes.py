@@ -194,7 +194,9 @@ class InputRoute:
                     await driver.assignment_changed.wait()
                     continue
                 epoch = ledger.epoch
-                fetched = await consumer.getmany(timeout_ms=self.fetch_wait_ms + 150)
+                # a short wait here whatever the broker holds a fetch for: a partition newly
+                # restored (or revoked) is followed at the next turn
+                fetched = await consumer.getmany(timeout_ms=200)
                 pending: dict[int, list[tuple[int, bytes]]] = {}
                 for tp, messages in fetched.items():
                     if messages:

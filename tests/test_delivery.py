@@ -178,6 +178,13 @@ class FakeConsumer:
 
     async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
         await asyncio.sleep(0.001)
+        out = self._take(tps)
+        if not out and timeout_ms:  # as aiokafka: wait up to the timeout for data
+            await asyncio.sleep(min(timeout_ms, 2_000) / 1000)
+            out = self._take(tps)
+        return out
+
+    def _take(self, tps: tuple[Any, ...]) -> dict[Any, list[Any]]:
         out = {}
         for tp, position in self.positions.items():
             if (tps and tp not in tps) or tp in self.paused:
@@ -363,3 +370,30 @@ def test_both_stages_are_fed_by_their_own_route(topic):
 
     asyncio.run(run())
     assert stages.states[(topic, 3)][0].applied == [0, 1, 2, 3, 4]
+
+
+def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
+    """An idle route lets the broker hold its fetches long (``IDLE_FETCH_WAIT_MS``); a
+    partition restored meanwhile is still read at the route's next short turn."""
+    logs, stages = FakeLogs(), FakeStages()
+
+    async def run() -> float:
+        driver = _driver(logs, stages)
+        for route in driver.routes:
+            route.IDLE_AFTER_S = 0.0
+            route.IDLE_FETCH_WAIT_MS = 5_000
+        driver.start()
+        driver.assign([(R, 0)])
+        await _until(lambda: driver.ledger.timers_run(R, 0))
+        await asyncio.sleep(0.5)  # the route idles
+        for _ in range(3):
+            logs.append(R, 1, b"r")
+        started = asyncio.get_running_loop().time()
+        driver.assign([(R, 0), (R, 1)])
+        await _until(lambda: driver.ledger.timers_run(R, 1) and bool(stages.states.get((R, 1))))
+        await _until(lambda: stages.states[(R, 1)][-1].checkpoint == 2)
+        elapsed = asyncio.get_running_loop().time() - started
+        await driver.close()
+        return elapsed
+
+    assert asyncio.run(run()) < 1.0
