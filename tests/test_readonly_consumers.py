@@ -19,7 +19,7 @@ import pytest
 
 from specmeter.streams import consume_metrics_sync
 
-from .support.kafka_helpers import topic_names
+from .support.kafka_helpers import delete_topics, topic_names
 
 REPO = Path(__file__).resolve().parents[1]
 NOISE = ("Traceback", "Unclosed AIOKafka")
@@ -44,18 +44,7 @@ def metrics_topic_pair(kafka_bootstrap, unique_name):
         assert time.monotonic() < deadline, f"{topic} never showed in the metadata"
         time.sleep(0.2)
     yield topic, topic.replace(".metrics", ".metrcs")
-    asyncio.run(_delete(kafka_bootstrap, topic))
-
-
-async def _delete(bootstrap: str, topic: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.deletetopic_names([topic])
-    finally:
-        await admin.close()
+    asyncio.run(delete_topics(kafka_bootstrap, [topic]))
 
 
 def test_tail_with_a_mistyped_topic_names_the_real_one_and_creates_nothing(kafka_bootstrap, metrics_topic_pair):
