@@ -124,8 +124,17 @@ def test_a_port_that_is_no_port_is_a_usage_error(given):
 
 
 def test_max_open_generations_help_gives_the_measured_cost():
+    """The flag's help and docs/operations.md (which sizes pods with it) state the same cost
+    per open generation, and the measured size of the dedup state inside it."""
+    import re
+    from pathlib import Path
+
     option = next(p for p in main.commands["worker"].params if p.name == "max_open_generations")
-    assert "85-130 B" in option.help and "570 B" in option.help and "130-300" not in option.help
+    operations = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    memory = operations.split("* **Memory**", 1)[1].split("\n* **", 1)[0]
+    (per_generation,) = set(re.findall(r"about \*\*(\d+) B\*\* per open generation", memory))
+    assert f"about {per_generation} B of worker memory each" in option.help, option.help
+    assert "85-130 B" in option.help and "130-300" not in option.help
 
 
 # -- the producer library ------------------------------------------------------------
