@@ -1,4 +1,4 @@
-"""The worker's ordered producer and the records tail's chunking (issue #16).
+"""The worker's ordered producer and a route's chunking (issue #16).
 
 Faust's producer handed its buffer to Kafka one message per event-loop turn, so
 a partial waited behind every changelog write queued before it; the worker's
