@@ -12,10 +12,11 @@ What Faust does for the worker, and what it no longer does:
   worker about assignments through its public ``on_partitions_assigned`` /
   ``on_partitions_revoked`` signals; the app's lifecycle, its timers and its web
   server;
-* it never delivers the input: its consumer stays subscribed to the records and
-  partials topics (that is how the group assigns them) but every assigned partition
-  of theirs is paused in it right after Faust resumes them (``TablelessManager``
-  below), and each stage reads its input through its own route (``_routes``);
+* it never delivers the input, nor fetches it: its consumer stays subscribed to the
+  records and partials topics (that is how the group assigns them) but every assigned
+  partition of theirs is paused in it, and in the aiokafka consumer under it, right
+  after Faust resumes them (``TablelessManager``, ``stop_fetching`` below); each stage
+  reads its input through its own route (``_routes``);
 * it commits nothing of the input (it commits only what it delivered and someone
   acked); the worker's checkpoints are committed through ``commit_offsets`` below,
   the one committer, for the group's lag;
@@ -37,6 +38,7 @@ __all__ = [
     "check_pins",
     "commit_offsets",
     "metadata_without_auto_create",
+    "stop_fetching",
     "set_fetch_wait",
     "table_manager",
 ]
@@ -69,6 +71,13 @@ def check_pins(table_manager_class: type | None = None) -> None:
             missing.append("AIOKafkaAdminClient._send_request")
         if "self._fetch_max_wait_ms" not in _fetcher_source():
             missing.append("Fetcher._fetch_max_wait_ms")
+        from faust.transport.consumer import ThreadDelegateConsumer
+        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+        if "_thread" not in ThreadDelegateConsumer.__annotations__:
+            missing.append("ThreadDelegateConsumer._thread")
+        if not hasattr(AIOKafkaConsumerThread, "_ensure_consumer"):
+            missing.append("AIOKafkaConsumerThread._ensure_consumer")
     if missing:
         raise RuntimeError(
             f"faust-streaming {getattr(faust, '__version__', '?')}: {', '.join(missing)} missing; "
@@ -170,3 +179,26 @@ def set_fetch_wait(consumer: Any, wait_ms: int) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None:
         fetcher._fetch_max_wait_ms = wait_ms
+
+
+async def stop_fetching(app: Any, partitions: Iterable[Any]) -> None:
+    """Pause ``partitions`` in the aiokafka consumer under Faust's, in its own thread.
+
+    Why private: Faust's public ``pause_partitions`` only stops handing the partitions'
+    messages over; the aiokafka consumer in Faust's consumer thread still fetches every
+    assigned partition (one prefetch each, and a long-poll of all of them every 1.5 s)
+    and resets their offsets, for input the worker reads through its own routes. The
+    pause holds until the next assignment, which Faust follows by resuming partitions:
+    the worker pauses again after each (``table_manager``'s hook)."""
+    from aiokafka.structs import TopicPartition
+
+    thread = app.consumer._thread
+    wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+
+    async def pause() -> None:
+        consumer = thread._ensure_consumer()
+        assigned = consumer.assignment()
+        consumer.pause(*[tp for tp in wanted if tp in assigned])
+
+    if wanted:
+        await thread.call_thread(pause)

@@ -15,6 +15,7 @@ nothing, and its tables, agents and ``/router/``, ``/table/`` pages are not used
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -364,6 +365,14 @@ def _compact_closed(
 _FAUST_NEVER_S = 86_400.0
 
 
+def _log_failure(what: str) -> Callable[[asyncio.Future], None]:
+    def done(future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("%s failed: %r", what, future.exception())
+
+    return done
+
+
 def _input_partitions(app: Any, topics: tuple[str, ...]) -> set[Any]:
     consumer = app.consumer
     return {tp for tp in consumer.assignment() if tp.topic in topics} if consumer is not None else set()
@@ -379,10 +388,14 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     inputs = (t.records, t.partials)
 
     def keep_delivery_off() -> None:
-        """Right after Faust resumed the assigned partitions: pause its delivery of the
-        inputs again (the routes read them) and start the routes."""
-        app.consumer.pause_partitions(_input_partitions(app, inputs))
+        """Right after Faust resumed the assigned partitions: pause its delivery (and its
+        aiokafka consumer's fetching) of the inputs again (the routes read them) and start
+        the routes."""
+        partitions = _input_partitions(app, inputs)
+        app.consumer.pause_partitions(partitions)
         shell.start()
+        task = asyncio.get_running_loop().create_task(_internals.stop_fetching(app, partitions))
+        task.add_done_callback(_log_failure("pausing Faust's fetching of the input"))
 
     app = faust.App(
         settings.app_id,

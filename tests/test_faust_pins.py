@@ -72,6 +72,11 @@ def test_the_commit_and_the_metadata_request_are_where_they_were():
     # set_fetch_wait: the fetcher keeps the wait as an attribute and reads it for every request
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
     assert "self._fetch_max_wait_ms," in inspect.getsource(Fetcher._get_actions_per_node)
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    # stop_fetching: a coroutine run in Faust's consumer thread, on the aiokafka consumer there
+    assert inspect.iscoroutinefunction(AIOKafkaConsumerThread.call_thread)
+    assert "_consumer" in inspect.getsource(AIOKafkaConsumerThread._ensure_consumer)
     check_pins()  # and what the worker checks at start holds
 
 
