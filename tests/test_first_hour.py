@@ -19,6 +19,7 @@ import pytest
 
 from .support.kafka_helpers import create_topic, topic_names
 from .support.sglang_meta_info import SGLANG_OUTPUTS
+from .support.tools import ctrl_c_reaches_child
 from .support.worker_harness import Deployment
 from .test_readme_snippets import python_blocks, readme_section
 
@@ -116,6 +117,7 @@ def test_a_first_hour_from_the_readme_has_no_surprise(kafka_bootstrap, tmp_path)
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=ctrl_c_reaches_child,
         )
         time.sleep(4.0)
         replay.send_signal(signal.SIGINT)

@@ -19,6 +19,7 @@ import pytest
 from specmeter.schemas import decode_records_message
 
 from .support.kafka_helpers import read_topic
+from .support.tools import ctrl_c_reaches_child
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -47,6 +48,7 @@ def test_ctrl_c_reports_what_was_sent_and_the_half_sent_batch(kafka_bootstrap, n
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=ctrl_c_reaches_child,
     )
     # step-1 (600 records) goes out in 3 s at 200/s, then its marker; interrupt inside step-2
     messages = asyncio.run(read_topic(kafka_bootstrap, topic, until=_marker_of("step-1"), timeout_s=90))
