@@ -80,6 +80,31 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
         print(f"(could not delete {len(names)} topic(s): {exc!r})", file=sys.stderr)
 
 
+def topic_messages(bootstrap: str, topic: str) -> int:
+    """Kafka messages in a topic now (every partition's end offset minus its start)."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.structs import TopicPartition
+
+    async def count() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            (described,) = await admin.describe_topics([topic])
+        finally:
+            await admin.close()
+        tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await consumer.start()
+        try:
+            ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+            return sum(ends[tp] - starts[tp] for tp in tps)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(count())
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (for a worker's web server)."""
     import socket

@@ -1,7 +1,7 @@
 """Scaling with partitions: what one worker costs at rest and how fast it reads, at 4, 16 and
 64 partitions.
 
-    python bench/scaling.py [--records 400000] [--partitions 4 16 64] [--idle-s 10] [--smoke] [--json]
+    python bench/scaling.py [--records 400000] [--partitions 4 16 64] [--idle-s 20] [--smoke] [--json]
 
 For each partition count: one worker on an idle records topic, once ready, is watched for
 ``--idle-s``: its TCP connections to the broker and the CPU it burns doing nothing; then
@@ -14,7 +14,10 @@ The fleet's batches hold ``--batch-records`` records each (40,000 by default: on
 step of a large fleet). Some work is per batch and partition, whatever its records: every
 producer's marker reaches every partition, and each partition closes the batch with a
 partial, a status and a merge. Small batches on many partitions are slower for that
-(see docs/benchmarks.md); ``--batch-records 2000`` shows it.
+(see docs/benchmarks.md); ``--batch-records 2000`` shows it. The same records also reach
+the worker as more Kafka messages on more partitions (a producer packs a message per
+partition, and sends its markers to each): the input messages are printed beside
+records/s, so that a slower rate can be told apart from a heavier input.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from _common import (
     free_port,
     fresh_topic,
     report,
+    topic_messages,
 )
 from _pipeline import app_topics, fleet, preload, run_workers_timed, start_workers, stop_workers
 
@@ -77,7 +81,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--batch-records", type=int, default=40_000, help="records per batch")
     parser.add_argument("--partitions", type=int, nargs="+", default=[4, 16, 64])
-    parser.add_argument("--idle-s", type=float, default=10.0, help="how long an idle worker is watched")
+    parser.add_argument("--idle-s", type=float, default=20.0, help="how long an idle worker is watched")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     add_json_flag(parser)
     args = parser.parse_args()
@@ -90,14 +94,22 @@ def main() -> None:
     for partitions in args.partitions:
         connections, cpu = idle_worker(bootstrap, partitions, idle_s)
         topic, records, batches = preload(bootstrap, fleet(target, max(2, target // args.batch_records)), partitions)
+        messages = topic_messages(bootstrap, topic)
         run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
         delete_topics(bootstrap, [topic])
         rate = records / run.steady_s
-        figures[partitions] = {"connections": connections, "idle_cpu_percent": cpu, "records_per_s": rate}
+        figures[partitions] = {
+            "connections": connections,
+            "idle_cpu_percent": cpu,
+            "records_per_s": rate,
+            "input_messages": messages,
+            "input_messages_per_s": messages / run.steady_s,
+        }
         rows.append(
             (
                 f"{partitions} partitions",
-                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s",
+                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s "
+                f"({messages:,} input messages, {messages / run.steady_s:,.0f}/s)",
             )
         )
     base, top = figures[args.partitions[0]], figures[args.partitions[-1]]
@@ -106,7 +118,8 @@ def main() -> None:
             f"ratio {args.partitions[-1]}/{args.partitions[0]}",
             f"connections {top['connections'] / base['connections']:.2f}x, idle CPU "
             f"{top['idle_cpu_percent'] / max(base['idle_cpu_percent'], 0.01):.2f}x, records/s "
-            f"{base['records_per_s'] / top['records_per_s']:.2f}x slower   "
+            f"{base['records_per_s'] / top['records_per_s']:.2f}x slower (input messages "
+            f"{top['input_messages'] / base['input_messages']:.2f}x)   "
             f"(baseline: {args.partitions[0]} partitions, same run)",
         )
     )

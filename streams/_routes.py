@@ -147,7 +147,7 @@ class InputRoute:
     """
 
     IDLE_AFTER_S = 5.0
-    IDLE_FETCH_WAIT_MS = 1000
+    IDLE_FETCH_WAIT_MS = 5000
 
     def __init__(self, driver: DeliveryDriver, topic: str, *, chunk_bytes: int, fetch_options: Mapping[str, Any]):
         self.driver = driver
