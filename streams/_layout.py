@@ -32,7 +32,8 @@ whatever characters ids hold. Stage 2 (per partials partition P): ``P m <batch_i
 <records partition, 10 digits>`` (``P P ...``) the latest ``PartialAggregate`` of one
 records partition, and ``P k`` the ``Stage2Checkpoint``. A partial is written once when it
 arrives, not again with each later one (a ``MergeEntry`` written before that split holds
-its partials itself, and still restores).
+its partials itself, and still restores); the ``MergeEntry`` with the first partial, each
+publication and every partial after it (``BatchMerger.on_partial``).
 """
 
 from __future__ import annotations

@@ -154,6 +154,7 @@ class BatchMerger:
         effects = MergeEffects()
         key = (partial.run_id, partial.batch_id)
         entry = self.entries.get(key)
+        new = entry is None
         if entry is None:
             entry = self.entries[key] = MergeEntry(
                 batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms
@@ -165,18 +166,27 @@ class BatchMerger:
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
             self._publish(entry, effects)
-        self._write(entry, effects, partial)
+        # Until its first publication an entry's bookkeeping changes only in last_change_ms,
+        # which nothing reads before then (the timeout runs from first_seen_ms, the grace
+        # from the publication, which writes it): the partials between the first and the
+        # publishing one are written alone, one write per partial instead of two.
+        self._write(entry, effects, partial, book=new or entry.published_revision >= 0)
         return effects
 
-    def _write(self, entry: MergeEntry, effects: MergeEffects, partial: PartialAggregate | None = None) -> None:
-        """Write a batch's bookkeeping and, when given, the partial that changed it (every
-        partial of an entry restored from the format that held them)."""
-        written = list(entry.partials.values()) if entry.key in self._unsplit else [partial] if partial else []
+    def _write(
+        self, entry: MergeEntry, effects: MergeEffects, partial: PartialAggregate | None = None, *, book: bool = True
+    ) -> None:
+        """Write, when given, the partial that changed a batch (every partial of an entry
+        restored from the format that held them, and then its bookkeeping too) and, when
+        ``book``, its bookkeeping."""
+        unsplit = entry.key in self._unsplit
+        written = list(entry.partials.values()) if unsplit else [partial] if partial else []
         self._unsplit.discard(entry.key)
         for p in written:
             effects.changelog.append((merge_partial_key(self.partition, entry.key, p.partition), encode_partial(p)))
-        book = msgspec.structs.replace(entry, partials={})
-        effects.changelog.append((merge_key(self.partition, entry.key), encode_state(book)))
+        if book or unsplit:
+            bookkeeping = msgspec.structs.replace(entry, partials={})
+            effects.changelog.append((merge_key(self.partition, entry.key), encode_state(bookkeeping)))
 
     def waiting(self, now_ms: int) -> list[MergeWaiting]:
         """The batches waiting for some partitions' partials before their first publication."""

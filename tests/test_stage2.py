@@ -150,6 +150,60 @@ def test_state_writes_are_o1_per_partial_and_o_p_per_batch():
     assert len(effects.published) == 1
 
 
+def test_partials_before_the_publication_are_written_alone():
+    """Between a batch's first partial and the one that publishes it, a partial is one write
+    (with the checkpoint): the bookkeeping changed only in ``last_change_ms``, which nothing
+    reads before the publication (that one writes it)."""
+    partitions = 8
+    m = BatchMerger(0, partitions_expected=partitions, batch_timeout_ms=TIMEOUT_MS, grace_ms=GRACE_MS)
+    entry_key = merge_key(0, (None, "b"))
+    books = []
+    for p in range(partitions):
+        effects = m.process([(p, _partial(p, 3))], now_ms=p)
+        books.append(sum(key == entry_key for key, _ in effects.changelog))
+        assert len(effects.changelog) == 2 + books[-1]  # the partial, the checkpoint, the bookkeeping or not
+    assert books == [1] + [0] * (partitions - 2) + [1]
+    assert m.process([(partitions, _partial(0, 4, revision=1))], now_ms=9).changelog[1][0] == entry_key
+
+
+def test_a_merge_restored_between_any_two_partials_ends_as_the_live_one():
+    """A crash after any partial: the restored merger publishes, times out and forgets each
+    batch exactly when and as the live one does (one batch completes, one times out)."""
+    partitions = 4
+    feed = [(0, _partial(0, 1, batch="done")), (1, _partial(0, 2, batch="late")), (2, _partial(1, 3, batch="done"))]
+    feed += [(3, _partial(2, 4, batch="done")), (4, _partial(1, 5, batch="late")), (5, _partial(3, 6, batch="done"))]
+    feed += [(6, _partial(2, 7, batch="late", revision=1))]
+    ticks = [TIMEOUT_MS - 1, TIMEOUT_MS + 10, TIMEOUT_MS + 10 + GRACE_MS + TIMEOUT_MS - 1, 3 * TIMEOUT_MS + GRACE_MS]
+
+    def fresh() -> BatchMerger:
+        return BatchMerger(0, partitions_expected=partitions, batch_timeout_ms=TIMEOUT_MS, grace_ms=GRACE_MS)
+
+    def run(crash_after: int | None) -> list:
+        """Feed, then tick; ``crash_after``: restore from the changelog after that step."""
+        m, log, seen = fresh(), {}, []
+        steps = [("feed", item) for item in feed] + [("tick", now) for now in ticks]
+        for i, (kind, item) in enumerate(steps):
+            if kind == "feed":
+                offset, partial = item
+                effects = m.process([(offset, partial)], now_ms=offset)
+                seen += [(x.batch_id, x.revision, x.record_count, x.complete) for x in effects.published]
+            else:
+                effects = m.tick(item)
+                seen += [(item, x.batch_id, x.revision, x.record_count, x.complete) for x in effects.published]
+                seen.append((item, sorted(b for _, b in m.entries)))
+            _log(log, effects)
+            if crash_after == i:
+                m = fresh()
+                _log(log, m.restore(log.items()))  # (its repeated publication is identical: not counted again)
+        return seen
+
+    live = run(None)
+    assert ("done", 0, 4, True) in live and (TIMEOUT_MS + 10, "late", 0, 3, False) in live
+    assert (7009, ["late"]) in live and (8000, []) in live  # each forgotten a grace and a timeout after its publication
+    for crash_after in range(len(feed) + len(ticks)):
+        assert run(crash_after) == live, crash_after
+
+
 def test_restore_from_split_partials_equals_the_live_merger_and_forgets_orphans():
     m = _merger()
     log: dict = {}
