@@ -1,12 +1,13 @@
 """Scaling with partitions: what one worker costs at rest and how fast it reads, at 4, 16 and
 64 partitions.
 
-    python bench/scaling.py [--records 400000] [--partitions 4 16 64] [--idle-s 20] [--smoke] [--json]
+    python bench/scaling.py [--records 400000] [--partitions 4 16 64] [--idle-s 20] [--repeat 3] [--smoke] [--json]
 
 For each partition count: one worker on an idle records topic, once ready, is watched for
 ``--idle-s``: its TCP connections to the broker and the CPU it burns doing nothing; then
 a fresh worker reads a pre-loaded fleet of ``--records`` records to the last batch's
-metrics (records/s, from ready to the last metrics: the steady state). The baseline is
+metrics (records/s, from ready to the last metrics: the steady state; ``--repeat`` reads
+of each partition count, interleaved, and their median). The baseline is
 the smallest partition count, measured in the same run: a worker whose cost grows with
 its partitions shows ratios well over 1.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import urllib.request
@@ -82,36 +84,54 @@ def main() -> None:
     parser.add_argument("--batch-records", type=int, default=40_000, help="records per batch")
     parser.add_argument("--partitions", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--idle-s", type=float, default=20.0, help="how long an idle worker is watched")
+    parser.add_argument("--repeat", type=int, default=3, help="reads per partition count (the median is reported)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     add_json_flag(parser)
     args = parser.parse_args()
     target = 5_000 if args.smoke else args.records
     idle_s = 2.0 if args.smoke else args.idle_s
+    if args.smoke:
+        args.repeat = 1
     if args.smoke and args.partitions == parser.get_default("partitions"):
         args.partitions = [2, 8]  # the script runs; the figures are the full run's
     bootstrap = broker_address()
     rows, figures = [], {}
+    idle = {partitions: idle_worker(bootstrap, partitions, idle_s) for partitions in args.partitions}
+    spec = fleet(target, max(2, target // args.batch_records))
+    loaded = {partitions: preload(bootstrap, spec, partitions) for partitions in args.partitions}
+    try:
+        # the reads interleaved (4, 16, 64, 4, 16, 64, ...): a drift in the machine's load
+        # reaches every partition count alike; each figure is the median of its reads
+        seconds: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
+        for _ in range(args.repeat):
+            for partitions, (topic, _, batches) in loaded.items():
+                seconds[partitions].append(run_workers_timed(bootstrap, topic, partitions, batches, workers=1).steady_s)
+        messages = {partitions: topic_messages(bootstrap, topic) for partitions, (topic, _, _) in loaded.items()}
+    finally:
+        delete_topics(bootstrap, [topic for topic, _, _ in loaded.values()])
     for partitions in args.partitions:
-        connections, cpu = idle_worker(bootstrap, partitions, idle_s)
-        topic, records, batches = preload(bootstrap, fleet(target, max(2, target // args.batch_records)), partitions)
-        messages = topic_messages(bootstrap, topic)
-        run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
-        delete_topics(bootstrap, [topic])
-        rate = records / run.steady_s
+        connections, cpu = idle[partitions]
+        records = loaded[partitions][1]
+        steady_s = statistics.median(seconds[partitions])
+        rates = sorted(records / s for s in seconds[partitions])
+        rate = records / steady_s
         figures[partitions] = {
             "connections": connections,
             "idle_cpu_percent": cpu,
             "records_per_s": rate,
-            "input_messages": messages,
-            "input_messages_per_s": messages / run.steady_s,
+            "records_per_s_each_read": rates,
+            "input_messages": messages[partitions],
+            "input_messages_per_s": messages[partitions] / steady_s,
         }
+        spread = f" (reads {rates[0]:,.0f}–{rates[-1]:,.0f})" if len(rates) > 1 else ""
         rows.append(
             (
                 f"{partitions} partitions",
-                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s "
-                f"({messages:,} input messages, {messages / run.steady_s:,.0f}/s)",
+                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s{spread}, "
+                f"{messages[partitions]:,} input messages ({messages[partitions] / steady_s:,.0f}/s)",
             )
         )
+    batches = spec.batches
     base, top = figures[args.partitions[0]], figures[args.partitions[-1]]
     rows.append(
         (
