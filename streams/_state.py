@@ -1,7 +1,8 @@
 """Dedup state of one batch on one partition: records in, a partial out.
 
-Pure: no Kafka, no asyncio, no clocks (times come in as arguments). Both the
-Faust agents and the offline ``aggregate`` command drive exactly this class.
+Pure: no Kafka, no asyncio, no clocks (times come in as arguments). The worker's
+stage 1 (``_stage1.PartitionProcessor``) and the offline ``aggregate`` command drive
+this class, or the native core's twin of it.
 
 This is the reference core: written to be read against docs/contract.md §3, not
 to be fast (the native core in ``streams/native`` is the fast one, and must agree
