@@ -100,10 +100,6 @@ class GoneIds:
             yield from generation.hashes
             yield from generation.recent
 
-    def key_numbers(self) -> Iterator[int]:
-        for generation in self._generations.values():
-            yield from generation.keys
-
     def heap_bytes(self) -> int:
         """Bytes held by the arrays and sets (what the memory benchmark reports)."""
         return sum(g.heap_bytes() for g in self._generations.values())
