@@ -106,7 +106,9 @@ def main() -> None:
         for _ in range(args.repeat):
             for partitions, (topic, _, batches) in loaded.items():
                 seconds[partitions].append(run_workers_timed(bootstrap, topic, partitions, batches, workers=1).steady_s)
-        messages = {partitions: topic_messages(bootstrap, topic) for partitions, (topic, _, _) in loaded.items()}
+        messages = {
+            partitions: topic_messages(bootstrap, topic, partitions) for partitions, (topic, _, _) in loaded.items()
+        }
     finally:
         delete_topics(bootstrap, [topic for topic, _, _ in loaded.values()])
     for partitions in args.partitions:
