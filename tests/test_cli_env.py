@@ -6,10 +6,8 @@ library reads KAFKA_BOOTSTRAP_SERVERS only where it says it does."""
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import socket
-import subprocess
-import sys
 
 import click
 import pytest
@@ -18,19 +16,12 @@ from click.core import ParameterSource
 from specmeter.producers import BrokerUnavailableError, KafkaSecurity, Publisher, PublisherSettings
 from specmeter.streams.cli import SHARED_ENVVARS, main
 
+from .support.tools import run_specmeter
+
 NOISE = ("Traceback", "Unclosed AIOKafka")
 
 
-def specmeter(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "specmeter.streams.cli", *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=timeout,
-    )
+specmeter = functools.partial(run_specmeter, timeout=60)
 
 
 def _options():

@@ -6,10 +6,8 @@ in a subprocess."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from specmeter.streams.settings import bootstrap_servers
 
 from .support.tools import free_port
+from .support.tools import run_specmeter as specmeter
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = str(REPO / "streams" / "data" / "sample_rollout.jsonl")
@@ -29,22 +28,6 @@ COMMANDS = {
     "replay": ["replay", SAMPLE, "--no-progress"],
     "loadgen": ["loadgen", "--batches", "1", "--sessions-per-batch", "2", "--no-progress"],
 }
-
-
-def specmeter(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
-) -> subprocess.CompletedProcess:
-    """The real command, with none of this shell's KAFKA_*/SPECMETER_* settings unless given."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "specmeter.streams.cli", *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=cwd,
-        timeout=timeout,
-    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

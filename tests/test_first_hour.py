@@ -6,6 +6,7 @@ happen: no topic created by a reader, no traceback, every wait explained."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -19,17 +20,14 @@ import pytest
 
 from .support.kafka_helpers import create_topic, topic_names
 from .support.sglang_meta_info import SGLANG_OUTPUTS
-from .support.tools import ctrl_c_reaches_child
+from .support.tools import run_specmeter, start_specmeter
 from .support.worker_harness import Deployment
 from .test_readme_snippets import python_blocks, readme_section
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def _specmeter(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specmeter.streams.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+_specmeter = functools.partial(run_specmeter, timeout=120)
 
 
 def _wait_for(log_path, pattern: str, timeout_s: float) -> str:
@@ -111,14 +109,7 @@ def test_a_first_hour_from_the_readme_has_no_surprise(kafka_bootstrap, tmp_path)
         ]
         dump.write_text("".join(json.dumps(line) + "\n" for line in lines))
         command = ["replay", str(dump), "--topic", d.topics.records, "--rate", "200", "--no-progress"]
-        replay = subprocess.Popen(
-            [sys.executable, "-m", "specmeter.streams.cli", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            preexec_fn=ctrl_c_reaches_child,
-        )
+        replay = start_specmeter(*command, env=env)
         time.sleep(4.0)
         replay.send_signal(signal.SIGINT)
         out, err = replay.communicate(timeout=60)

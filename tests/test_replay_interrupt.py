@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,7 +16,7 @@ import pytest
 from specmeter.schemas import decode_records_message
 
 from .support.kafka_helpers import read_topic
-from .support.tools import ctrl_c_reaches_child
+from .support.tools import start_specmeter
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -40,16 +37,8 @@ def test_ctrl_c_reports_what_was_sent_and_the_half_sent_batch(kafka_bootstrap, n
     topic = new_topic(partitions=2, prefix="replay-int")
     dump = tmp_path / "dump.jsonl"
     _dump(dump)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
     args = ["replay", str(dump), "--broker", kafka_bootstrap, "--topic", topic, "--rate", "200", "--no-progress"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specmeter.streams.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=ctrl_c_reaches_child,
-    )
+    proc = start_specmeter(*args)
     # step-1 (600 records) goes out in 3 s at 200/s, then its marker; interrupt inside step-2
     messages = asyncio.run(read_topic(kafka_bootstrap, topic, until=_marker_of("step-1"), timeout_s=90))
     assert _marker_of("step-1")(messages), "step-1's markers never arrived"

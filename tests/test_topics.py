@@ -5,10 +5,8 @@ has fewer replicas than the cluster has brokers (issue 21.1)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
-import subprocess
-import sys
 import uuid
 
 import msgspec
@@ -26,6 +24,7 @@ from specmeter.streams._topics import (
 from specmeter.streams.settings import TopicNames, WorkerSettings
 
 from .support.kafka_helpers import create_topic
+from .support.tools import run_specmeter
 
 
 def _settings(bootstrap: str = "127.0.0.1:9092", name: str | None = None, **kwargs) -> WorkerSettings:
@@ -144,15 +143,7 @@ def test_the_replication_factor_flag_and_its_variable_reach_the_settings(monkeyp
 # -- against a real broker ------------------------------------------------------------
 
 
-def _specmeter(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "specmeter.streams.cli", *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=timeout,
-    )
+_specmeter = functools.partial(run_specmeter, timeout=120)
 
 
 async def _existing(bootstrap: str, names: list[str]) -> dict[str, tuple[int, int]]:

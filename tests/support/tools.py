@@ -1,11 +1,13 @@
 """Finding the command-line tools the test extras install (validators, promtool), free ports,
-and children that Ctrl-C reaches."""
+and running the real ``specmeter`` command."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,11 +28,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ctrl_c_reaches_child() -> None:
-    """``preexec_fn`` of a child a test sends SIGINT: Ctrl-C's default disposition.
+def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
+    """This shell's environment without its KAFKA_*/SPECMETER_* settings, then ``env``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
+    environ.update(env or {})
+    return environ
 
-    A suite started in the background of a non-interactive shell (``.ci/run &``, ``nohup``)
-    inherits SIGINT *ignored*, as POSIX has it for asynchronous commands, and Python then
-    installs no KeyboardInterrupt handler: the test's Ctrl-C would never arrive.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+def run_specmeter(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess:
+    """The real command, to its end, with none of this shell's KAFKA_*/SPECMETER_* settings
+    unless given in ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_clean_env(env),
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def start_specmeter(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The real command, started (environment as ``run_specmeter``), for a test that sends it
+    Ctrl-C: the child gets SIGINT's default disposition back. A suite started in the
+    background of a non-interactive shell (``.ci/run &``, ``nohup``) inherits SIGINT
+    *ignored*, as POSIX has it for asynchronous commands, and Python then installs no
+    KeyboardInterrupt handler: the test's Ctrl-C would never arrive."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "specmeter.streams.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(env),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
