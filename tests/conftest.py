@@ -83,6 +83,20 @@ def new_topic(kafka_bootstrap, unique_name):
 
 
 @pytest.fixture
+def private_broker(tmp_path):
+    """A local broker of the test's own (not started): for tests that stop and restart it,
+    which the shared one must never be."""
+    from .support.kafka_broker import PrivateBroker, local_broker_tools_missing
+
+    missing = local_broker_tools_missing()
+    if missing:
+        pytest.skip(missing)
+    broker = PrivateBroker(tmp_path / "broker")
+    yield broker
+    broker.stop(purge=True)
+
+
+@pytest.fixture
 def deployment(kafka_bootstrap, request):
     """A fresh specmeter deployment (own app id and topics, records topic with 4
     partitions); its workers are killed afterwards, their logs shown on failure."""

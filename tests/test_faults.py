@@ -217,18 +217,6 @@ def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
     assert worker.poll() is None
 
 
-@pytest.fixture
-def private_broker(tmp_path):
-    from .support.kafka_broker import PrivateBroker, local_broker_tools_missing
-
-    missing = local_broker_tools_missing()
-    if missing:
-        pytest.skip(missing)
-    broker = PrivateBroker(tmp_path / "broker")
-    yield broker
-    broker.stop(purge=True)
-
-
 @pytest.mark.timeout(600)
 def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
     """The broker goes away for several seconds while producers publish and the

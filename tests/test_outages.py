@@ -305,18 +305,6 @@ def _get(port: int, path: str) -> tuple[int, dict]:
         return refused.code, json.loads(refused.read())
 
 
-@pytest.fixture
-def private_broker(tmp_path):
-    from .support.kafka_broker import PrivateBroker, local_broker_tools_missing
-
-    missing = local_broker_tools_missing()
-    if missing:
-        pytest.skip(missing)
-    broker = PrivateBroker(tmp_path / "broker")
-    yield broker
-    broker.stop(purge=True)
-
-
 async def _publish_around(events, settings, pause_at: int, outage) -> None:
     """Publish as ``publish_fleet`` does (one publisher per producer, markers via
     ``close_batch``), everything accepted acknowledged before ``outage`` runs at event

@@ -208,15 +208,13 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
 
 
 @pytest.mark.slow
-def test_sends_that_timed_out_through_a_broker_restart_are_delivered_after_it(tmp_path):
+def test_sends_that_timed_out_through_a_broker_restart_are_delivered_after_it(private_broker, tmp_path):
     """Batches that time out while the broker is away are sent again once it is back. The
     idempotent producer gave the resends new sequence numbers while the broker had never
     seen the old ones: every later send to those partitions was refused as out of order,
     forever, and the open batch closed incomplete. A renewed producer (new producer id)
     delivers them; nothing accepted is lost."""
-    from .support.kafka_broker import PrivateBroker
-
-    broker = PrivateBroker(tmp_path / "kafka")
+    broker = private_broker
     address = broker.start()
     topic = "restart-" + tmp_path.name[-8:]
     sent = 400
@@ -240,17 +238,14 @@ def test_sends_that_timed_out_through_a_broker_restart_are_delivered_after_it(tm
             await publisher.close_batch("b")
             return dict(publisher.stats)
 
-    try:
-        stats = asyncio.run(run())
-        messages = asyncio.run(
-            read_topic(
-                address,
-                topic,
-                until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 4,
-                timeout_s=60,
-            )
+    stats = asyncio.run(run())
+    messages = asyncio.run(
+        read_topic(
+            address,
+            topic,
+            until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 4,
+            timeout_s=60,
         )
-    finally:
-        broker.stop(purge=True)
+    )
     generations = {r.generation_id for m in messages for r in decode_records_message(m.value).records}
     assert generations == {f"g{i}" for i in range(sent)}, (sent - len(generations), stats)
