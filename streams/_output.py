@@ -14,6 +14,13 @@ calls it where it relied on Faust's flush: before a partition is given up, at
 crash points and at shutdown. A message Kafka refuses after the producer's own
 retries goes to ``on_failed`` (the worker stops: an output is never skipped).
 
+Each message goes into aiokafka's batch for its partition without ``send``, which
+built a set of all the topic's partitions for every message (``_internals.
+message_appender``): the partitions of each topic are looked up once (again after
+a metadata refresh), and a keyed message's partition is aiokafka's default
+partitioner's choice, remembered per key (murmur2 is pure Python; the keys are
+batch ids, few and repeated).
+
 ``room`` is the back-pressure: the stages await it after each chunk, and it waits
 while more than a limit of bytes is queued and not yet handed over. A worker
 catching up a backlog otherwise queued its whole changelog (as much as its input,
@@ -27,10 +34,43 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import _internals
+
 __all__ = ["OrderedProducer"]
+
+#: keys whose partition is remembered per topic; past it the memory starts afresh
+_KEYS_REMEMBERED = 4096
+
+
+class _Partitions:
+    """One topic's partitions as the producer's metadata last said: their
+    TopicPartitions, and the partition each key seen so far goes to."""
+
+    __slots__ = ("by_key", "ids", "tps")
+
+    def __init__(self, topic: str, ids: Iterable[int]) -> None:
+        from aiokafka.structs import TopicPartition
+
+        self.ids = sorted(ids)
+        self.tps = {p: TopicPartition(topic, p) for p in self.ids}
+        self.by_key: dict[bytes | None, int] = {}
+
+    def of_key(self, key: bytes | None) -> int:
+        """The partition ``AIOKafkaProducer.send`` picks for ``key`` (a random one for None)."""
+        partition = self.by_key.get(key)
+        if partition is None:
+            from aiokafka.partitioner import DefaultPartitioner
+
+            partition = DefaultPartitioner()(key, self.ids, self.ids)
+            if key is not None:
+                if len(self.by_key) >= _KEYS_REMEMBERED:
+                    self.by_key.clear()
+                self.by_key[key] = partition
+        return partition
+
 
 log = logging.getLogger("specmeter.output")
 
@@ -40,6 +80,7 @@ class OrderedProducer:
 
     def __init__(self, *, on_failed: Callable[[str, BaseException], None], **kafka: Any) -> None:
         self._kafka = kafka
+        self._max_request_size: int = kafka.get("max_request_size", 1_048_576)
         self._on_failed = on_failed
         self._queue: collections.deque[tuple[str, bytes | None, bytes | None, int | None]] = collections.deque()
         self._producer: Any = None
@@ -50,6 +91,9 @@ class OrderedProducer:
         self.queued_bytes = 0
         self._room: asyncio.Event | None = None  # set when ``queued_bytes`` fell to ``_room_at``
         self._room_at = 0
+        self._add: Callable[[Any, bytes | None, bytes | None], Any] | None = None
+        #: topic -> its partitions, as last looked up (forgotten at each metadata refresh)
+        self._partitions: dict[str, _Partitions] = {}
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -63,6 +107,8 @@ class OrderedProducer:
             await producer.stop()
             raise
         self._producer = producer
+        self._add = _internals.message_appender(producer)
+        producer.client.cluster.add_listener(self._forget_partitions)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="specmeter-output")
         if self._queue:  # sent before the start
             self._idle.clear()
@@ -114,12 +160,25 @@ class OrderedProducer:
                 self._task.cancel()
             if self._room is not None:
                 self._room.set()  # nothing drains the queue any more: no one waits for room
+            self._producer.client.cluster.remove_listener(self._forget_partitions)
             await self._producer.stop()
             self._producer = None
 
+    async def _learn_partitions(self, topic: str) -> _Partitions:
+        partitions = self._partitions[topic] = _Partitions(topic, await self._producer.partitions_for(topic))
+        return partitions
+
+    def _forget_partitions(self, _cluster: Any) -> None:
+        """After a metadata refresh: look each topic's partitions up again."""
+        self._partitions = {}
+
     async def _run(self) -> None:
-        queue, wake, idle = self._queue, self._wake, self._idle
-        assert wake is not None and idle is not None
+        from aiokafka.errors import MessageSizeTooLargeError
+        from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+        estimate_size, no_headers = DefaultRecordBatchBuilder.estimate_size_in_bytes, []
+        queue, wake, idle, add = self._queue, self._wake, self._idle, self._add
+        assert wake is not None and idle is not None and add is not None
         while True:
             await wake.wait()
             wake.clear()
@@ -129,7 +188,20 @@ class OrderedProducer:
                 if self._room is not None and self.queued_bytes <= self._room_at:
                     self._room.set()
                 try:
-                    future = await self._producer.send(topic, value, key=key, partition=partition)
+                    partitions = self._partitions.get(topic)
+                    if partitions is None:
+                        partitions = await self._learn_partitions(topic)
+                    if partition is None:
+                        partition = partitions.of_key(key)
+                    tp = partitions.tps.get(partition)
+                    if tp is None:
+                        raise ValueError(f"{topic} has no partition {partition}")
+                    if estimate_size(key, value, no_headers) > self._max_request_size:
+                        raise MessageSizeTooLargeError(
+                            f"a message of {estimate_size(key, value, no_headers)} bytes, over the "
+                            f"{self._max_request_size} bytes a request may carry"
+                        )
+                    future = await add(tp, key, value)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - refused before sending (e.g. too large)

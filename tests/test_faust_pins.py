@@ -77,6 +77,14 @@ def test_the_commit_and_the_metadata_request_are_where_they_were():
     # stop_fetching: a coroutine run in Faust's consumer thread, on the aiokafka consumer there
     assert inspect.iscoroutinefunction(AIOKafkaConsumerThread.call_thread)
     assert "_consumer" in inspect.getsource(AIOKafkaConsumerThread._ensure_consumer)
+    from aiokafka.producer.message_accumulator import MessageAccumulator
+    from aiokafka.producer.producer import AIOKafkaProducer
+
+    # message_appender: send's own hand-over to the accumulator, with the timeout it passes
+    send = inspect.getsource(AIOKafkaProducer.send)
+    assert "await self._message_accumulator.add_message(" in send
+    assert "self._request_timeout_ms / 1000" in send
+    assert inspect.iscoroutinefunction(MessageAccumulator.add_message)
     check_pins()  # and what the worker checks at start holds
 
 

@@ -160,3 +160,112 @@ def test_room_waits_while_more_than_the_limit_is_queued_and_returns_at_half(kafk
     assert before_start == 500_000
     assert queued == 2_500_000
     assert after <= 200_000
+
+
+@pytest.mark.kafka
+def test_a_keyed_message_goes_where_aiokafka_s_send_puts_it(kafka_bootstrap, unique_name):
+    """The producer picks a keyed message's partition itself (``send`` cost O(partitions)
+    per message): it must be the partition aiokafka's ``send`` picks, or a batch's partials
+    would no longer meet on one partials partition, nor agree with any other client."""
+    from aiokafka import AIOKafkaProducer
+
+    ours, theirs = unique_name("keyed-ours"), unique_name("keyed-theirs")
+    for topic in (ours, theirs):
+        asyncio.run(create_topic(kafka_bootstrap, topic, 7))
+    keys = [f"step-{i}".encode() for i in range(200)] + [b"", "ünïcode-batch".encode()]
+
+    async def run() -> list:
+        failures: list = []
+        out = OrderedProducer(on_failed=lambda t, exc: failures.append(exc), bootstrap_servers=kafka_bootstrap)
+        await out.start()
+        plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await plain.start()
+        try:
+            for key in keys:
+                out.send(ours, key, key)
+                out.send(ours, key, key)  # the second time from what it remembered of the key
+                await plain.send(theirs, key, key=key)
+            await out.flush()
+            await plain.flush()
+        finally:
+            await out.stop()
+            await plain.stop()
+        return failures
+
+    assert asyncio.run(run()) == []
+    expected = {
+        m.key: m.partition
+        for m in asyncio.run(read_topic(kafka_bootstrap, theirs, until=lambda ms: len(ms) >= len(keys)))
+    }
+    got = asyncio.run(read_topic(kafka_bootstrap, ours, until=lambda ms: len(ms) >= 2 * len(keys)))
+    assert len(got) == 2 * len(keys) and len(set(expected.values())) == 7
+    assert all(m.partition == expected[m.key] for m in got)
+
+
+@pytest.mark.kafka
+def test_partitions_added_to_a_topic_are_used_after_the_next_metadata_refresh(kafka_bootstrap, unique_name):
+    """The producer keeps each topic's partition list; a metadata refresh makes it look
+    again, as ``send`` would have seen the new partitions."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+    topic = unique_name("grows")
+    asyncio.run(create_topic(kafka_bootstrap, topic, 1))
+
+    async def run() -> list:
+        failures: list = []
+        out = OrderedProducer(
+            on_failed=lambda t, exc: failures.append(exc), bootstrap_servers=kafka_bootstrap, metadata_max_age_ms=500
+        )
+        await out.start()
+        try:
+            out.send(topic, b"before", b"before")
+            await out.flush()
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            await admin.start()
+            try:
+                await admin.create_partitions({topic: NewPartitions(total_count=4)})
+            finally:
+                await admin.close()
+            await asyncio.sleep(2)  # the producer's metadata refreshes every 0.5 s
+            for i in range(40):
+                out.send(topic, f"after-{i}".encode(), b"after")
+            out.send(topic, None, b"explicit", 3)
+            await out.flush()
+        finally:
+            await out.stop()
+        return failures
+
+    assert asyncio.run(run()) == []
+    got = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda ms: len(ms) >= 42))
+    assert len(got) == 42
+    assert {m.partition for m in got if m.value == b"after"} == {0, 1, 2, 3}
+    assert [m.partition for m in got if m.value == b"explicit"] == [3]
+
+
+@pytest.mark.kafka
+def test_a_message_for_a_missing_partition_or_too_large_is_reported_not_sent(kafka_bootstrap, unique_name):
+    topic = unique_name("refused")
+    asyncio.run(create_topic(kafka_bootstrap, topic, 2))
+
+    async def run() -> list:
+        failures: list = []
+        out = OrderedProducer(
+            on_failed=lambda t, exc: failures.append((t, type(exc).__name__, str(exc))),
+            bootstrap_servers=kafka_bootstrap,
+            max_request_size=10_000,
+        )
+        await out.start()
+        try:
+            out.send(topic, b"k", b"to a partition the topic lacks", 5)
+            out.send(topic, b"k", b"x" * 20_000, 1)
+            out.send(topic, b"k", b"fine", 1)
+            await out.flush()
+        finally:
+            await out.stop()
+        return failures
+
+    failures = asyncio.run(run())
+    assert [(t, kind) for t, kind, _ in failures] == [(topic, "ValueError"), (topic, "MessageSizeTooLargeError")]
+    assert "no partition 5" in failures[0][2] and "10000" in failures[1][2]
+    got = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda ms: len(ms) >= 1, idle_s=2))
+    assert [m.value for m in got] == [b"fine"]
