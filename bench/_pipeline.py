@@ -184,7 +184,9 @@ class WorkerRun(NamedTuple):
 
     started: float  # the worker processes were started
     ready: float  # the last worker restored its state: it fetches records from here on
-    last_metrics: float  # the last batch's complete BatchMetrics arrived
+    #: the last batch's complete BatchMetrics was produced (its Kafka timestamp, the
+    #: worker's clock: not when this process's consumer got round to reading it)
+    last_metrics: float
 
     @property
     def seconds(self) -> float:
@@ -243,16 +245,16 @@ def run_workers_timed(
                 f"{name}.metrics", bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
             )
             await consumer.start()
-            done: set[str] = set()
+            done: dict[str, float] = {}  # batch -> when its first complete BatchMetrics was produced
             try:
                 while len(done) < batches and time.time() < deadline:
                     for messages in (await consumer.getmany(timeout_ms=200)).values():
                         for message in messages:
                             m = decode_metrics(message.value)
-                            if m.complete:
-                                done.add(m.batch_id)
+                            if m.complete and m.batch_id not in done:
+                                done[m.batch_id] = message.timestamp / 1000
                 if len(done) >= batches:
-                    return time.time()
+                    return max(done.values())
                 raise TimeoutError(f"{len(done)}/{batches} batches within {timeout_s}s")
             finally:
                 await consumer.stop()
