@@ -176,7 +176,8 @@ class OrderedProducer:
         from aiokafka.errors import MessageSizeTooLargeError
         from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-        estimate_size, no_headers = DefaultRecordBatchBuilder.estimate_size_in_bytes, []
+        estimate_size = DefaultRecordBatchBuilder.estimate_size_in_bytes
+        no_headers: list[tuple[str, bytes]] = []
         queue, wake, idle, add = self._queue, self._wake, self._idle, self._add
         assert wake is not None and idle is not None and add is not None
         while True:
