@@ -140,6 +140,20 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
         d.close()
 
 
+def _generations_once_marked(address: str, topic: str, *, markers: int) -> set[str]:
+    """The generation ids of every record in ``topic`` once ``markers`` batch markers
+    are there (a producer sends its marker after its records are acknowledged)."""
+    messages = asyncio.run(
+        read_topic(
+            address,
+            topic,
+            until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == markers,
+            timeout_s=60,
+        )
+    )
+    return {r.generation_id for m in messages for r in decode_records_message(m.value).records}
+
+
 def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
     """publish keeps returning until the bound, then raises the documented error; nothing
     accepted is lost once the broker is back. Uses a private broker it can stop."""
@@ -193,15 +207,7 @@ def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
 
     try:
         asyncio.run(run())
-        messages = asyncio.run(
-            read_topic(
-                address,
-                topic,
-                until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 2,
-                timeout_s=60,
-            )
-        )
-        got = {r.generation_id for m in messages for r in decode_records_message(m.value).records}
+        got = _generations_once_marked(address, topic, markers=2)
         assert got == {r.generation_id for r in records}, "every accepted record arrived"
     finally:
         subprocess.run([*broker, "stop", "--purge"], env=env, capture_output=True, timeout=120)
@@ -239,13 +245,5 @@ def test_sends_that_timed_out_through_a_broker_restart_are_delivered_after_it(pr
             return dict(publisher.stats)
 
     stats = asyncio.run(run())
-    messages = asyncio.run(
-        read_topic(
-            address,
-            topic,
-            until=lambda ms: sum(1 for m in ms if decode_records_message(m.value).marker) == 4,
-            timeout_s=60,
-        )
-    )
-    generations = {r.generation_id for m in messages for r in decode_records_message(m.value).records}
+    generations = _generations_once_marked(address, topic, markers=4)
     assert generations == {f"g{i}" for i in range(sent)}, (sent - len(generations), stats)
