@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import NamedTuple
 
-from _common import delete_topics, fresh_topic
+from _common import cpu_seconds, delete_topics, fresh_topic
 
 from specmeter.producers import PublisherSettings
 from specmeter.schemas import decode_records_message
@@ -187,6 +189,9 @@ class WorkerRun(NamedTuple):
     #: the last batch's complete BatchMetrics was produced (its Kafka timestamp, the
     #: worker's clock: not when this process's consumer got round to reading it)
     last_metrics: float
+    #: CPU seconds the worker processes used from ready to the last metrics (user +
+    #: system, read from /proc every 10 ms); None where /proc cannot tell
+    steady_cpu_s: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -237,6 +242,7 @@ def run_workers_timed(
 
     started = time.time()
     name, procs = start_workers(bootstrap, records_topic, partitions, workers)
+    cpu = _CpuSampler([proc.pid for proc in procs])
 
     async def wait_metrics() -> float:
         deadline = time.time() + timeout_s
@@ -262,10 +268,55 @@ def run_workers_timed(
     try:
         last = asyncio.run(wait_metrics())
     finally:
+        cpu.stop()
         stop_workers(procs)
         delete_topics(bootstrap, app_topics(name))
     # a worker that was assigned no partition restores nothing
     readies = [r for r in map(_ready_at, worker_logs(name, workers)) if r is not None]
     if not readies:
         raise RuntimeError(f"no worker log ({worker_logs(name, workers)}) has a 'restored' line: cannot time ready")
-    return WorkerRun(started=started, ready=max(readies), last_metrics=last)
+    ready = max(readies)
+    return WorkerRun(started=started, ready=ready, last_metrics=last, steady_cpu_s=cpu.between(ready, last))
+
+
+class _CpuSampler:
+    """The CPU seconds a set of processes has used, sampled every 10 ms in a thread, so that
+    the CPU of a window known only afterwards (ready is read from the logs) can be told.
+    The worker is CPU-bound while it reads a backlog: its CPU seconds are its own cost,
+    without the broker's stalls that its wall time also holds."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.samples: list[tuple[float, float]] = []  # (time.time(), CPU seconds of all pids)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> bool:
+        try:
+            self.samples.append((time.time(), sum(cpu_seconds(pid) for pid in self.pids)))
+        except (OSError, ValueError, IndexError):
+            return False  # a process is gone, or no /proc here
+        return True
+
+    def _run(self) -> None:
+        while not self._stopped.is_set() and self._sample():
+            self._stopped.wait(0.01)
+
+    def stop(self) -> None:
+        """Stop sampling, with one last sample (the window may end just before this)."""
+        self._stopped.set()
+        self._thread.join()
+        self._sample()
+
+    def _at(self, when: float) -> float | None:
+        """The CPU seconds at ``when``, interpolated between the samples around it."""
+        for (t0, cpu0), (t1, cpu1) in itertools.pairwise(self.samples):
+            if t0 <= when <= t1:
+                return cpu0 + (cpu1 - cpu0) * ((when - t0) / (t1 - t0) if t1 > t0 else 0.0)
+        return None
+
+    def between(self, start: float, end: float) -> float | None:
+        """CPU seconds used from ``start`` to ``end``; None outside the samples."""
+        first, last = self._at(start), self._at(end)
+        return None if first is None or last is None else last - first

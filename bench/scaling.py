@@ -19,6 +19,11 @@ partial, a status and a merge. Small batches on many partitions are slower for t
 the worker as more Kafka messages on more partitions (a producer packs a message per
 partition, and sends its markers to each): the input messages are printed beside
 records/s, so that a slower rate can be told apart from a heavier input.
+
+Beside records/s, each read's CPU seconds (the worker's, from ready to the last metrics,
+from /proc): the worker is CPU-bound while it reads a backlog, so this is its own cost;
+its wall time also holds the broker's stalls (on a VM disk a produce request to many
+fresh partitions can wait seconds on the broker's page faults; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -103,9 +108,13 @@ def main() -> None:
         # the reads interleaved (4, 16, 64, 4, 16, 64, ...): a drift in the machine's load
         # reaches every partition count alike; each figure is the median of its reads
         seconds: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
+        cpu_seconds: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
         for _ in range(args.repeat):
             for partitions, (topic, _, batches) in loaded.items():
-                seconds[partitions].append(run_workers_timed(bootstrap, topic, partitions, batches, workers=1).steady_s)
+                run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
+                seconds[partitions].append(run.steady_s)
+                if run.steady_cpu_s is not None:
+                    cpu_seconds[partitions].append(run.steady_cpu_s)
         messages = {
             partitions: topic_messages(bootstrap, topic, partitions) for partitions, (topic, _, _) in loaded.items()
         }
@@ -117,30 +126,39 @@ def main() -> None:
         steady_s = statistics.median(seconds[partitions])
         rates = sorted(records / s for s in seconds[partitions])
         rate = records / steady_s
+        read_cpu_s = statistics.median(cpu_seconds[partitions]) if cpu_seconds[partitions] else None
         figures[partitions] = {
             "connections": connections,
             "idle_cpu_percent": cpu,
             "records_per_s": rate,
             "records_per_s_each_read": rates,
+            "read_cpu_s": read_cpu_s,
+            "read_cpu_s_each_read": sorted(cpu_seconds[partitions]),
             "input_messages": messages[partitions],
             "input_messages_per_s": messages[partitions] / steady_s,
         }
         spread = f" (reads {rates[0]:,.0f}–{rates[-1]:,.0f})" if len(rates) > 1 else ""
+        used = f", {read_cpu_s:.2f} CPU s a read" if read_cpu_s is not None else ""
         rows.append(
             (
                 f"{partitions} partitions",
-                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s{spread}, "
+                f"{connections} broker connections, idle CPU {cpu:.1f} %, {rate:,.0f} records/s{spread}{used}, "
                 f"{messages[partitions]:,} input messages ({messages[partitions] / steady_s:,.0f}/s)",
             )
         )
     batches = spec.batches
     base, top = figures[args.partitions[0]], figures[args.partitions[-1]]
+    cpu_ratio = (
+        f", CPU a read {top['read_cpu_s'] / base['read_cpu_s']:.2f}x"
+        if base["read_cpu_s"] and top["read_cpu_s"] is not None
+        else ""
+    )
     rows.append(
         (
             f"ratio {args.partitions[-1]}/{args.partitions[0]}",
             f"connections {top['connections'] / base['connections']:.2f}x, idle CPU "
             f"{top['idle_cpu_percent'] / max(base['idle_cpu_percent'], 0.01):.2f}x, records/s "
-            f"{base['records_per_s'] / top['records_per_s']:.2f}x slower (input messages "
+            f"{base['records_per_s'] / top['records_per_s']:.2f}x slower{cpu_ratio} (input messages "
             f"{top['input_messages'] / base['input_messages']:.2f}x)   "
             f"(baseline: {args.partitions[0]} partitions, same run)",
         )
