@@ -108,13 +108,13 @@ def main() -> None:
         # the reads interleaved (4, 16, 64, 4, 16, 64, ...): a drift in the machine's load
         # reaches every partition count alike; each figure is the median of its reads
         seconds: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
-        cpu_seconds: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
+        read_cpu: dict[int, list[float]] = {partitions: [] for partitions in args.partitions}
         for _ in range(args.repeat):
             for partitions, (topic, _, batches) in loaded.items():
                 run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
                 seconds[partitions].append(run.steady_s)
                 if run.steady_cpu_s is not None:
-                    cpu_seconds[partitions].append(run.steady_cpu_s)
+                    read_cpu[partitions].append(run.steady_cpu_s)
         messages = {
             partitions: topic_messages(bootstrap, topic, partitions) for partitions, (topic, _, _) in loaded.items()
         }
@@ -126,14 +126,14 @@ def main() -> None:
         steady_s = statistics.median(seconds[partitions])
         rates = sorted(records / s for s in seconds[partitions])
         rate = records / steady_s
-        read_cpu_s = statistics.median(cpu_seconds[partitions]) if cpu_seconds[partitions] else None
+        read_cpu_s = statistics.median(read_cpu[partitions]) if read_cpu[partitions] else None
         figures[partitions] = {
             "connections": connections,
             "idle_cpu_percent": cpu,
             "records_per_s": rate,
             "records_per_s_each_read": rates,
             "read_cpu_s": read_cpu_s,
-            "read_cpu_s_each_read": sorted(cpu_seconds[partitions]),
+            "read_cpu_s_each_read": sorted(read_cpu[partitions]),
             "input_messages": messages[partitions],
             "input_messages_per_s": messages[partitions] / steady_s,
         }
