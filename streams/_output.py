@@ -197,10 +197,10 @@ class OrderedProducer:
                     tp = partitions.tps.get(partition)
                     if tp is None:
                         raise ValueError(f"{topic} has no partition {partition}")
-                    if estimate_size(key, value, no_headers) > self._max_request_size:
+                    size = estimate_size(key, value, no_headers)
+                    if size > self._max_request_size:
                         raise MessageSizeTooLargeError(
-                            f"a message of {estimate_size(key, value, no_headers)} bytes, over the "
-                            f"{self._max_request_size} bytes a request may carry"
+                            f"a message of {size} bytes, over the {self._max_request_size} bytes a request may carry"
                         )
                     future = await add(tp, key, value)
                 except asyncio.CancelledError:
