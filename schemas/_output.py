@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["BatchMetrics", "DeadLetter", "CloseReason", "WeightVersionMetrics"]
+__all__ = ["BatchMetrics", "DeadLetter", "CloseReason", "WeightVersionMetrics", "TaskMetrics"]
 
 #: Why a batch (or a partition of it) was closed.
 CloseReason = str  # "markers" | "timeout" | "end_of_input" | "incomplete"
@@ -23,6 +23,21 @@ class WeightVersionMetrics(msgspec.Struct, frozen=True, kw_only=True):
     #: this version's share of steps that accepted their k-th draft, at index k - 1
     #: (revision 3; from ``accept_histogram`` like ``BatchMetrics.accept_rate_by_position``)
     accept_rate_by_position: list[float] | None = None
+    #: (revision 4) tokens per verify step this version's histogram implies with a budget
+    #: of k draft tokens, at index k - 1 (like ``BatchMetrics.tokens_per_verify_by_budget``)
+    tokens_per_verify_by_budget: list[float] | None = None
+
+
+class TaskMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """(revision 4) One task's share of a batch (``BatchMetrics.by_task``): the prompt's
+    dataset or task family. ``task`` None is the generations whose task is unknown. Built
+    like a ``WeightVersionMetrics``: the entries' totals add up exactly to the batch's."""
+
+    task: str | None
+    metrics: dict[str, int | float]
+    accept_histogram: list[int] | None
+    accept_rate_by_position: list[float] | None = None
+    tokens_per_verify_by_budget: list[float] | None = None
 
 
 class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +69,13 @@ class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
     #: whose k-th draft token was accepted: ``sum(H[k:]) / sum(H)`` of ``accept_histogram``
     #: H; None without a histogram of two bins or more and at least one step
     accept_rate_by_position: list[float] | None = None
+    #: (revision 4) at index k - 1, the tokens per verify step the fleet would have produced
+    #: with a budget of k draft tokens (exact for chain drafters, an upper bound for trees):
+    #: ``(S + sum_i min(i, k) * H[i]) / S``; None exactly when ``accept_rate_by_position`` is
+    tokens_per_verify_by_budget: list[float] | None = None
+    #: (revision 4) one entry per task among the non-conflicting generations, unknown last;
+    #: None when not speculative, no generation knows its task, or past 64 known tasks
+    by_task: list[TaskMetrics] | None = None
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

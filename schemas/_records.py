@@ -34,6 +34,9 @@ class GenerationRecord(msgspec.Struct, tag="record", tag_field="type", frozen=Tr
     #: the training run (attempt) the batch belongs to; None is the default run.
     #: Inside a ``RecordBatch`` that names a run, None means the envelope's run.
     run_id: NonEmptyStr | None = None
+    #: (revision 4) the prompt's dataset or task family (``gsm8k``, ``swe-bench``, ``chat``),
+    #: set by the producer; part of the generation's value (two tasks for one key conflict)
+    task: NonEmptyStr | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -18,7 +18,7 @@ MAX_COUNTER = 2**32 - 1
 #: Most histogram bins (SGLang's histogram has ``num_draft_tokens + 1`` bins).
 MAX_BINS = 1024
 #: Longest id (batch, session, generation, sample, state hash, producer, run) and
-#: weight_version, in characters: keeps every output far below Kafka's message limit.
+#: weight_version and task, in characters: keeps every output far below Kafka's message limit.
 MAX_ID = 1024
 
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
