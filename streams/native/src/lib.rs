@@ -683,11 +683,11 @@ impl BatchState {
         guard(|| {
             let p = self.core.partial();
             let schemas = py.import("specmeter.schemas")?;
-            let version_cls = schemas.getattr("WeightVersionSums")?;
+            let version_cls = schemas.getattr("BreakdownSums")?;
             let mut versions = Vec::with_capacity(p.versions.len());
             for (version, sums, hist) in &p.versions {
                 let kw = PyDict::new(py);
-                kw.set_item("weight_version", opt_text(py, version.as_deref()))?;
+                kw.set_item("key", opt_text(py, version.as_deref()))?;
                 kw.set_item("unique_generation_count", sums[0])?;
                 for (i, name) in SUM_FIELDS.iter().enumerate() {
                     kw.set_item(*name, sums[i + 1])?;
