@@ -330,7 +330,9 @@ class BatchState:
         for key in journal.keys:
             value = self._values[key]
             if isinstance(value, Value):
-                entries.append((*key, False, *msgspec.structs.astuple(value)))
+                fields = msgspec.structs.astuple(value)
+                # a value without a task in ten items, as before tasks (the native core too)
+                entries.append((*key, False, *(fields if value.task is not None else fields[:-1])))
             else:
                 entries.append((*key, True, None, None, None, None, None, None, None))
         delta = BatchDelta(
