@@ -13,8 +13,9 @@ never to records: a redelivery changes a counter and nothing else.
 from __future__ import annotations
 
 import enum
+import operator
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -91,7 +92,7 @@ def inconsistent(accepted: int | None, verify: int | None, histogram: Sequence[i
         return False
     if verify is not None and verify != sum(histogram):
         return True
-    return accepted is not None and accepted != sum(i * count for i, count in enumerate(histogram))
+    return accepted is not None and accepted != sum(map(operator.mul, range(len(histogram)), histogram))
 
 
 def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | None:
@@ -438,14 +439,23 @@ class BatchState:
         and the inconsistent ones counted; the legacy per-sample ratios over the
         occurrences."""
         self._thaw()
-        clean = [value for value in self._values.values() if isinstance(value, Value)]
-        totals = _Sums()
-        for value in clean:
-            totals.add(value)
+        # one pass: per (weight_version, task), then the batch, each version and each task from those
+        by_label: dict[tuple[str | None, str | None], _Sums] = {}
+        inconsistent_count = 0
+        for value in self._values.values():
+            if isinstance(value, Value):
+                label = (value.weight_version, value.task)
+                sums = by_label.get(label)
+                if sums is None:
+                    sums = by_label[label] = _Sums()
+                sums.add(value)
+                if value.accept_histogram is not None:
+                    inconsistent_count += inconsistent(value.accepted, value.verify, value.accept_histogram)
+        totals = _Sums.of(by_label.values())
         conflicts = len(self._values) - totals.unique_generation_count
         legacy = _LegacyRatios(self._values, self._occurrences, fold=not (conflicts or self.invalid_record_count))
-        weight_versions, too_many_versions = _breakdown(clean, lambda v: v.weight_version)
-        tasks, too_many_tasks = _breakdown(clean, lambda v: v.task)
+        weight_versions, too_many_versions = _breakdown(by_label, 0)
+        tasks, too_many_tasks = _breakdown(by_label, 1)
         markers = self._markers
         return PartialAggregate(
             batch_id=self.batch_id,
@@ -472,31 +482,29 @@ class BatchState:
             length_ratio_parts=[p for p in legacy.length_parts if p],
             weight_versions=weight_versions,
             too_many_versions=too_many_versions,
-            inconsistent_generation_count=sum(inconsistent(v.accepted, v.verify, v.accept_histogram) for v in clean),
+            inconsistent_generation_count=inconsistent_count,
             tasks=tasks,
             too_many_tasks=too_many_tasks,
             **totals.fields(unique_generation_count=len(self._values)),
         )
 
 
-def _breakdown(clean: list[Value], key: Callable[[Value], str | None]) -> tuple[list[BreakdownSums], bool]:
-    """One breakdown of the non-conflicting values (per weight version, per task: the
-    same rule for both, docs/contract.md §3.1 and §3.4): the sums of each ``key``,
-    sorted with the unknown (None) last, and whether more than ``MAX_BREAKDOWN_KEYS``
-    known keys appeared (then no entries). No entries either when no value knows its key."""
-    sums: dict[str | None, _Sums] = {}
-    for value in clean:
-        name = key(value)
-        entry = sums.get(name)
-        if entry is None:
-            entry = sums[name] = _Sums()
-        entry.add(value)
-    known = len(sums) - (None in sums)
+def _breakdown(by_label: dict[tuple[str | None, str | None], _Sums], part: int) -> tuple[list[BreakdownSums], bool]:
+    """One breakdown of the non-conflicting values (per weight version: ``part`` 0 of
+    their (weight_version, task) label; per task: ``part`` 1 -- the same rule for both,
+    docs/contract.md §3.1 and §3.4): the sums of each key, sorted with the unknown
+    (None) last, and whether more than ``MAX_BREAKDOWN_KEYS`` known keys appeared (then
+    no entries). No entries either when no value knows its key."""
+    groups: dict[str | None, list[_Sums]] = {}
+    for label, sums in by_label.items():
+        groups.setdefault(label[part], []).append(sums)
+    known = len(groups) - (None in groups)
     if known > MAX_BREAKDOWN_KEYS:
         return [], True
     if not known:
         return [], False
-    return [sums[name].entry(name) for name in sorted(sums, key=lambda name: (name is None, name or ""))], False
+    names = sorted(groups, key=lambda name: (name is None, name or ""))
+    return [_Sums.of(groups[name]).entry(name) for name in names], False
 
 
 class _Sums:
@@ -527,6 +535,18 @@ class _Sums:
             self.verify_covered_count += 1
         if v.accept_histogram is not None:
             self.histograms.append(v.accept_histogram)
+
+    @classmethod
+    def of(cls, parts: Iterable[_Sums]) -> _Sums:
+        """The sums of disjoint groups of generations, added up."""
+        out = cls()
+        for part in parts:
+            for name, value in vars(part).items():
+                if name == "histograms":
+                    out.histograms += value
+                else:
+                    setattr(out, name, getattr(out, name) + value)
+        return out
 
     def fields(self, **override: int) -> dict:
         """The fields a ``PartialAggregate`` and a ``BreakdownSums`` share."""

@@ -3,10 +3,10 @@
 //!
 //! Layout: every string but the generation ids is interned once per batch
 //! (sessions, samples, state hashes, weight versions, tasks); a generation's id lives
-//! in an arena and its entry is 40 bytes: the counters, its label (the pair of its
-//! weight version and task, interned: a batch holds few), the first occurrence's
-//! sample, flags and the index of its state hash and histogram (whose bins live in
-//! one arena). Rarer parts -- more occurrences, counters past 32 bits
+//! in an arena and its entry is 40 bytes: the counters, its label (its weight
+//! version, or the pair of its weight version and task, interned: a batch holds few),
+//! the first occurrence's sample, flags and the index of its state hash and histogram
+//! (whose bins live in one arena). Rarer parts -- more occurrences, counters past 32 bits
 //! (only from a changelog written before the limits) -- live in side tables.
 //! `apply` is the one implementation of the dedup rule.
 
@@ -56,7 +56,11 @@ impl Interner {
         if let Some(&id) = self.table.find(hash, |&id| resolve(&self.bytes, &self.spans, id) == s) {
             return Ok(id);
         }
-        let id = u32::try_from(self.spans.len() + 1).map_err(|_| TooLarge("too many distinct ids in one batch"))?;
+        // ids stay below 2^31: a label (`Labels`) tells a weight version's id by its top bit
+        let id = u32::try_from(self.spans.len() + 1)
+            .ok()
+            .filter(|&id| id < TASKED)
+            .ok_or(TooLarge("too many distinct ids in one batch"))?;
         let len = u32::try_from(s.len()).map_err(|_| TooLarge("an id longer than 4 GiB"))?;
         self.spans.push((self.bytes.len(), len));
         self.bytes.extend_from_slice(s);
@@ -102,7 +106,7 @@ struct Entry {
     session: u32,
     /// the first occurrence's sample (0: sample_id None)
     sample: u32,
-    /// the (weight_version, task) pair, in `Labels` (0: neither known)
+    /// the weight_version and task (`Labels`; 0: neither known)
     label: u32,
     counters: [u32; 4],
     /// index in `aux` of the state hash and histogram (0: neither)
@@ -164,9 +168,14 @@ pub struct Value<'a> {
     pub label: u32,
 }
 
-/// The (weight_version, task) pairs of a batch's generations, each an interned string id
-/// (0: unknown), numbered from 1 (0: both unknown). Two values agree on both exactly when
-/// their labels are equal, and an entry holds one u32 for the two.
+/// In a label: the rest is the index of a (weight_version, task) pair in `Labels`.
+const TASKED: u32 = 1 << 31;
+
+/// A value's weight version and task as one u32, its label: for a value that names no
+/// task, its weight_version's interned id itself (0: unknown), so a record without a task
+/// costs no lookup; for one that does, `TASKED` | the index of its (weight_version, task)
+/// pair of interned ids (a batch has few). Two values agree on both exactly when their
+/// labels are equal (interned ids stay below `TASKED`).
 #[derive(Default)]
 struct Labels {
     pairs: Vec<(u32, u32)>,
@@ -176,18 +185,27 @@ struct Labels {
 }
 
 impl Labels {
-    #[inline]
+    #[inline(always)]
     fn label(&mut self, version: u32, task: u32) -> Result<u32, TooLarge> {
-        if version == 0 && task == 0 {
-            return Ok(0);
+        if task == 0 {
+            return Ok(version);
         }
         if self.last.1 != 0 && self.last.0 == (version, task) {
             return Ok(self.last.1);
         }
+        self.pair_label(version, task)
+    }
+
+    #[inline(never)]
+    fn pair_label(&mut self, version: u32, task: u32) -> Result<u32, TooLarge> {
         let label = match self.index.get(&(version, task)) {
             Some(&label) => label,
             None => {
-                let label = u32::try_from(self.pairs.len() + 1).map_err(|_| TooLarge("too many weight versions and tasks in one batch"))?;
+                let label = u32::try_from(self.pairs.len())
+                    .ok()
+                    .filter(|&i| i < TASKED)
+                    .ok_or(TooLarge("too many pairs of weight version and task in one batch"))?
+                    | TASKED;
                 self.pairs.push((version, task));
                 self.index.insert((version, task), label);
                 label
@@ -200,7 +218,10 @@ impl Labels {
     /// (weight_version, task) of a label.
     #[inline]
     fn pair(&self, label: u32) -> (u32, u32) {
-        self.pairs.get((label as usize).wrapping_sub(1)).copied().unwrap_or((0, 0))
+        if label & TASKED == 0 {
+            return (label, 0);
+        }
+        self.pairs.get((label & !TASKED) as usize).copied().unwrap_or((0, 0))
     }
 
     fn heap_bytes(&self) -> usize {
@@ -802,7 +823,7 @@ impl State {
     /// one occurrence, no state hash, no histogram, no task, no conflict, small counters.
     fn packed_counters(&self, idx: u32) -> Option<u128> {
         let e = &self.entries[idx as usize];
-        if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 || self.labels.pair(e.label).1 != 0 {
+        if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 || e.label & TASKED != 0 {
             return None;
         }
         let mut out = 0u128;
