@@ -76,6 +76,7 @@ def test_a_first_hour_from_the_readme_has_no_surprise(kafka_bootstrap, tmp_path)
             "step": 12,
             "session": "session-0",
             "trajectory": "t0",
+            "dataset": "gsm8k",  # the prompt's dataset, which the snippet names as its task
         }
         exec(f"async def _main():\n{textwrap.indent(code, '    ')}", namespace)
         asyncio.run(namespace["_main"]())
