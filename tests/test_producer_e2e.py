@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 
 from specmeter.producers import Publisher, PublisherSettings, QueueFullError
@@ -76,6 +77,9 @@ def test_loadgen_expect_is_what_the_worker_publishes(kafka_bootstrap, tmp_path):
             assert_metrics_equal(got.metrics, want["metrics"], batch_id)
             assert got.accept_histogram == want["accept_histogram"]
             assert got.record_count == want["record_count"] and got.complete
+            # revision 4: the fleet's tasks and contradicting histograms, as --expect says
+            assert msgspec.to_builtins(got.by_task) == want["by_task"] and want["by_task"], batch_id
+            assert got.tokens_per_verify_by_budget == want["tokens_per_verify_by_budget"], batch_id
     finally:
         d.close()
 
@@ -92,6 +96,7 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
                 "session_id": f"sess-{i % 2}",
                 "sample_id": "t0",
                 "producer_id": "w0",
+                "task": ("gsm8k", "chat")[i % 2],  # the prompt's dataset, named by the dump line
             }
         )
     lines.append({"attempts": RESUMED[0], "batch_id": "replay-b1", "session_id": "sess-9", "producer_id": "w1"})
@@ -135,7 +140,9 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
             assert_metrics_equal(latest[batch_id].metrics, want["metrics"], batch_id)
             assert latest[batch_id].invalid_record_count == want["invalid_record_count"]
             assert latest[batch_id].complete and latest[batch_id].missing_record_count == 0
+            assert msgspec.to_builtins(latest[batch_id].by_task) == want["by_task"], batch_id
         assert latest["replay-b1"].metrics["spec/conflicting_generation_count"] == 1
+        assert [e.task for e in latest["replay-b1"].by_task] == ["chat", "gsm8k", None]
     finally:
         d.close()
 
