@@ -543,6 +543,16 @@ def _topic_options(func):
 )
 @click.option("--web-host", default=_DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
+@click.option(
+    "--max-exported-tasks",
+    type=click.IntRange(0, 1024),
+    default=_DEFAULTS.max_exported_tasks,
+    show_default=True,
+    metavar="N",
+    help="Tasks (the records' task field) with Prometheus counters of their own, per run and algorithm, "
+    'first come; later ones are summed under task="(other)", unknown ones under task="(unknown)". '
+    "Each task costs 8 series per run and algorithm.",
+)
 @click.option("--data-dir", default=_DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
 @click.option(
     "--log-level",
@@ -573,6 +583,7 @@ def worker(
     web_port: int,
     web_host: str,
     no_web: bool,
+    max_exported_tasks: int,
     data_dir: str,
     log_level: str,
 ) -> None:
@@ -609,6 +620,7 @@ def worker(
         web_enabled=not no_web,
         web_port=web_port,
         web_host=web_host,
+        max_exported_tasks=max_exported_tasks,
         data_dir=data_dir,
         log_level=log_level.lower(),
         security=security,

@@ -375,6 +375,7 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
         "--grace": ("grace_s", 12.5),
         "--batch-timeout": ("batch_timeout_s", 3.0),
         "--max-message-bytes": ("max_message_bytes", 2048),
+        "--max-exported-tasks": ("max_exported_tasks", 3),
     }
     args = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     for flag, (_, value) in flags.items():
@@ -392,6 +393,7 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
         "max_open_generations",
         "max_message_bytes",
         "partitions",
+        "max_exported_tasks",
     ):
         assert defaults[field] == getattr(WorkerSettings(), field), field
 
