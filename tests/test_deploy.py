@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from specmeter.streams._counters import MAX_EXPORTED_POSITION
 from specmeter.streams._prometheus import (
     _BATCH_FIELDS,
     _BATCH_GAUGES,
@@ -416,6 +417,18 @@ def test_every_alert_has_a_summary_a_severity_and_a_runbook_section():
     assert len(read) > 10
     for name in read:
         assert _base(name) in EXPORTED_METRICS, f"alerts.yml reads {name}, which no worker exports"
+
+
+def test_the_budget_curve_sums_positions_1_to_k_for_every_exported_position_k():
+    """One recording rule per budget k (PromQL cannot add over a label's values in order):
+    the steps that accepted their j-th draft for j = 1..k, added less retracted, recorded only
+    while position k has a series (the fleet ran a budget of k or more)."""
+    rules = [r for r in _rules() if r.get("record") == "run_algorithm:specmeter_budget_accepted_steps:rate1h"]
+    assert [r["labels"] for r in rules] == [{"budget": str(k)} for k in range(1, MAX_EXPORTED_POSITION + 1)]
+    for k, rule in enumerate(rules, start=1):
+        selected = [set(value.split("|")) for value in re.findall(r'position=~?"([^"]+)"', rule["expr"])]
+        assert selected == [set(map(str, range(1, k + 1)))] * 2 + [{str(k)}], rule["expr"]
+        assert "specmeter_position_accepted_steps_retracted_total" in rule["expr"], rule["expr"]
 
 
 def test_the_prometheus_rule_ships_the_same_groups_and_validates():
