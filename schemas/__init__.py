@@ -4,7 +4,7 @@ This package is the only thing both sides import. A change here is a wire
 format change: fields are only ever appended, with defaults.
 """
 
-from ._aggregates import MAX_WEIGHT_VERSIONS, PartialAggregate, WeightVersionSums
+from ._aggregates import MAX_BREAKDOWN_KEYS, MAX_TASKS, MAX_WEIGHT_VERSIONS, BreakdownSums, PartialAggregate
 from ._codec import (
     DecodedMessage,
     InvalidRecord,
@@ -33,11 +33,13 @@ __all__ = [
     "MAX_BINS",
     "MAX_ID",
     "MAX_WEIGHT_VERSIONS",
+    "MAX_TASKS",
+    "MAX_BREAKDOWN_KEYS",
     "RECORDS_TOPIC",
     "PARTIALS_TOPIC",
     "METRICS_TOPIC",
     "DEADLETTER_TOPIC",
-    "WeightVersionSums",
+    "BreakdownSums",
     "WeightVersionMetrics",
     "TaskMetrics",
     "GenerationRecord",

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["PartialAggregate", "WeightVersionSums", "MAX_WEIGHT_VERSIONS"]
+__all__ = ["PartialAggregate", "BreakdownSums", "MAX_BREAKDOWN_KEYS", "MAX_WEIGHT_VERSIONS", "MAX_TASKS"]
 
-#: More distinct known versions than this in one batch is no drift picture:
-#: ``by_weight_version`` is then null.
-MAX_WEIGHT_VERSIONS = 64
+#: More distinct known keys than this in one batch is no breakdown: ``by_weight_version``
+#: (past 64 versions: no drift picture) and ``by_task`` are then null.
+MAX_BREAKDOWN_KEYS = 64
+MAX_WEIGHT_VERSIONS = MAX_TASKS = MAX_BREAKDOWN_KEYS
 
 
-class WeightVersionSums(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
-    """Sums over one partition's non-conflicting generations of one weight_version."""
+class BreakdownSums(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """Sums over one partition's non-conflicting generations of one breakdown key: a
+    weight_version (``PartialAggregate.weight_versions``) or a task (``tasks``).
 
-    weight_version: str | None
+    Array-like: the key's name is not on the wire, so the per-version lists written
+    before tasks existed (as ``WeightVersionSums``, whose first field was named
+    ``weight_version``) are these same bytes."""
+
+    #: the weight_version or task; None: the generations that do not know it
+    key: str | None
     unique_generation_count: int = 0
     accepted_total: int = 0
     proposed_total: int = 0
@@ -87,5 +94,13 @@ class PartialAggregate(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str | None = None
     #: per weight_version sums (null version included), sorted with null last; at
     #: most ``MAX_WEIGHT_VERSIONS`` known versions, else empty and ``too_many_versions``
-    weight_versions: list[WeightVersionSums] = []
+    weight_versions: list[BreakdownSums] = []
     too_many_versions: bool = False
+    #: (revision 4) non-conflicting generations whose histogram contradicts their own
+    #: verify or accepted count (docs/contract.md §3.5)
+    inconsistent_generation_count: int = 0
+    #: (revision 4) per task sums, like ``weight_versions``: null task included, sorted
+    #: with null last; at most ``MAX_TASKS`` known tasks, else empty and ``too_many_tasks``.
+    #: A partial from a worker before tasks has none: all its generations' task is unknown
+    tasks: list[BreakdownSums] = []
+    too_many_tasks: bool = False

@@ -178,8 +178,9 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     last_offset: int
     last_input_ms: int
     #: wide entries: [session_id, generation_id, conflict, state_hash, accepted, proposed,
-    #: verify, completion, histogram, weight_version] (deltas written before weight
-    #: versions existed lack the last item)
+    #: verify, completion, histogram, weight_version, task] (deltas written before tasks
+    #: existed lack the last item, those before weight versions the last two; a
+    #: conflicting key's entry needs only its first three items)
     entries: list[tuple] = []
     occurrences: list[tuple[str, str | None, str]] = []
     record_count: int = 0

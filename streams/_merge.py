@@ -7,13 +7,15 @@ computed here, once, from the merged sums.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from specmeter.schemas import (
-    MAX_WEIGHT_VERSIONS,
+    MAX_BREAKDOWN_KEYS,
     BatchMetrics,
+    BreakdownSums,
     PartialAggregate,
+    TaskMetrics,
     WeightVersionMetrics,
-    WeightVersionSums,
 )
 
 from ._exact import expansion_value, merge_expansions
@@ -25,9 +27,14 @@ __all__ = [
     "build_batch_metrics",
     "missing_records",
     "is_speculative",
-    "merge_weight_versions",
+    "merge_breakdown",
+    "Breakdown",
+    "BY_WEIGHT_VERSION",
+    "BY_TASK",
     "by_weight_version",
+    "by_task",
     "accept_rate_by_position",
+    "tokens_per_verify_by_budget",
 ]
 
 _SUMMED = (
@@ -50,49 +57,64 @@ _SUMMED = (
     "verify_covered_count",
     "accept_ratio_samples",
     "length_ratio_samples",
+    "inconsistent_generation_count",
 )
 
 
-#: the sums of a weight_version entry: ``WeightVersionSums`` less its name and histogram
-#: (read off the struct, so a field added there is merged without a second list)
-_VERSION_SUMMED = tuple(
-    name for name in WeightVersionSums.__struct_fields__ if name not in ("weight_version", "accept_histogram")
-)
-assert _VERSION_SUMMED[0] == "unique_generation_count"  # _unversioned computes it and takes the rest
+#: the sums of a breakdown entry: ``BreakdownSums`` less its key and histogram (read off
+#: the struct, so a field added there is merged without a second list)
+_BREAKDOWN_SUMMED = tuple(name for name in BreakdownSums.__struct_fields__ if name not in ("key", "accept_histogram"))
+assert _BREAKDOWN_SUMMED[0] == "unique_generation_count"  # _unbroken computes it and takes the rest
 
 
-def _unversioned(p: PartialAggregate) -> list[WeightVersionSums]:
-    """A partial that knows no weight_version: its whole G \\ C is the unknown version."""
+class Breakdown(NamedTuple):
+    """One breakdown of a batch's non-conflicting generations (docs/contract.md §3.1,
+    §3.4): where a partial holds its sums and flag, and the message's entries. Weight
+    versions and tasks are the same rule on another key."""
+
+    #: the ``PartialAggregate`` fields: the entries, and "past MAX_BREAKDOWN_KEYS known keys"
+    entries: str
+    too_many: str
+    #: the message's entry type and the name of its key field
+    metrics_type: type[WeightVersionMetrics] | type[TaskMetrics]
+    key: str
+
+
+BY_WEIGHT_VERSION = Breakdown("weight_versions", "too_many_versions", WeightVersionMetrics, "weight_version")
+BY_TASK = Breakdown("tasks", "too_many_tasks", TaskMetrics, "task")
+BREAKDOWNS = (BY_WEIGHT_VERSION, BY_TASK)
+
+
+def _unbroken(p: PartialAggregate) -> list[BreakdownSums]:
+    """A partial none of whose generations knows the breakdown's key (or one from a
+    worker before the breakdown existed): its whole G \\ C is the unknown key."""
     unique = p.unique_generation_count - p.conflicting_generation_count
     if unique <= 0:
         return []
-    fields = {name: getattr(p, name) for name in _VERSION_SUMMED[1:]}
-    return [
-        WeightVersionSums(
-            weight_version=None, unique_generation_count=unique, accept_histogram=p.accept_histogram, **fields
-        )
-    ]
+    fields = {name: getattr(p, name) for name in _BREAKDOWN_SUMMED[1:]}
+    return [BreakdownSums(key=None, unique_generation_count=unique, accept_histogram=p.accept_histogram, **fields)]
 
 
-def merge_weight_versions(partials: Sequence[PartialAggregate]) -> list[WeightVersionSums] | None:
-    """The per-version sums of partials from disjoint partitions, sorted by version
-    with the unknown version last; None when no generation knows its version or
-    more than ``MAX_WEIGHT_VERSIONS`` known versions appear."""
-    if any(p.too_many_versions for p in partials) or not any(p.weight_versions for p in partials):
+def merge_breakdown(partials: Sequence[PartialAggregate], breakdown: Breakdown) -> list[BreakdownSums] | None:
+    """The per-key sums of partials from disjoint partitions, sorted by key with the
+    unknown key last; None when no generation knows its key or more than
+    ``MAX_BREAKDOWN_KEYS`` known keys appear."""
+    lists = [getattr(p, breakdown.entries) for p in partials]
+    if any(getattr(p, breakdown.too_many) for p in partials) or not any(lists):
         return None
-    merged: dict[str | None, list[WeightVersionSums]] = {}
-    for p in partials:
-        for entry in p.weight_versions or _unversioned(p):
-            merged.setdefault(entry.weight_version, []).append(entry)
-    if sum(version is not None for version in merged) > MAX_WEIGHT_VERSIONS:
+    merged: dict[str | None, list[BreakdownSums]] = {}
+    for p, entries in zip(partials, lists, strict=True):
+        for entry in entries or _unbroken(p):
+            merged.setdefault(entry.key, []).append(entry)
+    if sum(key is not None for key in merged) > MAX_BREAKDOWN_KEYS:
         return None
     return [
-        WeightVersionSums(
-            weight_version=version,
-            accept_histogram=add_histograms(e.accept_histogram for e in merged[version]),
-            **{name: sum(getattr(e, name) for e in merged[version]) for name in _VERSION_SUMMED},
+        BreakdownSums(
+            key=key,
+            accept_histogram=add_histograms(e.accept_histogram for e in merged[key]),
+            **{name: sum(getattr(e, name) for e in merged[key]) for name in _BREAKDOWN_SUMMED},
         )
-        for version in sorted(merged, key=lambda v: (v is None, v or ""))
+        for key in sorted(merged, key=lambda k: (k is None, k or ""))
     ]
 
 
@@ -115,7 +137,13 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
             received[producer] = received.get(producer, 0) + n
         for producer, n in p.records_sent.items():
             sent[producer] = sent.get(producer, 0) + n
-    versions = merge_weight_versions(partials)
+    breakdowns: dict[str, Any] = {}
+    for breakdown in BREAKDOWNS:
+        entries = merge_breakdown(partials, breakdown)
+        breakdowns[breakdown.entries] = entries or []
+        breakdowns[breakdown.too_many] = entries is None and any(
+            getattr(p, breakdown.entries) or getattr(p, breakdown.too_many) for p in partials
+        )
     return PartialAggregate(
         batch_id=partials[0].batch_id,
         run_id=partials[0].run_id,
@@ -132,8 +160,7 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         accept_histogram=add_histograms(p.accept_histogram for p in partials),
         accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
         length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
-        weight_versions=versions or [],
-        too_many_versions=versions is None and any(p.weight_versions or p.too_many_versions for p in partials),
+        **breakdowns,
         **sums,
     )
 
@@ -164,7 +191,7 @@ def is_speculative(merged: PartialAggregate) -> bool:
     return bool(merged.speculative_algorithms) or merged.counters_seen
 
 
-def _sums_metrics(sums: PartialAggregate | WeightVersionSums, coverage_of: int) -> dict[str, int | float]:
+def _sums_metrics(sums: PartialAggregate | BreakdownSums, coverage_of: int) -> dict[str, int | float]:
     """The totals, paired totals, covered counts and the ratios derived from them (the
     one place a ratio is computed); coverages divide by ``coverage_of`` when it is > 0."""
     m = sums
@@ -208,6 +235,27 @@ def accept_rate_by_position(histogram: Sequence[int] | None) -> list[float] | No
     return rates
 
 
+def tokens_per_verify_by_budget(histogram: Sequence[int] | None) -> list[float] | None:
+    """What a smaller draft budget would give (docs/contract.md §3.5), from a summed
+    histogram H of S steps: at index k - 1 the tokens per verify step with a budget of
+    k draft tokens, a step that accepted i drafts then accepting min(i, k):
+    ``(S + sum_i min(i, k) * H[i]) / S`` for k = 1 .. len(H) - 1, one division of two
+    integers each. None exactly when ``accept_rate_by_position`` is None."""
+    if histogram is None or len(histogram) < 2:
+        return None
+    steps = sum(histogram)
+    if steps <= 0:
+        return None
+    curve = []
+    tokens = steps  # every step yields one token of its own, then the drafts it accepted
+    at_least = steps
+    for count in histogram[:-1]:
+        at_least -= count  # steps that accepted more than this bin's count: one more token each
+        tokens += at_least
+        curve.append(tokens / steps)
+    return curve
+
+
 def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
     """The ``metrics`` map of one batch from its merged sums (empty if not speculative)."""
     if not is_speculative(merged):
@@ -217,6 +265,7 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
         "spec/record_occurrence_count": m.occurrence_count,
         "spec/unique_generation_count": m.unique_generation_count,
         "spec/conflicting_generation_count": m.conflicting_generation_count,
+        "spec/inconsistent_generation_count": m.inconsistent_generation_count,
         "spec/invalid_record_count": m.invalid_record_count,
         "spec/sample_count": m.sample_count,
         **_sums_metrics(m, m.unique_generation_count),
@@ -230,23 +279,36 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
     return out
 
 
-def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | None:
-    """``BatchMetrics.by_weight_version`` of one batch from its merged sums: null unless
-    speculative and some non-conflicting generation knows its version."""
-    if not is_speculative(merged) or not merged.weight_versions:
+def breakdown_entries(merged: PartialAggregate, breakdown: Breakdown) -> list | None:
+    """A breakdown's entries in the message (``by_weight_version``, ``by_task``) from a
+    batch's merged sums: null unless speculative and some non-conflicting generation
+    knows its key. Each entry's metrics, histogram and curves as the batch's."""
+    entries: list[BreakdownSums] = getattr(merged, breakdown.entries)
+    if not is_speculative(merged) or not entries:
         return None
     return [
-        WeightVersionMetrics(
-            weight_version=entry.weight_version,
+        breakdown.metrics_type(
+            **{breakdown.key: entry.key},
             metrics={
                 "spec/unique_generation_count": entry.unique_generation_count,
                 **_sums_metrics(entry, entry.unique_generation_count),
             },
             accept_histogram=entry.accept_histogram,
             accept_rate_by_position=accept_rate_by_position(entry.accept_histogram),
+            tokens_per_verify_by_budget=tokens_per_verify_by_budget(entry.accept_histogram),
         )
-        for entry in merged.weight_versions
+        for entry in entries
     ]
+
+
+def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | None:
+    """``BatchMetrics.by_weight_version`` of one batch from its merged sums (docs/contract.md §3.1)."""
+    return breakdown_entries(merged, BY_WEIGHT_VERSION)
+
+
+def by_task(merged: PartialAggregate) -> list[TaskMetrics] | None:
+    """``BatchMetrics.by_task`` of one batch from its merged sums (docs/contract.md §3.4)."""
+    return breakdown_entries(merged, BY_TASK)
 
 
 def build_batch_metrics(
@@ -286,4 +348,6 @@ def build_batch_metrics(
         speculative_algorithm=",".join(merged.speculative_algorithms) or None,
         by_weight_version=by_weight_version(merged),
         accept_rate_by_position=accept_rate_by_position(histogram),
+        tokens_per_verify_by_budget=tokens_per_verify_by_budget(histogram),
+        by_task=by_task(merged),
     )

@@ -14,26 +14,26 @@ from __future__ import annotations
 
 import enum
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from specmeter.schemas import (
-    MAX_WEIGHT_VERSIONS,
+    MAX_BREAKDOWN_KEYS,
     BatchMarker,
+    BreakdownSums,
     DecodedMessage,
     GenerationRecord,
     InvalidRecord,
     PartialAggregate,
-    WeightVersionSums,
     decode_records_message,
 )
 
 from ._exact import grow
 from ._layout import BatchDelta, encode_delta
 
-__all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message"]
+__all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message", "inconsistent"]
 
 #: a generation's key: (session_id, generation_id)
 Key = tuple[str, str]
@@ -53,11 +53,12 @@ class Value(msgspec.Struct, frozen=True, gc=False):
     completion: int | None
     accept_histogram: tuple[int, ...] | None
     weight_version: str | None = None  # entries written before weight versions lack it
+    task: str | None = None  # (revision 4) entries written before tasks lack it
 
     @classmethod
     def of(cls, r: GenerationRecord) -> Value:
         hist = None if r.accept_histogram is None else tuple(r.accept_histogram)
-        return cls(r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version)
+        return cls(r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version, r.task)
 
 
 class _Conflict:
@@ -80,6 +81,17 @@ class Outcome(enum.Enum):
 
     AGGREGATED = "aggregated"  # a new occurrence
     REDELIVERED = "redelivered"  # an occurrence already seen: changes nothing
+
+
+def inconsistent(accepted: int | None, verify: int | None, histogram: Sequence[int] | None) -> bool:
+    """A generation's histogram contradicts its own counters (docs/contract.md §3.5): it
+    is known, and verify is known and is not its step count ``sum(H)``, or accepted is
+    known and is not its accepted drafts ``sum(i * H[i])``."""
+    if histogram is None:
+        return False
+    if verify is not None and verify != sum(histogram):
+        return True
+    return accepted is not None and accepted != sum(i * count for i, count in enumerate(histogram))
 
 
 def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | None:
@@ -318,7 +330,9 @@ class BatchState:
         for key in journal.keys:
             value = self._values[key]
             if isinstance(value, Value):
-                entries.append((*key, False, *msgspec.structs.astuple(value)))
+                fields = msgspec.structs.astuple(value)
+                # a value without a task in ten items, as before tasks (the native core too)
+                entries.append((*key, False, *(fields if value.task is not None else fields[:-1])))
             else:
                 entries.append((*key, True, None, None, None, None, None, None, None))
         delta = BatchDelta(
@@ -419,25 +433,19 @@ class BatchState:
     def partial(
         self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
     ) -> PartialAggregate:
-        """This partition's sums for the batch (docs/contract.md §3, §3.1): over the
-        non-conflicting keys, for the batch and per weight version; the legacy
-        per-sample ratios over the occurrences."""
+        """This partition's sums for the batch (docs/contract.md §3, §3.1, §3.4, §3.5):
+        over the non-conflicting keys, for the batch, per weight version and per task,
+        and the inconsistent ones counted; the legacy per-sample ratios over the
+        occurrences."""
         self._thaw()
+        clean = [value for value in self._values.values() if isinstance(value, Value)]
         totals = _Sums()
-        by_version: dict[str | None, _Sums] = {}
-        for value in self._values.values():
-            if isinstance(value, Value):
-                totals.add(value)
-                by_version.setdefault(value.weight_version, _Sums()).add(value)
+        for value in clean:
+            totals.add(value)
         conflicts = len(self._values) - totals.unique_generation_count
         legacy = _LegacyRatios(self._values, self._occurrences, fold=not (conflicts or self.invalid_record_count))
-        known_versions = sum(v is not None for v in by_version)
-        too_many = known_versions > MAX_WEIGHT_VERSIONS
-        weight_versions = []
-        if known_versions and not too_many:
-            weight_versions = [
-                by_version[v].for_version(v) for v in sorted(by_version, key=lambda v: (v is None, v or ""))
-            ]
+        weight_versions, too_many_versions = _breakdown(clean, lambda v: v.weight_version)
+        tasks, too_many_tasks = _breakdown(clean, lambda v: v.task)
         markers = self._markers
         return PartialAggregate(
             batch_id=self.batch_id,
@@ -463,15 +471,38 @@ class BatchState:
             length_ratio_samples=legacy.length_samples,
             length_ratio_parts=[p for p in legacy.length_parts if p],
             weight_versions=weight_versions,
-            too_many_versions=too_many,
+            too_many_versions=too_many_versions,
+            inconsistent_generation_count=sum(inconsistent(v.accepted, v.verify, v.accept_histogram) for v in clean),
+            tasks=tasks,
+            too_many_tasks=too_many_tasks,
             **totals.fields(unique_generation_count=len(self._values)),
         )
 
 
+def _breakdown(clean: list[Value], key: Callable[[Value], str | None]) -> tuple[list[BreakdownSums], bool]:
+    """One breakdown of the non-conflicting values (per weight version, per task: the
+    same rule for both, docs/contract.md §3.1 and §3.4): the sums of each ``key``,
+    sorted with the unknown (None) last, and whether more than ``MAX_BREAKDOWN_KEYS``
+    known keys appeared (then no entries). No entries either when no value knows its key."""
+    sums: dict[str | None, _Sums] = {}
+    for value in clean:
+        name = key(value)
+        entry = sums.get(name)
+        if entry is None:
+            entry = sums[name] = _Sums()
+        entry.add(value)
+    known = len(sums) - (None in sums)
+    if known > MAX_BREAKDOWN_KEYS:
+        return [], True
+    if not known:
+        return [], False
+    return [sums[name].entry(name) for name in sorted(sums, key=lambda name: (name is None, name or ""))], False
+
+
 class _Sums:
     """Totals, paired totals, covered counts and histogram over non-conflicting
-    generations: the batch's, or one weight version's. The attributes are named as
-    the fields of ``PartialAggregate`` and ``WeightVersionSums`` they fill."""
+    generations: the batch's, or one breakdown key's. The attributes are named as
+    the fields of ``PartialAggregate`` and ``BreakdownSums`` they fill."""
 
     def __init__(self) -> None:
         self.unique_generation_count = 0
@@ -498,12 +529,12 @@ class _Sums:
             self.histograms.append(v.accept_histogram)
 
     def fields(self, **override: int) -> dict:
-        """The fields a ``PartialAggregate`` and a ``WeightVersionSums`` share."""
+        """The fields a ``PartialAggregate`` and a ``BreakdownSums`` share."""
         out = {name: value for name, value in vars(self).items() if name != "histograms"}
         return out | {"accept_histogram": add_histograms(self.histograms)} | override
 
-    def for_version(self, version: str | None) -> WeightVersionSums:
-        return WeightVersionSums(weight_version=version, **self.fields())
+    def entry(self, key: str | None) -> BreakdownSums:
+        return BreakdownSums(key=key, **self.fields())
 
 
 class _LegacyRatios:
@@ -545,7 +576,8 @@ def _fold(known: list[int | None] | None, counters: list[int | None]) -> list[in
 
 
 def _restored_value(*fields: Any) -> Value:
-    """A wide entry's value as a delta holds it: six or seven fields, the histogram a list."""
+    """A wide entry's value as a delta holds it: six fields (before weight versions),
+    seven (before tasks) or eight, the histogram a list."""
     state_hash, accepted, proposed, verify, completion, hist, *version = fields
     return Value(state_hash, accepted, proposed, verify, completion, None if hist is None else tuple(hist), *version)
 

@@ -320,12 +320,12 @@ def test_the_largest_batch_metrics_the_limits_allow_fits_the_worker_topics():
     sums are as large as a million generations at MAX_COUNTER make them: the message the
     worker must publish passes Kafka's 1 MiB default but stays under what the topics it
     creates accept (2 x --max-message-bytes, 16 MiB by default)."""
-    from specmeter.schemas import PartialAggregate, WeightVersionSums, encode_metrics
+    from specmeter.schemas import BreakdownSums, PartialAggregate, encode_metrics
 
     big = 1_000_000 * MAX_COUNTER
     versions = [
-        WeightVersionSums(
-            weight_version=f"{i:02d}" + "v" * (MAX_ID - 2),
+        BreakdownSums(
+            key=f"{i:02d}" + "v" * (MAX_ID - 2),
             unique_generation_count=15625,
             accepted_total=big,
             proposed_total=big,

@@ -4,27 +4,38 @@ reference and the native one: the ``core`` fixture).
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
 and it must equal a naive reading of the metric definitions (tests/support/reference.py),
-by_weight_version and accept_rate_by_position (batch and per version) included: the
-entries add up to the batch.
+by_weight_version, by_task, accept_rate_by_position and tokens_per_verify_by_budget
+(batch and per entry) and the inconsistent count included: the entries of each
+breakdown add up to the batch. Records carry tasks, and histograms that agree with
+their counters or deliberately contradict them.
 """
 
 from __future__ import annotations
 
 import zlib
+from typing import Any, NamedTuple
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmeter.schemas import GenerationRecord
 from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_partials
 
-from .support.golden_cases import assert_by_weight_version_equal, assert_metrics_equal, assert_positions_equal
+from .support.golden_cases import (
+    assert_by_task_equal,
+    assert_by_weight_version_equal,
+    assert_metrics_equal,
+    assert_positions_equal,
+)
 from .support.reference import (
     reference_accept_rate_by_position,
+    reference_by_task,
     reference_by_weight_version,
     reference_histogram,
     reference_metrics,
+    reference_tokens_per_verify_by_budget,
 )
 
 # small values collide often (redeliveries, conflicts); the edges of the native core's
@@ -47,8 +58,28 @@ record_dicts = st.fixed_dictionaries(
         "accept_histogram": st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=5)),
         "producer_id": st.sampled_from(["p0", "p1"]),
         "weight_version": st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
+        "task": st.one_of(st.none(), st.sampled_from(["gsm8k", "chat", "swe-bench"])),
     }
 )
+
+
+def _shaped(record: dict[str, Any], shape: str) -> dict[str, Any]:
+    """A record whose histogram agrees with its counters (SPEC §3.5: verify = sum(H),
+    accepted = sum(i * H[i])), or contradicts one of them by one step or one draft;
+    "as-is" keeps the random counters (mostly contradicting, or unknown)."""
+    histogram = record["accept_histogram"]
+    if histogram is None or shape == "as-is":
+        return record
+    steps, drafts = sum(histogram), sum(i * count for i, count in enumerate(histogram))
+    out = dict(record, verify=steps, accepted=drafts)
+    if shape == "verify off":
+        out["verify"] = steps + 1
+    elif shape == "accepted off":
+        out["accepted"] = drafts + 1
+    return out
+
+
+record_dicts = st.builds(_shaped, record_dicts, st.sampled_from(["as-is", "consistent", "verify off", "accepted off"]))
 batches = st.lists(record_dicts, min_size=0, max_size=30)
 algorithms = st.one_of(st.none(), st.just("EAGLE"))
 
@@ -57,7 +88,18 @@ def _records(dicts):
     return [GenerationRecord(**d) for d in dicts]
 
 
-def _metrics(core, records, algorithm=None, invalid=0, partitions=1):
+class Result(NamedTuple):
+    """What the edge publishes of a batch, as builtins (compared whole)."""
+
+    metrics: dict
+    histogram: list[int] | None
+    versions: list | None
+    positions: list[float] | None
+    tasks: list | None
+    budget: list[float] | None
+
+
+def _metrics(core, records, algorithm=None, invalid=0, partitions=1) -> Result:
     states = {}
     for r in records:
         p = zlib.crc32(r.session_id.encode()) % partitions
@@ -69,21 +111,21 @@ def _metrics(core, records, algorithm=None, invalid=0, partitions=1):
         states[0].add_algorithm(algorithm)
     partials = [s.partial(partition=p) for p, s in states.items()]
     merged = merge_partials(partials)
-    # the message as the edge builds it: accept_rate_by_position is derived there, once
+    # the message as the edge builds it: the curves are derived there, once
     out = build_batch_metrics(
         partials, revision=0, close_reason="markers", closed_at=0.0, partitions_expected=len(partials)
     )
     assert out.metrics == batch_metrics_dict(merged) and out.accept_histogram == (
         merged.accept_histogram if out.speculative else None
     )
-    return out.metrics, out.accept_histogram, _versions(merged), out.accept_rate_by_position
-
-
-def _versions(merged):
-    from specmeter.streams._merge import by_weight_version
-
-    entries = by_weight_version(merged)
-    return None if entries is None else msgspec.to_builtins(entries)
+    return Result(
+        out.metrics,
+        out.accept_histogram,
+        msgspec.to_builtins(out.by_weight_version),
+        out.accept_rate_by_position,
+        msgspec.to_builtins(out.by_task),
+        out.tokens_per_verify_by_budget,
+    )
 
 
 def metrics_are_order_independent(core, dicts, permutation, algorithm):
@@ -121,12 +163,19 @@ def test_split_by_session_and_merged_is_exact(core, dicts, k, algorithm, invalid
 @settings(max_examples=500, deadline=None)
 @given(batches, algorithms, st.integers(0, 2), st.integers(1, 4))
 def test_core_agrees_with_naive_reading_of_spec(core, dicts, algorithm, invalid, k):
-    got, histogram, versions, positions = _metrics(core, _records(dicts), algorithm, invalid, partitions=k)
-    assert_metrics_equal(got, reference_metrics(dicts, algorithm, invalid), "random batch")
-    # each entry's accept_rate_by_position too (the reference's entries carry it)
-    assert_by_weight_version_equal(versions, reference_by_weight_version(dicts, algorithm), "random batch")
-    assert histogram == reference_histogram(dicts, algorithm)
-    assert_positions_equal(positions, reference_accept_rate_by_position(histogram), "random batch")
+    got = _metrics(core, _records(dicts), algorithm, invalid, partitions=k)
+    assert_metrics_equal(got.metrics, reference_metrics(dicts, algorithm, invalid), "random batch")
+    # each entry's curves too (the reference's entries carry them)
+    assert_by_weight_version_equal(got.versions, reference_by_weight_version(dicts, algorithm), "random batch")
+    assert_by_task_equal(got.tasks, reference_by_task(dicts, algorithm), "random batch")
+    assert got.histogram == reference_histogram(dicts, algorithm)
+    assert_positions_equal(got.positions, reference_accept_rate_by_position(got.histogram), "random batch")
+    assert_positions_equal(
+        got.budget,
+        reference_tokens_per_verify_by_budget(got.histogram),
+        "random batch",
+        name="tokens_per_verify_by_budget",
+    )
 
 
 TOTALS = (
@@ -144,42 +193,43 @@ TOTALS = (
 )
 
 
-def versions_add_up_to_the_batch(metrics, versions) -> bool:
-    """Every total and paired total of the entries sums to the batch's over G \\ C."""
-    if versions is None:
+def entries_add_up_to_the_batch(metrics, entries, histogram) -> bool:
+    """Every total and paired total of a breakdown's entries sums to the batch's over
+    G \\ C, and their histograms to the batch's."""
+    if entries is None:
         return True
     clean = metrics["spec/unique_generation_count"] - metrics["spec/conflicting_generation_count"]
     for key in TOTALS:
         want = clean if key == "spec/unique_generation_count" else metrics[key]
-        if sum(entry["metrics"][key] for entry in versions) != want:
+        if sum(entry["metrics"][key] for entry in entries) != want:
             return False
-    return True
+    summed = [0] * max((len(e["accept_histogram"] or ()) for e in entries), default=0)
+    for entry in entries:
+        for i, count in enumerate(entry["accept_histogram"] or ()):
+            summed[i] += count
+    return summed == (histogram or [])
 
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.integers(1, 4), algorithms)
-def test_weight_version_entries_add_up_to_the_batch(core, dicts, k, algorithm):
-    metrics, _, versions, _ = _metrics(core, _records(dicts), algorithm, partitions=k)
-    assert versions_add_up_to_the_batch(metrics, versions)
+def test_breakdown_entries_add_up_to_the_batch(core, dicts, k, algorithm):
+    got = _metrics(core, _records(dicts), algorithm, partitions=k)
+    assert entries_add_up_to_the_batch(got.metrics, got.versions, got.histogram)
+    assert entries_add_up_to_the_batch(got.metrics, got.tasks, got.histogram)
 
 
-def test_more_than_64_known_versions_give_no_breakdown(core):
+@pytest.mark.parametrize("field", ["weight_version", "task"])
+def test_more_than_64_known_keys_give_no_breakdown(core, field):
     dicts = [
-        {
-            "batch_id": "b",
-            "session_id": f"s{i}",
-            "generation_id": "g",
-            "accepted": 1,
-            "proposed": 2,
-            "weight_version": f"v{i}",
-        }
+        {"batch_id": "b", "session_id": f"s{i}", "generation_id": "g", "accepted": 1, "proposed": 2, field: f"k{i}"}
         for i in range(65)
     ]
+    entries = "versions" if field == "weight_version" else "tasks"
     for k in (1, 3):  # also when no single partition holds more than 64
-        metrics, _, versions, _ = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
-        assert versions is None and metrics["spec/accepted_total"] == 65
-    metrics, _, versions, _ = _metrics(core, [GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
-    assert len(versions) == 64
+        got = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
+        assert getattr(got, entries) is None and got.metrics["spec/accepted_total"] == 65
+    got = _metrics(core, [GenerationRecord(**d) for d in dicts[:64]], "EAGLE", partitions=3)
+    assert len(getattr(got, entries)) == 64
 
 
 @settings(max_examples=100, deadline=None)
@@ -251,7 +301,7 @@ def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk)
     restores: a worker upgraded mid-run keeps its state."""
     from specmeter.streams._layout import decode_delta
 
-    records = [msgspec.structs.replace(r, weight_version=None) for r in _records(dicts)]
+    records = [msgspec.structs.replace(r, weight_version=None, task=None) for r in _records(dicts)]
     live = core.BatchState("b")
     live.start_journal()
     rebuilt = core.BatchState("b")
@@ -265,6 +315,36 @@ def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk)
         # the old layout: an array without the fields appended since
         fields = msgspec.msgpack.decode(encoded)[:15]
         rebuilt.apply_delta(decode_delta(msgspec.msgpack.encode(fields)))
+    assert _canonical(rebuilt.partial()) == _canonical(live.partial())
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, batches, st.integers(1, 6))
+def test_a_worker_upgraded_to_tasks_restores_what_the_older_one_wrote(core, before, after, chunk):
+    """Before tasks, a worker read no task (``before``'s records reach it without one) and
+    wrote wide entries of ten items (and, the native core, the packed forms); the
+    upgraded worker goes on with ``after``'s records, tasks and all. What both wrote
+    restores the state that saw the same: a value without a task is still written in
+    ten items (its bytes are what they were), one with a task in eleven."""
+    from specmeter.streams._layout import decode_delta, encode_state
+
+    older = [msgspec.structs.replace(r, task=None) for r in _records(before)]
+    live = core.BatchState("b")
+    live.start_journal()
+    deltas = []
+    for records in (older, _records(after)):
+        for i in range(0, len(records), chunk):
+            live.add_many(records[i : i + chunk])
+            delta = live.take_delta(first_offset=len(deltas), last_offset=len(deltas), last_input_ms=0)
+            if delta is not None:
+                deltas.append(decode_delta(encode_state(delta)))
+    for delta in deltas:
+        for entry in delta.entries:
+            task = entry[10] if len(entry) > 10 else None
+            assert len(entry) == (11 if task is not None else 10), entry
+    rebuilt = core.BatchState("b")
+    for delta in deltas:
+        rebuilt.apply_delta(delta)
     assert _canonical(rebuilt.partial()) == _canonical(live.partial())
 
 

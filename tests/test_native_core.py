@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from specmeter.streams import _core
 from specmeter.streams._layout import decode_delta
 
 from .test_core_properties import _canonical
+from .test_core_properties import _shaped as _shaped_dict
 
 pytestmark = pytest.mark.skipif(_core.NATIVE is None, reason="the native core is not built or is switched off")
 
@@ -31,6 +33,7 @@ counter = st.one_of(
 )
 record = st.builds(
     GenerationRecord,
+    task=st.one_of(st.none(), st.none(), st.sampled_from(["gsm8k", "chat"])),
     batch_id=st.just("b"),
     session_id=st.sampled_from(["s1", "s2", "s3"]),
     generation_id=st.sampled_from(["g1", "g2", "g3", "g4"]),
@@ -44,6 +47,16 @@ record = st.builds(
     producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p1"])),
     weight_version=st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
 )
+
+
+def _shaped(r: GenerationRecord, shape: str) -> GenerationRecord:
+    """``test_core_properties._shaped`` on a record: a histogram that agrees with its
+    counters or contradicts one (SPEC §3.5), or the random counters as they are."""
+    out = _shaped_dict(msgspec.structs.asdict(r), shape)
+    return r if max(out["verify"] or 0, out["accepted"] or 0) > 2**32 - 1 else GenerationRecord(**out)
+
+
+record = st.builds(_shaped, record, st.sampled_from(["as-is", "consistent", "verify off", "accepted off"]))
 message = st.tuples(
     st.just("message"),
     st.lists(record, min_size=1, max_size=6),
@@ -215,6 +228,29 @@ def test_the_packed_form_of_a_new_entry_restores_in_python():
     restored = PY.BatchState("b")
     restored.apply_delta(delta)
     _same(restored, state)
+
+
+def test_a_new_entry_with_a_task_is_written_wide_and_restores_in_python():
+    """The packed forms hold no task: an entry that names one is written wide, its task
+    the eleventh item (after the weight version, None here); one without stays packed."""
+    state = NATIVE.BatchState("b")
+    state.start_journal()
+    state.add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=1, task="gsm8k"))
+    state.add(GenerationRecord(batch_id="b", session_id="s", generation_id="h", accepted=1, weight_version="v1"))
+    state.add(
+        GenerationRecord(batch_id="b", session_id="s", generation_id="i", accepted=1, task="chat", weight_version="v1")
+    )
+    delta = state.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
+    assert [(e[1], e[9], e[10]) for e in delta.entries] == [("g", None, "gsm8k"), ("i", "v1", "chat")]
+    assert delta.packed_versioned[:2] == ["s", "h"] and not delta.packed
+    restored = PY.BatchState("b")
+    restored.apply_delta(delta)
+    _same(restored, state)
+    assert [(e.key, e.unique_generation_count) for e in restored.partial().tasks] == [
+        ("chat", 1),
+        ("gsm8k", 1),
+        (None, 1),
+    ]
 
 
 def test_journal_must_be_started():

@@ -51,6 +51,7 @@ records = st.builds(
     producer_id=st.one_of(st.none(), st.sampled_from(["p0", "p1"])),
     weight_version=st.one_of(st.none(), ids),
     run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
+    task=st.one_of(st.none(), ids),
 )
 batches = st.builds(
     RecordBatch,
@@ -101,6 +102,12 @@ RECORD = [("type", "record"), ("batch_id", "b"), ("session_id", "s"), ("generati
         _map([*RECORD, ("sample_id", "")]),
         _map([*RECORD, ("sample_id", "x" * (MAX_ID + 1))]),
         _map([*RECORD, ("sample_id", b"bytes")]),
+        _map([*RECORD, ("task", "")]),  # revision 4: task is an id like the others
+        _map([*RECORD, ("task", 7)]),
+        _map([*RECORD, ("task", "x" * (MAX_ID + 1))]),
+        _map([*RECORD, ("task", "gsm8k"), ("task", "chat")]),
+        _map([*RECORD, ("tasx", "gsm8k")]),  # the length of "task" and "type", neither
+        _map([("type", "batch"), ("records", [dict(RECORD[1:], task="gsm8k")]), ("task", "gsm8k")]),
         _map(RECORD[:3]),  # no generation_id
         _map([("type", "marker"), ("batch_id", "b"), ("producer_id", "p")]),
         _map([("type", "nope"), *RECORD[1:]]),
@@ -132,6 +139,17 @@ def test_a_nested_record_may_name_its_type_or_not():
     nested = dict(RECORD[1:])
     for record in (nested, dict(nested, type="record")):
         assert native_agrees(msgspec.msgpack.encode({"type": "batch", "records": [record]}))
+
+
+@pytest.mark.parametrize("order", ["task first", "type first"])
+def test_a_record_naming_its_task_is_taken_natively(order):
+    """ "task" has the length of "type" (the parser dispatches keys by length): both are
+    read, in either order, in a plain record and inside a batch."""
+    pairs = [("task", "gsm8k"), *RECORD] if order == "task first" else [*RECORD, ("task", "gsm8k")]
+    data = _map(pairs)
+    assert native_agrees(data) and _native.decode(data)._fields(0)[-1] == "gsm8k"
+    nested = dict(pairs)
+    assert native_agrees(msgspec.msgpack.encode({"type": "batch", "records": [nested, dict(nested, task="chat")]}))
 
 
 def test_declared_lengths_are_not_trusted():

@@ -233,3 +233,45 @@ def test_an_entry_written_with_its_partials_restores_and_is_split_at_its_next_wr
     _log(log, effects)
     restored = _merger()
     assert restored.restore(log.items()).published == [published]
+
+
+def test_a_partial_from_a_worker_before_tasks_still_merges():
+    """Upgraded mid-run, one records partition's partial comes from a worker before
+    revision 4: no per-task sums, no inconsistent count (the fields appended since are
+    absent from its bytes). It merges: its generations are the unknown task's, and the
+    batch's totals are whole."""
+    import msgspec
+
+    from specmeter.schemas import decode_partial
+
+    new = BatchState("b")
+    new.add(
+        GenerationRecord(
+            batch_id="b",
+            session_id="s0",
+            generation_id="g",
+            accepted=3,
+            proposed=4,
+            verify=9,
+            accept_histogram=[1, 2],
+            task="gsm8k",
+        )
+    )
+    old = BatchState("b")
+    old.add(
+        GenerationRecord(batch_id="b", session_id="s1", generation_id="g", accepted=1, proposed=4, weight_version="v1")
+    )
+    fields = msgspec.to_builtins(old.partial(partition=1))
+    for name in ("inconsistent_generation_count", "tasks", "too_many_tasks"):
+        del fields[name]
+    older = decode_partial(msgspec.msgpack.encode(fields))  # the partials topic's msgpack, as it wrote it
+    assert older.tasks == [] and older.inconsistent_generation_count == 0
+    m = _merger()
+    m.process([(0, new.partial(partition=0))], now_ms=0)
+    (out,) = m.process([(1, older)], now_ms=1).published
+    assert out.metrics["spec/accepted_total"] == 4 and out.metrics["spec/inconsistent_generation_count"] == 1
+    assert [(e.task, e.metrics["spec/accepted_total"]) for e in out.by_task] == [("gsm8k", 3), (None, 1)]
+    assert [(e.weight_version, e.metrics["spec/accepted_total"]) for e in out.by_weight_version] == [
+        ("v1", 1),
+        (None, 3),
+    ]

@@ -52,8 +52,14 @@ def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
     return lines
 
 
+#: the expected fields of a batch beside speculative, metrics and accept_histogram, and
+#: where a single-batch case keeps them (revision 3: positions; revision 4: the budget
+#: curve and by_task); a case that lacks one (older cases) leaves it unchecked
+_OPTIONAL_FIELDS = ("by_weight_version", "accept_rate_by_position", "tokens_per_verify_by_budget", "by_task")
+
+
 def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any]]:
-    """Expected {speculative, metrics, accept_histogram, by_weight_version} per (run_id, batch_id)."""
+    """Expected {speculative, metrics, accept_histogram, by_weight_version, ...} per (run_id, batch_id)."""
     if "expected_batches" in case:
         return {(b["run_id"], b["batch_id"]): b for b in case["expected_batches"]}
     if "expected_by_batch" in case:
@@ -63,52 +69,80 @@ def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any
             "speculative": case["speculative"],
             "metrics": case["expected"],
             "accept_histogram": case["accept_histogram"],
-            "by_weight_version": case.get("by_weight_version"),
-            "accept_rate_by_position": case.get("accept_rate_by_position"),
+            **{name: case[name] for name in _OPTIONAL_FIELDS if name in case},
         }
     }
 
 
 def assert_batch_equal(got: dict[str, Any], want: dict[str, Any], where: str = "") -> None:
     """One published batch (``msgspec.to_builtins`` of a BatchMetrics) against its expected
-    {speculative, metrics, accept_histogram, by_weight_version, accept_rate_by_position}."""
+    {speculative, metrics, accept_histogram} and whichever of by_weight_version,
+    accept_rate_by_position, tokens_per_verify_by_budget and by_task it gives."""
     assert got["speculative"] is want["speculative"], where
     assert got["accept_histogram"] == want["accept_histogram"], f"{where}: histogram"
     assert_metrics_equal(got["metrics"], want["metrics"], where)
-    if "accept_rate_by_position" in want:
-        assert_positions_equal(got.get("accept_rate_by_position"), want["accept_rate_by_position"], where)
+    _assert_curves_equal(got, want, where)
     if "by_weight_version" in want:
         assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
+    if "by_task" in want:
+        assert_by_task_equal(got["by_task"], want["by_task"], where)
 
 
-def assert_positions_equal(actual: list[float] | None, expected: list[float] | None, where: str = "") -> None:
-    """``accept_rate_by_position``: null alike, else the same length and floats within rel 1e-12."""
+def _assert_curves_equal(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    """The per-position curves a batch or a breakdown entry carries, where ``want`` gives them."""
+    for name in ("accept_rate_by_position", "tokens_per_verify_by_budget"):
+        if name in want:
+            assert_positions_equal(got.get(name), want[name], where, name=name)
+
+
+def assert_positions_equal(
+    actual: list[float] | None,
+    expected: list[float] | None,
+    where: str = "",
+    *,
+    name: str = "accept_rate_by_position",
+) -> None:
+    """A per-position curve (``accept_rate_by_position``, ``tokens_per_verify_by_budget``):
+    null alike, else the same length and floats within rel 1e-12."""
     if expected is None or actual is None:
-        assert actual == expected, f"{where}: accept_rate_by_position {actual!r} != {expected!r}"
+        assert actual == expected, f"{where}: {name} {actual!r} != {expected!r}"
         return
-    assert len(actual) == len(expected), f"{where}: accept_rate_by_position {actual!r} != {expected!r}"
+    assert len(actual) == len(expected), f"{where}: {name} {actual!r} != {expected!r}"
     for k, (got, want) in enumerate(zip(actual, expected, strict=True), start=1):
         assert type(got) is float and math.isclose(got, want, rel_tol=1e-12, abs_tol=0.0), (
-            f"{where}: accept_rate_by_position position {k}: {got!r} != {want!r}"
+            f"{where}: {name} at k = {k}: {got!r} != {want!r}"
         )
+
+
+def assert_breakdown_equal(
+    actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, key: str, where: str = ""
+) -> None:
+    """A breakdown (``by_weight_version``, ``by_task``; ``key`` names its entries' field):
+    same entries in the same order; each entry's metrics compare like metrics, its
+    histogram exactly, its curves like the batch's."""
+    if expected is None or actual is None:
+        assert actual == expected, f"{where}: by {key} {actual!r} != {expected!r}"
+        return
+    got_keys = [e[key] for e in actual]
+    want_keys = [e[key] for e in expected]
+    assert got_keys == want_keys, f"{where}: {key} {got_keys} != {want_keys}"
+    for got, want in zip(actual, expected, strict=True):
+        entry = f"{where}/{key}={want[key]}"
+        assert got["accept_histogram"] == want["accept_histogram"], f"{entry}: histogram"
+        assert_metrics_equal(got["metrics"], want["metrics"], entry)
+        _assert_curves_equal(got, want, entry)
 
 
 def assert_by_weight_version_equal(
     actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, where: str = ""
 ) -> None:
-    """Same entries in the same order; each entry's metrics compare like metrics."""
-    if expected is None or actual is None:
-        assert actual == expected, f"{where}: by_weight_version {actual!r} != {expected!r}"
-        return
-    got_versions = [e["weight_version"] for e in actual]
-    want_versions = [e["weight_version"] for e in expected]
-    assert got_versions == want_versions, f"{where}: versions {got_versions} != {want_versions}"
-    for got, want in zip(actual, expected, strict=True):
-        entry = f"{where}/{want['weight_version']}"
-        assert got["accept_histogram"] == want["accept_histogram"], f"{entry}: histogram"
-        assert_metrics_equal(got["metrics"], want["metrics"], entry)
-        if "accept_rate_by_position" in want:
-            assert_positions_equal(got.get("accept_rate_by_position"), want["accept_rate_by_position"], entry)
+    assert_breakdown_equal(actual, expected, "weight_version", where)
+
+
+def assert_by_task_equal(
+    actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, where: str = ""
+) -> None:
+    assert_breakdown_equal(actual, expected, "task", where)
 
 
 def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:

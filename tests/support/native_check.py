@@ -30,6 +30,7 @@ FIELDS = (
     "producer_id",
     "weight_version",
     "run_id",
+    "task",
 )
 
 

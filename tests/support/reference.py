@@ -1,5 +1,9 @@
 """A deliberately naive, slow implementation of the metrics (docs/contract.md §3,
-§3.1 and §3.3), written from the text alone, to check the core against on random inputs."""
+§3.1, §3.3, §3.4 and §3.5), written from the text alone, to check the core against on
+random inputs.
+
+A value is the tuple (state_hash, accepted, proposed, verify, completion, histogram,
+weight_version, task)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ def _values_by_key(records: list[dict[str, Any]]) -> dict[tuple[str, str], set[t
                 r["completion"],
                 tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
                 r.get("weight_version"),
+                r.get("task"),
             )
         )
     return keys
@@ -51,6 +56,7 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
     out = {
         "spec/record_occurrence_count": len(occurrences),
         "spec/conflicting_generation_count": len(C),
+        "spec/inconsistent_generation_count": sum(_inconsistent(v) for v in clean.values()),
         "spec/invalid_record_count": invalid,
         "spec/sample_count": len(samples),
         # the sums run over G \ C; the generation count and the coverages over G
@@ -73,6 +79,16 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
         if all(c is not None and v for c, v in ln):
             out["spec_accept_length"] = math.fsum(c / v for c, v in ln) / len(ln)
     return out
+
+
+def _inconsistent(value: tuple) -> bool:
+    """§3.5: the histogram is known, and verify is known and differs from the number of
+    steps it counts, or accepted is known and differs from the drafts they accepted."""
+    _, accepted, _, verify, _, histogram, *_ = value
+    if histogram is None:
+        return False
+    steps = [i for i, count in enumerate(histogram) for _ in range(count)]
+    return (verify is not None and verify != len(steps)) or (accepted is not None and accepted != sum(steps))
 
 
 def _sums(values: list[tuple], generations: int | None = None) -> dict:
@@ -108,31 +124,41 @@ def _sums(values: list[tuple], generations: int | None = None) -> dict:
     return out
 
 
-def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
-    """by_weight_version read naively: one entry per distinct version over G \\ C,
-    sorted with the unknown version last; null when not speculative, when no key of
-    G \\ C knows its version, or past 64 known versions."""
+def _reference_breakdown(records: list[dict[str, Any]], marker_algorithm: str | None, field: str) -> list | None:
+    """A breakdown read naively: one entry per distinct ``field`` (weight_version: §3.1,
+    task: §3.4) over G \\ C, sorted with the unknown one last; null when not
+    speculative, when no key of G \\ C knows it, or past 64 known ones."""
+    index = {"weight_version": 6, "task": 7}[field]
     clean = [next(iter(v)) for v in _values_by_key(records).values() if len(v) == 1]
     speculative = _speculative(records, marker_algorithm)
-    known = {v[6] for v in clean if v[6] is not None}
+    known = {v[index] for v in clean if v[index] is not None}
     if not speculative or not known or len(known) > 64:
         return None
     out = []
-    for version in sorted(known) + ([None] if any(v[6] is None for v in clean) else []):
-        values = [v for v in clean if v[6] == version]
+    for name in sorted(known) + ([None] if any(v[index] is None for v in clean) else []):
+        values = [v for v in clean if v[index] == name]
         histograms = [v[5] for v in values if v[5] is not None]
         histogram = None
         if histograms:
             histogram = [sum(h[i] for h in histograms if i < len(h)) for i in range(max(map(len, histograms)))]
         out.append(
             {
-                "weight_version": version,
+                field: name,
                 "metrics": _sums(values),
                 "accept_histogram": histogram,
                 "accept_rate_by_position": reference_accept_rate_by_position(histogram),
+                "tokens_per_verify_by_budget": reference_tokens_per_verify_by_budget(histogram),
             }
         )
     return out
+
+
+def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
+    return _reference_breakdown(records, marker_algorithm, "weight_version")
+
+
+def reference_by_task(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
+    return _reference_breakdown(records, marker_algorithm, "task")
 
 
 def reference_histogram(records: list[dict[str, Any]], marker_algorithm: str | None) -> list[int] | None:
@@ -159,3 +185,15 @@ def reference_accept_rate_by_position(histogram: list[int] | None) -> list[float
     if not steps:
         return None
     return [sum(1 for accepted in steps if accepted >= k) / len(steps) for k in range(1, len(histogram))]
+
+
+def reference_tokens_per_verify_by_budget(histogram: list[int] | None) -> list[float] | None:
+    """§3.5 read literally: with a budget of k draft tokens a step that accepted i drafts
+    would have accepted min(i, k), and every step yields one token besides its accepted
+    drafts; the curve is the tokens per step for k = 1 .. n-1, one step at a time. Null
+    exactly when acceptance by position is."""
+    if reference_accept_rate_by_position(histogram) is None:
+        return None
+    assert histogram is not None
+    steps = [accepted for accepted, count in enumerate(histogram) for _ in range(count)]
+    return [sum(1 + min(accepted, k) for accepted in steps) / len(steps) for k in range(1, len(histogram))]

@@ -2,10 +2,11 @@
 //! `BatchState`, without Python objects (docs/contract.md §3, §3.1).
 //!
 //! Layout: every string but the generation ids is interned once per batch
-//! (sessions, samples, state hashes, weight versions); a generation's id lives in
-//! an arena and its entry is 40 bytes: the counters, the version, the first
-//! occurrence's sample, flags and the index of its state hash and histogram (whose
-//! bins live in one arena). Rarer parts -- more occurrences, counters past 32 bits
+//! (sessions, samples, state hashes, weight versions, tasks); a generation's id lives
+//! in an arena and its entry is 40 bytes: the counters, its label (the pair of its
+//! weight version and task, interned: a batch holds few), the first occurrence's
+//! sample, flags and the index of its state hash and histogram (whose bins live in
+//! one arena). Rarer parts -- more occurrences, counters past 32 bits
 //! (only from a changelog written before the limits) -- live in side tables.
 //! `apply` is the one implementation of the dedup rule.
 
@@ -15,8 +16,8 @@ use std::hash::BuildHasher;
 use crate::exact::{div, grow};
 use crate::msgpack::Writer;
 
-/// More distinct known weight versions than this in one batch: no breakdown (§3.1).
-pub const MAX_WEIGHT_VERSIONS: usize = 64;
+/// More distinct known weight versions (tasks) than this in one batch: no breakdown (§3.1, §3.4).
+pub const MAX_BREAKDOWN_KEYS: usize = 64;
 
 /// A record as the rule sees it (strings are valid UTF-8).
 pub struct Record<'a> {
@@ -28,6 +29,7 @@ pub struct Record<'a> {
     pub counters: [Option<u64>; 4],
     pub hist: Option<&'a [u64]>,
     pub version: Option<&'a [u8]>,
+    pub task: Option<&'a [u8]>,
 }
 
 /// What went wrong on input the rule cannot hold (never on wire-valid records).
@@ -100,8 +102,8 @@ struct Entry {
     session: u32,
     /// the first occurrence's sample (0: sample_id None)
     sample: u32,
-    /// the weight_version (0: None)
-    version: u32,
+    /// the (weight_version, task) pair, in `Labels` (0: neither known)
+    label: u32,
     counters: [u32; 4],
     /// index in `aux` of the state hash and histogram (0: neither)
     aux: u32,
@@ -154,15 +156,59 @@ impl Hist<'_> {
     }
 }
 
-/// A value to store or compare: (state_hash, counters, histogram, version).
+/// A value to store or compare: (state_hash, counters, histogram, label).
 pub struct Value<'a> {
     pub state_hash: u32,
     pub counters: [Option<u64>; 4],
     pub hist: Option<&'a [u64]>,
-    pub version: u32,
+    pub label: u32,
 }
 
-/// Per weight version (and for the batch): [unique, accepted, proposed, verify,
+/// The (weight_version, task) pairs of a batch's generations, each an interned string id
+/// (0: unknown), numbered from 1 (0: both unknown). Two values agree on both exactly when
+/// their labels are equal, and an entry holds one u32 for the two.
+#[derive(Default)]
+struct Labels {
+    pairs: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+    /// the last pair looked up and its label (records come in runs)
+    last: ((u32, u32), u32),
+}
+
+impl Labels {
+    #[inline]
+    fn label(&mut self, version: u32, task: u32) -> Result<u32, TooLarge> {
+        if version == 0 && task == 0 {
+            return Ok(0);
+        }
+        if self.last.1 != 0 && self.last.0 == (version, task) {
+            return Ok(self.last.1);
+        }
+        let label = match self.index.get(&(version, task)) {
+            Some(&label) => label,
+            None => {
+                let label = u32::try_from(self.pairs.len() + 1).map_err(|_| TooLarge("too many weight versions and tasks in one batch"))?;
+                self.pairs.push((version, task));
+                self.index.insert((version, task), label);
+                label
+            }
+        };
+        self.last = ((version, task), label);
+        Ok(label)
+    }
+
+    /// (weight_version, task) of a label.
+    #[inline]
+    fn pair(&self, label: u32) -> (u32, u32) {
+        self.pairs.get((label as usize).wrapping_sub(1)).copied().unwrap_or((0, 0))
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.pairs.capacity() * 8 + self.index.allocation_size()
+    }
+}
+
+/// Per breakdown key (and for the batch): [unique, accepted, proposed, verify,
 /// completion, paired accepted, paired proposed, accept covered, paired completion,
 /// paired verify, verify covered], as `_state._Sums` adds them.
 pub type Sums = [u128; 11];
@@ -186,18 +232,63 @@ fn add_counters(s: &mut Sums, c: [Option<u64>; 4]) {
     }
 }
 
-fn add_hist(out: &mut Option<Vec<u128>>, hist: Hist) {
+/// Adds `len` bins to a summed histogram (shorter ones padded with zeros).
+fn add_bins(out: &mut Option<Vec<u128>>, len: usize, bins: impl Iterator<Item = u128>) {
     let out = out.get_or_insert_with(Vec::new);
-    if hist.len() > out.len() {
-        out.resize(hist.len(), 0);
+    if len > out.len() {
+        out.resize(len, 0);
     }
-    for (o, h) in out.iter_mut().zip(hist.values()) {
-        *o += h as u128;
+    for (o, h) in out.iter_mut().zip(bins) {
+        *o += h;
     }
 }
 
-/// One weight version's sums in a partial: (weight_version or None, sums, histogram).
-pub type VersionSums = (Option<Vec<u8>>, Sums, Option<Vec<u128>>);
+/// A histogram contradicts its own counters (docs/contract.md §3.5, `_state.inconsistent`):
+/// verify known and not sum(H), or accepted known and not sum(i * H[i]).
+fn inconsistent(counters: [Option<u64>; 4], hist: Hist) -> bool {
+    let (mut steps, mut accepted) = (0u128, 0u128);
+    for (i, b) in hist.values().enumerate() {
+        steps += b as u128;
+        accepted += i as u128 * b as u128;
+    }
+    counters[2].is_some_and(|v| v as u128 != steps) || counters[0].is_some_and(|a| a as u128 != accepted)
+}
+
+/// Sums and summed histogram of one group of non-conflicting generations.
+type Group = (Sums, Option<Vec<u128>>);
+
+fn add_group(into: &mut Group, from: &Group) {
+    for (a, b) in into.0.iter_mut().zip(from.0) {
+        *a += b;
+    }
+    if let Some(h) = &from.1 {
+        add_bins(&mut into.1, h.len(), h.iter().copied());
+    }
+}
+
+/// One key's sums in a partial's breakdown: (weight_version or task, None when unknown; sums, histogram).
+pub type KeySums = (Option<Vec<u8>>, Sums, Option<Vec<u128>>);
+
+/// One breakdown (`_state._breakdown`): per key id (0: unknown) sorted by the key's string,
+/// unknown last; (empty, true) past `MAX_BREAKDOWN_KEYS` known keys; empty when none is known.
+fn breakdown(groups: HashMap<u32, Group>, strings: &Interner) -> (Vec<KeySums>, bool) {
+    let known = groups.keys().filter(|&&k| k != 0).count();
+    if known > MAX_BREAKDOWN_KEYS {
+        return (Vec::new(), true);
+    }
+    if known == 0 {
+        return (Vec::new(), false);
+    }
+    let mut list: Vec<KeySums> =
+        groups.into_iter().map(|(k, (s, h))| ((k != 0).then(|| strings.resolve(k).to_vec()), s, h)).collect();
+    list.sort_by(|a, b| match (&a.0, &b.0) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    });
+    (list, false)
+}
 
 /// The partial's sums (the Python layer adds markers and envelope fields).
 pub struct Partial {
@@ -212,8 +303,13 @@ pub struct Partial {
     pub length_ratio_samples: u64,
     pub length_ratio_parts: Vec<f64>,
     /// (weight_version or None, sums, histogram), sorted, None last
-    pub versions: Vec<VersionSums>,
+    pub versions: Vec<KeySums>,
     pub too_many_versions: bool,
+    /// non-conflicting generations whose histogram contradicts their counters (§3.5)
+    pub inconsistent_generation_count: u64,
+    /// (task or None, sums, histogram), sorted, None last
+    pub tasks: Vec<KeySums>,
+    pub too_many_tasks: bool,
 }
 
 /// The counters a delta compares against (`_state.BatchState._counters`); markers
@@ -243,6 +339,7 @@ pub struct Restored<'a> {
     pub counters: [Option<u64>; 4],
     pub hist: Option<Vec<u64>>,
     pub version: Option<&'a [u8]>,
+    pub task: Option<&'a [u8]>,
 }
 
 /// The fixed part of a delta: who it is for and the offsets it covers.
@@ -266,8 +363,9 @@ pub struct State {
     bins: Vec<u32>,
     big: HashMap<u32, Big>,
     extras: HashSet<(u32, u32)>,
-    /// the ids of the last session, sample and version interned (records come in runs)
-    last_ids: [(u32, u32); 3],
+    /// the ids of the last session, version, sample and task interned (records come in runs)
+    last_ids: [(u32, u32); 4],
+    labels: Labels,
     conflicts: u64,
     pub record_count: i64,
     pub invalid_record_count: i64,
@@ -316,6 +414,7 @@ impl State {
             + self.big.allocation_size()
             + self.big.values().map(|b| b.hist.as_ref().map_or(0, |h| h.len() * 8)).sum::<usize>()
             + self.extras.allocation_size()
+            + self.labels.heap_bytes()
     }
 
     #[inline]
@@ -445,7 +544,7 @@ impl State {
         if !fits {
             e.flags |= BIG;
         }
-        e.version = value.version;
+        e.label = value.label;
         e.aux = aux;
         for (i, (slot, known)) in e.counters.iter_mut().zip(KNOWN).enumerate() {
             *slot = 0;
@@ -466,7 +565,7 @@ impl State {
         }
         e.flags = (e.flags & (MULTI | NO_OCC)) | CONFLICT;
         e.counters = [0; 4];
-        e.version = 0;
+        e.label = 0;
         e.aux = 0; // the old state hash and bins stay in their arenas, unused
     }
 
@@ -474,7 +573,7 @@ impl State {
     fn holds(&self, idx: u32, value: &Value) -> bool {
         let e = &self.entries[idx as usize];
         e.flags & CONFLICT == 0
-            && e.version == value.version
+            && e.label == value.label
             && self.counters_of(idx) == value.counters
             && self.state_hash_of(e) == value.state_hash
             && match (self.hist_of(idx, e), value.hist) {
@@ -503,7 +602,7 @@ impl State {
         true
     }
 
-    /// `intern_opt` through a one-entry cache per kind (0: session, 1: version, 2: sample).
+    /// `intern_opt` through a one-entry cache per kind (0: session, 1: version, 2: sample, 3: task).
     #[inline]
     fn intern_cached(&mut self, kind: usize, s: Option<&[u8]>) -> Result<u32, TooLarge> {
         let Some(s) = s else {
@@ -535,11 +634,13 @@ impl State {
         let session = self.intern_cached(0, Some(r.session))?;
         let version = self.intern_cached(1, r.version)?;
         let sample = self.intern_cached(2, r.sample)?;
+        let task = self.intern_cached(3, r.task)?;
+        let label = self.labels.label(version, task)?;
         let journaling = self.journal.is_some();
         let Some(idx) = self.find(session, r.generation) else {
             let idx = self.create(session, r.generation)?;
             let state_hash = self.intern_opt(r.state_hash)?;
-            self.set_value(idx, &Value { state_hash, counters: r.counters, hist: r.hist, version })?;
+            self.set_value(idx, &Value { state_hash, counters: r.counters, hist: r.hist, label })?;
             let e = &mut self.entries[idx as usize];
             e.flags &= !NO_OCC;
             e.sample = sample;
@@ -558,7 +659,7 @@ impl State {
                 Some(h) => self.strings.get(&self.hasher, h).unwrap_or(u32::MAX),
                 None => 0,
             };
-            if !self.holds(idx, &Value { state_hash, counters: r.counters, hist: r.hist, version }) {
+            if !self.holds(idx, &Value { state_hash, counters: r.counters, hist: r.hist, label }) {
                 self.set_conflict(idx);
                 self.conflicts += 1;
                 conflicting = true;
@@ -698,10 +799,10 @@ impl State {
 
     /// A counters value in the packed delta layout of `_state` (each + 1, 0: unknown;
     /// 20/20/20/24 bits), when the entry has that form: created since the last delta,
-    /// one occurrence, no state hash, no histogram, no conflict, small counters.
+    /// one occurrence, no state hash, no histogram, no task, no conflict, small counters.
     fn packed_counters(&self, idx: u32) -> Option<u128> {
         let e = &self.entries[idx as usize];
-        if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 {
+        if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 || self.labels.pair(e.label).1 != 0 {
             return None;
         }
         let mut out = 0u128;
@@ -717,10 +818,12 @@ impl State {
         Some(out)
     }
 
+    /// A wide entry: ten items, eleven when the value names a task (as `_state` writes it).
     fn write_value(&self, w: &mut Writer, idx: u32) {
         let e = &self.entries[idx as usize];
         let session = self.strings.resolve(e.session);
-        w.array(10);
+        let (version, task) = self.labels.pair(e.label);
+        w.array(if task != 0 && e.flags & CONFLICT == 0 { 11 } else { 10 });
         w.str(session);
         w.str(self.gen_bytes(e));
         if e.flags & CONFLICT != 0 {
@@ -748,7 +851,10 @@ impl State {
             }
             None => w.nil(),
         }
-        w.opt_str((e.version != 0).then(|| self.strings.resolve(e.version)));
+        w.opt_str((version != 0).then(|| self.strings.resolve(version)));
+        if task != 0 {
+            w.str(self.strings.resolve(task));
+        }
     }
 
     fn write_occurrence(&self, w: &mut Writer, idx: u32, sample: u32) {
@@ -779,7 +885,7 @@ impl State {
         let mut wide: Vec<u32> = Vec::new();
         for &idx in &journal.new {
             match self.packed_counters(idx) {
-                Some(c) if self.entries[idx as usize].version != 0 => versioned.push((idx, c)),
+                Some(c) if self.entries[idx as usize].label != 0 => versioned.push((idx, c)),
                 Some(c) => packed.push((idx, c)),
                 None => wide.push(idx),
             }
@@ -844,7 +950,7 @@ impl State {
         w.array(versioned.len() * 6);
         for &(idx, c) in &versioned {
             self.write_packed(&mut w, idx, c);
-            w.str(self.strings.resolve(self.entries[idx as usize].version));
+            w.str(self.strings.resolve(self.labels.pair(self.entries[idx as usize].label).0));
         }
         // reset
         let new = std::mem::take(&mut self.journal.as_mut()?.new);
@@ -886,6 +992,7 @@ impl State {
         let (idx, new) = self.entry_for(session, generation)?;
         let sample = self.intern_opt(sample)?;
         let version = self.intern_opt(version)?;
+        let label = self.labels.label(version, 0)?;
         let mut values = [None; 4];
         for (i, (shift, bits)) in [(0u32, 20u32), (20, 20), (40, 20), (60, 24)].into_iter().enumerate() {
             let plus = (counters >> shift) & ((1 << bits) - 1);
@@ -893,7 +1000,7 @@ impl State {
                 values[i] = Some((plus - 1) as u64);
             }
         }
-        let value = Value { state_hash: 0, counters: values, hist: None, version };
+        let value = Value { state_hash: 0, counters: values, hist: None, label };
         if new {
             self.set_value(idx, &value)?;
         } else if self.entries[idx as usize].flags & CONFLICT == 0 && !self.holds(idx, &value) {
@@ -916,7 +1023,9 @@ impl State {
         };
         let state_hash = self.intern_opt(v.state_hash)?;
         let version = self.intern_opt(v.version)?;
-        self.set_value(idx, &Value { state_hash, counters: v.counters, hist: v.hist.as_deref(), version })
+        let task = self.intern_opt(v.task)?;
+        let label = self.labels.label(version, task)?;
+        self.set_value(idx, &Value { state_hash, counters: v.counters, hist: v.hist.as_deref(), label })
     }
 
     pub fn restore_occurrence(&mut self, session: &[u8], sample: Option<&[u8]>, generation: &[u8]) -> Result<(), TooLarge> {
@@ -945,24 +1054,32 @@ impl State {
     // -- output ----------------------------------------------------------------------------
     /// This partition's sums for the batch (`_state.BatchState.partial`).
     pub fn partial(&self) -> Partial {
-        let mut totals: Sums = [0; 11];
-        let mut hist: Option<Vec<u128>> = None;
-        let mut by_version: HashMap<u32, (Sums, Option<Vec<u128>>)> = HashMap::new();
+        let mut totals: Group = ([0; 11], None);
+        let mut inconsistent_count = 0u64;
+        // per label, then per version and per task from the labels' sums (a batch has few labels)
+        let mut by_label: HashMap<u32, Group> = HashMap::new();
         for (i, e) in self.entries.iter().enumerate() {
             if e.flags & CONFLICT != 0 {
                 continue;
             }
             let idx = i as u32;
             let counters = [0, 1, 2, 3].map(|k| self.counter(idx, e, k));
-            let h = self.hist_of(idx, e);
-            add_counters(&mut totals, counters);
-            let (sums, vhist) = by_version.entry(e.version).or_insert(([0; 11], None));
-            add_counters(sums, counters);
-            if let Some(h) = h {
-                add_hist(&mut hist, h);
-                add_hist(vhist, h);
+            let group = by_label.entry(e.label).or_insert(([0; 11], None));
+            add_counters(&mut group.0, counters);
+            if let Some(h) = self.hist_of(idx, e) {
+                add_bins(&mut group.1, h.len(), h.values().map(u128::from));
+                inconsistent_count += inconsistent(counters, h) as u64;
             }
         }
+        let mut by_version: HashMap<u32, Group> = HashMap::new();
+        let mut by_task: HashMap<u32, Group> = HashMap::new();
+        for (&label, group) in &by_label {
+            let (version, task) = self.labels.pair(label);
+            add_group(&mut totals, group);
+            add_group(by_version.entry(version).or_insert(([0; 11], None)), group);
+            add_group(by_task.entry(task).or_insert(([0; 11], None)), group);
+        }
+        let (totals, hist) = totals;
         // samples: (session, sample) or, for sample_id None, the generation itself
         let sample_key = |idx: u32, sample: u32| -> (u32, u32, bool) {
             if sample != 0 {
@@ -1035,24 +1152,8 @@ impl State {
         }
         accept_parts.retain(|&p| p != 0.0);
         length_parts.retain(|&p| p != 0.0);
-        let known = by_version.keys().filter(|&&v| v != 0).count();
-        let mut versions = Vec::new();
-        let mut too_many = false;
-        if known > MAX_WEIGHT_VERSIONS {
-            too_many = true;
-        } else if known > 0 {
-            let mut list: Vec<VersionSums> = by_version
-                .into_iter()
-                .map(|(v, (s, h))| ((v != 0).then(|| self.strings.resolve(v).to_vec()), s, h))
-                .collect();
-            list.sort_by(|a, b| match (&a.0, &b.0) {
-                (None, None) => std::cmp::Ordering::Equal,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (Some(x), Some(y)) => x.cmp(y),
-            });
-            versions = list;
-        }
+        let (versions, too_many_versions) = breakdown(by_version, &self.strings);
+        let (tasks, too_many_tasks) = breakdown(by_task, &self.strings);
         Partial {
             occurrence_count,
             unique_generation_count: self.entries.len() as u64,
@@ -1065,7 +1166,10 @@ impl State {
             length_ratio_samples: length_samples,
             length_ratio_parts: length_parts,
             versions,
-            too_many_versions: too_many,
+            too_many_versions,
+            inconsistent_generation_count: inconsistent_count,
+            tasks,
+            too_many_tasks,
         }
     }
 }

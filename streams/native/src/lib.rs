@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::core::{DeltaHeader, Record, Restored, State, TooLarge};
+use crate::core::{DeltaHeader, KeySums, Record, Restored, State, TooLarge};
 use crate::wire::Parsed;
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -137,7 +137,7 @@ impl Decoded {
     /// The fields of record ``index`` as the native core parsed them (for tests that
     /// hold them against msgspec's): ``(batch_id, session_id, generation_id, sample_id,
     /// state_hash, accepted, proposed, verify, completion, accept_histogram,
-    /// producer_id, weight_version, run_id)``.
+    /// producer_id, weight_version, run_id, task)``.
     fn _fields<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
         let r = self
             .parsed
@@ -157,7 +157,7 @@ impl Decoded {
             }
             None => py.None().into_bound(py),
         });
-        items.extend([s(r.producer), s(r.version), s(r.run)]);
+        items.extend([s(r.producer), s(r.version), s(r.run), s(r.task)]);
         PyTuple::new(py, items)
     }
 }
@@ -223,6 +223,7 @@ struct OwnedRecord {
     hist: Option<Vec<u64>>,
     producer: Option<String>,
     version: Option<String>,
+    task: Option<String>,
 }
 
 impl OwnedRecord {
@@ -242,6 +243,7 @@ impl OwnedRecord {
             hist: if hist.is_none() { None } else { Some(hist.extract::<Vec<u64>>()?) },
             producer: opt_string(obj, "producer_id")?,
             version: opt_string(obj, "weight_version")?,
+            task: opt_string(obj, "task")?,
         })
     }
 
@@ -254,6 +256,7 @@ impl OwnedRecord {
             counters: self.counters,
             hist: self.hist.as_deref(),
             version: self.version.as_deref().map(str::as_bytes),
+            task: self.task.as_deref().map(str::as_bytes),
         }
     }
 }
@@ -389,9 +392,14 @@ impl BatchState {
                 counters[i] = if item.is_none() { None } else { Some(item.extract::<u64>()?) };
             }
             let hist = if items[8].is_none() { None } else { Some(items[8].extract::<Vec<u64>>()?) };
-            // entries written before weight versions existed have no tenth item
+            // entries written before weight versions existed have no tenth item, those
+            // before tasks (and those of a value without one) no eleventh
             let version = match items.get(9) {
                 Some(v) => opt_str(v)?,
+                None => None,
+            };
+            let task = match items.get(10) {
+                Some(t) => opt_str(t)?,
                 None => None,
             };
             let value = Restored {
@@ -399,6 +407,7 @@ impl BatchState {
                 counters,
                 hist,
                 version: version.as_deref().map(str::as_bytes),
+                task: task.as_deref().map(str::as_bytes),
             };
             core.restore_entry(s.as_bytes(), g.as_bytes(), Some(value)).map_err(too_large)?;
         }
@@ -462,6 +471,24 @@ const SUM_FIELDS: [&str; 10] = [
     "paired_verify_total",
     "verify_covered_count",
 ];
+
+/// A breakdown's entries as ``BreakdownSums`` (per weight version, per task).
+fn breakdown_list<'py>(schemas: &Bound<'py, PyModule>, entries: &[KeySums]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let py = schemas.py();
+    let cls = schemas.getattr("BreakdownSums")?;
+    let mut out = Vec::with_capacity(entries.len());
+    for (key, sums, hist) in entries {
+        let kw = PyDict::new(py);
+        kw.set_item("key", opt_text(py, key.as_deref()))?;
+        kw.set_item("unique_generation_count", sums[0])?;
+        for (i, name) in SUM_FIELDS.iter().enumerate() {
+            kw.set_item(*name, sums[i + 1])?;
+        }
+        kw.set_item("accept_histogram", opt_list(py, hist)?)?;
+        out.push(cls.call((), Some(&kw))?);
+    }
+    Ok(out)
+}
 
 #[pymethods]
 impl BatchState {
@@ -595,6 +622,7 @@ impl BatchState {
                         counters: r.counters.map(|c| c.map(u64::from)),
                         hist: r.hist.map(|(f, n)| parsed.bins.get(f as usize..(f + n) as usize).unwrap_or(&[])),
                         version: r.version.map(|s| s.get(data)),
+                        task: r.task.map(|s| s.get(data)),
                     };
                     (record, r.producer.map(|s| s.get(data)).or(envelope))
                 })
@@ -683,18 +711,6 @@ impl BatchState {
         guard(|| {
             let p = self.core.partial();
             let schemas = py.import("specmeter.schemas")?;
-            let version_cls = schemas.getattr("WeightVersionSums")?;
-            let mut versions = Vec::with_capacity(p.versions.len());
-            for (version, sums, hist) in &p.versions {
-                let kw = PyDict::new(py);
-                kw.set_item("weight_version", opt_text(py, version.as_deref()))?;
-                kw.set_item("unique_generation_count", sums[0])?;
-                for (i, name) in SUM_FIELDS.iter().enumerate() {
-                    kw.set_item(*name, sums[i + 1])?;
-                }
-                kw.set_item("accept_histogram", opt_list(py, hist)?)?;
-                versions.push(version_cls.call((), Some(&kw))?);
-            }
             let markers = self.markers.bind(py);
             let records_sent = PyDict::new(py);
             let mut producers = Vec::with_capacity(markers.len());
@@ -737,8 +753,11 @@ impl BatchState {
             kw.set_item("accept_ratio_parts", p.accept_ratio_parts)?;
             kw.set_item("length_ratio_samples", p.length_ratio_samples)?;
             kw.set_item("length_ratio_parts", p.length_ratio_parts)?;
-            kw.set_item("weight_versions", versions)?;
+            kw.set_item("weight_versions", breakdown_list(&schemas, &p.versions)?)?;
             kw.set_item("too_many_versions", p.too_many_versions)?;
+            kw.set_item("inconsistent_generation_count", p.inconsistent_generation_count)?;
+            kw.set_item("tasks", breakdown_list(&schemas, &p.tasks)?)?;
+            kw.set_item("too_many_tasks", p.too_many_tasks)?;
             schemas.getattr("PartialAggregate")?.call((), Some(&kw))
         })
     }

@@ -9,7 +9,7 @@
 
 use crate::msgpack::{Reader, Span};
 
-/// MAX_ID of docs/contract.md §1.1: characters of an id or weight_version.
+/// MAX_ID of docs/contract.md §1.1: characters of an id, weight_version or task.
 pub const MAX_ID: usize = 1024;
 /// MAX_BINS: histogram bins.
 pub const MAX_BINS: usize = 1024;
@@ -31,6 +31,7 @@ pub struct Rec {
     pub producer: Option<Span>,
     pub version: Option<Span>,
     pub run: Option<Span>,
+    pub task: Option<Span>,
     /// where the record's own encoding lies in the message (to rebuild it for a dead letter)
     pub raw_start: u32,
     pub raw_end: u32,
@@ -68,9 +69,10 @@ const F_HIST: u32 = 1 << 9;
 const F_PRODUCER: u32 = 1 << 10;
 const F_VERSION: u32 = 1 << 11;
 const F_RUN: u32 = 1 << 12;
-const F_TYPE: u32 = 1 << 13;
-const F_RECORDS: u32 = 1 << 14;
-const RECORD_FIELDS: u32 = (1 << 13) - 1;
+const F_TASK: u32 = 1 << 13;
+const F_TYPE: u32 = 1 << 14;
+const F_RECORDS: u32 = 1 << 15;
+const RECORD_FIELDS: u32 = (1 << 14) - 1;
 const REQUIRED: u32 = F_BATCH_ID | F_SESSION | F_GENERATION;
 
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -83,6 +85,8 @@ enum Tag {
 fn field(key: &[u8]) -> Option<u32> {
     // by length first: one comparison of the whole key at most, mostly
     let (f, name): (u32, &[u8]) = match key.len() {
+        // "type" and "task" have one length: told apart by their second byte
+        4 if key[1] == b'a' => (F_TASK, b"task"),
         4 => (F_TYPE, b"type"),
         6 if key[0] == b'v' => (F_VERIFY, b"verify"),
         6 => (F_RUN, b"run_id"),
@@ -177,6 +181,7 @@ fn record_field(r: &mut Reader, f: u32, rec: &mut Rec, bins: &mut Vec<u64>) -> O
         F_PRODUCER => rec.producer = opt_id(r)?,
         F_VERSION => rec.version = opt_id(r)?,
         F_RUN => rec.run = opt_id(r)?,
+        F_TASK => rec.task = opt_id(r)?,
         _ => return None,
     }
     Some(())
