@@ -1,9 +1,11 @@
 """Stage 1 alone, no Kafka: microseconds per record, native core against Python.
 
-    python bench/stage1_core.py [--records 1000000] [--smoke] [--json] [--kafka]
+    python bench/stage1_core.py [--records 1000000] [--no-tasks] [--smoke] [--json] [--kafka]
 
 The throughput bench's fleet (20 % redeliveries, shared ancestors, 1 % conflicts,
-unknown counters), packed as the producer packs it (one RecordBatch of up to 500
+unknown counters; each session of one of three tasks, a few histograms contradicting
+their counters; ``--no-tasks``: the fleet before revision 4, no record naming a task),
+packed as the producer packs it (one RecordBatch of up to 500
 records per producer run, markers between), is fed to one PartitionProcessor in
 chunks of about 10k records, as the worker feeds it: decoding, dedup, the journal
 and its deltas, checkpoints, closing by markers and partials all included. Also
@@ -42,7 +44,7 @@ PER_MESSAGE = 500
 CHUNK_RECORDS = 10_000
 
 
-def messages(target: int) -> tuple[list[tuple[int, bytes]], list[int], int]:
+def messages(target: int, tasks: bool = True) -> tuple[list[tuple[int, bytes]], list[int], int]:
     """The fleet as records-topic messages: (offset, bytes), records per message, records."""
     out: list[tuple[int, bytes]] = []
     sizes: list[int] = []
@@ -54,7 +56,7 @@ def messages(target: int) -> tuple[list[tuple[int, bytes]], list[int], int]:
             out.append((len(out), encode_records_message(RecordBatch(records=records, producer_id=producer))))
             sizes.append(len(records))
 
-    for event in synthetic_fleet(fleet(target)):
+    for event in synthetic_fleet(fleet(target, tasks=tasks)):
         if isinstance(event.payload, GenerationRecord):
             pending.setdefault(event.producer_id, []).append(event.payload)
             if len(pending[event.producer_id]) >= PER_MESSAGE:
@@ -194,11 +196,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per core; the best counts")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     parser.add_argument("--kafka", action="store_true", help="also time reading the changelog back from a broker")
+    parser.add_argument("--no-tasks", action="store_true", help="records without a task (the fleet before revision 4)")
     add_json_flag(parser)
     args = parser.parse_args()
     target = 5_000 if args.smoke else args.records
-    print(f"building ≈{target:,} records ...", file=sys.stderr)
-    msgs, sizes, records = messages(target)
+    print(f"building ≈{target:,} records{' without tasks' if args.no_tasks else ''} ...", file=sys.stderr)
+    msgs, sizes, records = messages(target, tasks=not args.no_tasks)
     work = chunks(msgs, sizes)
     cores = [_core.PYTHON] + ([_core.NATIVE] if _core.NATIVE is not None else [])
     results: dict[str, dict[str, float]] = {}
@@ -230,6 +233,7 @@ def main() -> None:
     input_bytes = sum(len(value) for _, value in msgs) / records
     rows = [
         ("records, messages, chunks", f"{records:,}, {len(msgs):,}, {len(work):,}"),
+        ("records name a task", "no" if args.no_tasks else "yes (one of three per session)"),
         ("records-topic messages (uncompressed)", f"{input_bytes:.1f} B per record"),
         ("python core: processor / apply", f"{py['process']:.2f} / {py['apply']:.2f} µs per record"),
         (
@@ -240,6 +244,7 @@ def main() -> None:
     ]
     data: dict = {
         "records": records,
+        "tasks": not args.no_tasks,
         "messages": len(msgs),
         "input_bytes_per_record": input_bytes,
         "python_us_per_record": py["process"],

@@ -409,6 +409,25 @@ def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value
 
 
+def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, float], ...]:
+    """``loadgen --tasks``: ``NAME:FACTOR,...`` (a name alone: factor 1), or ``none``."""
+    if value.strip().lower() in ("", "none"):
+        return ()
+    out = []
+    for item in value.split(","):
+        name, _, factor = item.strip().partition(":")
+        try:
+            number = float(factor) if factor else 1.0
+        except ValueError:
+            number = -1.0
+        if not name or not 0 < number <= 1:
+            raise click.BadParameter(
+                f"{item.strip()!r} is not NAME:FACTOR with a factor in (0, 1] (e.g. gsm8k:1,chat:0.9, or none)"
+            )
+        out.append((name, number))
+    return tuple(out)
+
+
 def _run_id_option(func):
     return click.option(
         "--run-id",
@@ -833,6 +852,22 @@ def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
     help="Share of records that are invalid (a negative counter): dead-lettered and counted.",
 )
 @click.option(
+    "--tasks",
+    default="chat:0.9,gsm8k:1,swe-bench:0.8",
+    show_default=True,
+    callback=_tasks,
+    metavar="NAME:FACTOR,...",
+    help="The tasks (datasets) sessions draw their prompts from, each with the factor of per-draft "
+    "acceptance the draft shows on it, in (0, 1]; 'none': records name no task.",
+)
+@click.option(
+    "--inconsistent-rate",
+    type=click.FloatRange(0, 1),
+    default=0.005,
+    show_default=True,
+    help="Share of generations whose histogram contradicts their own counters (spec/inconsistent_generation_count).",
+)
+@click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
@@ -873,6 +908,8 @@ def loadgen(
     conflict_rate: float,
     missing_rate: float,
     invalid_rate: float,
+    tasks: tuple[tuple[str, float], ...],
+    inconsistent_rate: float,
     rate: float | None,
     seed: int,
     expect: IO[bytes] | None,
@@ -883,10 +920,12 @@ def loadgen(
 
     Sessions branch into trajectories that share ancestor generations; counters
     follow a per-step acceptance model of the algorithm; a share of records is
-    redelivered, conflicting, missing counters or invalid. Each batch mixes
+    redelivered, conflicting, missing counters or invalid, and a share of
+    generations reports a histogram that contradicts its counters. Each batch mixes
     the current policy version with older ones (weight_version v<N>), and
     acceptance falls as the policy drifts away from the draft model's version,
-    back up at each draft refresh. Each simulated worker closes its batches
+    back up at each draft refresh; each session's prompt comes from one task, on
+    which the draft accepts more or less. Each simulated worker closes its batches
     with markers. With --expect, the metrics the worker must publish are
     written first, so a run can be checked end to end.
     """
@@ -914,6 +953,8 @@ def loadgen(
         draft_refresh_batches=draft_refresh,
         drift_per_version=drift,
         run_id=run_id,
+        tasks=tasks,
+        inconsistent_rate=inconsistent_rate,
     )
     security = None
     if dump is None:  # fail before writing --expect when the broker is not there

@@ -13,18 +13,27 @@ refreshed every ``draft_refresh_batches`` batches; a generation's per-draft
 acceptance falls by ``drift_per_version`` (relative) for every version its
 policy is ahead of the draft's. So within a batch the newer versions accept
 less, and over the batches acceptance saws down and back up at each refresh.
+
+Tasks (revision 4): each session's prompt comes from one task (dataset) of
+``tasks``, and the draft accepts differently on each (a per-draft acceptance
+factor per task); the tasks are drawn from a generator of their own, so the rest
+of the fleet's draws are those of a spec without them. A share
+``inconsistent_rate`` of the generations reports a histogram that contradicts its
+own counters (one verify step too many, or the histogram indexed by accept
+length), as a broken engine or adapter would.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
-from specmeter.schemas import BatchMarker, GenerationRecord
+from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord
 
 __all__ = ["FleetSpec", "FleetEvent", "synthetic_fleet", "ALGORITHMS"]
 
@@ -64,6 +73,11 @@ class FleetSpec:
     first_version: int = 10
     #: the training run every record and marker names (None: the default run)
     run_id: str | None = None
+    #: (revision 4) the tasks sessions draw their prompts from, each with the factor of
+    #: per-draft acceptance the draft model shows on it; empty: records name no task
+    tasks: tuple[tuple[str, float], ...] = (("chat", 0.9), ("gsm8k", 1.0), ("swe-bench", 0.8))
+    #: (revision 4) share of generations whose histogram contradicts their counters
+    inconsistent_rate: float = 0.005
 
     def __post_init__(self) -> None:
         if self.algorithm is not None and self.algorithm not in ALGORITHMS:
@@ -76,6 +90,10 @@ class FleetSpec:
             raise ValueError("drift_per_version must be in [0, 1)")
         if self.run_id is not None and not self.run_id:
             raise ValueError("run_id must be None or a non-empty string")
+        if any(not 0 < len(name) <= MAX_ID or not 0 < factor <= 1 for name, factor in self.tasks):
+            raise ValueError(f"tasks must be (name of 1 to {MAX_ID} characters, acceptance factor in (0, 1]) pairs")
+        if not 0 <= self.inconsistent_rate <= 1:
+            raise ValueError("inconsistent_rate must be in [0, 1]")
 
     def policy_version(self, batch: int) -> int:
         """The current policy version while batch ``batch`` is generated."""
@@ -136,21 +154,36 @@ def _with_missing(rng: random.Random, value: tuple) -> tuple:
     return (accepted, proposed, None, None, histogram)  # verify/completion not reported
 
 
+def _contradicting(generation_id: str, rate: float, value: tuple) -> tuple:
+    """For a share ``rate`` of the generations (by a hash of the id: every occurrence of a
+    generation alike), a value whose histogram contradicts its counters (SPEC §3.5), as a
+    broken engine or adapter reports it: one verify step too many (the prefill counted),
+    or the histogram shifted by one bin (indexed by accept length, not drafts accepted)."""
+    accepted, proposed, verify, completion, histogram = value
+    h = zlib.crc32(generation_id.encode())
+    if histogram is None or (h & 0xFFFF) >= rate * 0x10000:
+        return value
+    if h >> 31 and verify is not None:
+        return (accepted, proposed, verify + 1, completion, histogram)
+    return (accepted, proposed, verify, completion, [0, *histogram[:-1]])
+
+
 class _Pools:
-    """Counter templates per staleness, each from its own seeded generator (so a pool
-    is the same whenever it is first needed)."""
+    """Counter templates per staleness and task, each from its own seeded generator (so
+    a pool is the same whenever it is first needed)."""
 
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec
-        self.pools: dict[int, list[tuple]] = {}
+        self.pools: dict[tuple[int, float], list[tuple]] = {}
 
-    def __call__(self, staleness: int) -> list[tuple]:
-        pool = self.pools.get(staleness)
+    def __call__(self, staleness: int, factor: float = 1.0) -> list[tuple]:
+        pool = self.pools.get((staleness, factor))
         if pool is None:
             s = self.spec
-            rng = random.Random(f"{s.seed}/{staleness}")
-            pool = self.pools[staleness] = _templates(
-                rng, s.algorithm, s.template_pool, (1 - s.drift_per_version) ** staleness
+            # the pool of a task factor of 1 is the one a fleet without tasks draws from
+            rng = random.Random(f"{s.seed}/{staleness}" if factor == 1.0 else f"{s.seed}/{staleness}/{factor}")
+            pool = self.pools[(staleness, factor)] = _templates(
+                rng, s.algorithm, s.template_pool, factor * (1 - s.drift_per_version) ** staleness
             )
         return pool
 
@@ -166,6 +199,8 @@ def _session_version(rng: random.Random, spec: FleetSpec, batch: int) -> int:
 def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
     """Every event of the fleet, batch by batch, producers interleaved; markers close each batch."""
     rng = random.Random(spec.seed)
+    # tasks from a generator of their own: the other draws stay as they were
+    tasks = random.Random(f"{spec.seed}/tasks")
     pools = _Pools(spec)
     run_id = spec.run_id
     producers = [f"worker-{i}" for i in range(spec.producers)]
@@ -178,7 +213,8 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
             out = per_producer[producer]
             version = _session_version(rng, spec, b)
             weight_version = f"v{version}"
-            pool = pools(spec.staleness(version, b))
+            task, factor = tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
+            pool = pools(spec.staleness(version, b), factor)
             samples = rng.randint(1, spec.max_samples_per_session)
             shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
             ancestors = [(f"{session}/gen-{j}", rng.choice(pool)) for j in range(shared)]
@@ -205,12 +241,15 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                                     "producer_id": producer,
                                     "weight_version": weight_version,
                                     "run_id": run_id,
+                                    "task": task,
                                 },
                             )
                         )
                         continue
                     if rng.random() < spec.missing_rate:
                         value = _with_missing(rng, value)
+                    if spec.inconsistent_rate:
+                        value = _contradicting(generation_id, spec.inconsistent_rate, value)
                     accepted, proposed, verify, completion, histogram = value
                     record = GenerationRecord(
                         batch_id=batch_id,
@@ -225,6 +264,7 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                         producer_id=producer,
                         weight_version=weight_version,
                         run_id=run_id,
+                        task=task,
                     )
                     out.append(FleetEvent("record", producer, batch_id, record))
                     if rng.random() < spec.redelivery_rate:

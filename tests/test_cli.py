@@ -262,6 +262,30 @@ def test_loadgen_dump_carries_the_run_and_weight_versions(tmp_path):
     assert len({r["weight_version"] for r in records}) >= 2
 
 
+def test_loadgen_dump_and_expect_carry_tasks_and_inconsistent_histograms(tmp_path):
+    """Revision 4 in the synthetic fleet: sessions name their task, a share of generations
+    contradicts its histogram, and --expect says so (by_task, the inconsistent count);
+    --tasks none gives records without a task, a bad --tasks is refused."""
+    dump, expect = tmp_path / "dump.jsonl", tmp_path / "expect.jsonl"
+    args = ["loadgen", "--batches", "2", "--sessions-per-batch", "60", "--inconsistent-rate", "0.2"]
+    result = CliRunner().invoke(
+        main, [*args, "--tasks", "math:1,code:0.5", "--dump", str(dump), "--expect", str(expect)]
+    )
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert {r.get("task") for r in records if r.get("type") == "record"} == {"math", "code"}
+    for line in expect.read_text().splitlines():
+        metrics = json.loads(line)
+        assert [e["task"] for e in metrics["by_task"]] == ["code", "math"]
+        assert metrics["metrics"]["spec/inconsistent_generation_count"] > 0
+        assert len(metrics["tokens_per_verify_by_budget"]) == len(metrics["accept_histogram"]) - 1
+    result = CliRunner().invoke(main, [*args, "--tasks", "none", "--dump", str(dump)])
+    assert result.exit_code == 0, result.output
+    assert all(json.loads(line).get("task") is None for line in dump.read_text().splitlines())
+    result = CliRunner().invoke(main, [*args, "--tasks", "math:2", "--dump", str(dump)])
+    assert result.exit_code == 2 and "NAME:FACTOR" in result.output
+
+
 def test_dev_script_help_is_a_clean_usage_text():
     proc = subprocess.run([str(REPO / "deploy" / "dev"), "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr

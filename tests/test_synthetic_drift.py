@@ -118,7 +118,17 @@ def test_same_seed_same_events_and_the_run_is_named_everywhere():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"stale_versions": -1}, {"draft_refresh_batches": -1}, {"drift_per_version": 1.0}, {"run_id": ""}]
+    "bad",
+    [
+        {"stale_versions": -1},
+        {"draft_refresh_batches": -1},
+        {"drift_per_version": 1.0},
+        {"run_id": ""},
+        {"tasks": (("", 1.0),)},
+        {"tasks": (("gsm8k", 0.0),)},
+        {"tasks": (("x" * 1025, 1.0),)},
+        {"inconsistent_rate": 1.5},
+    ],
 )
 def test_bad_drift_settings_are_refused(bad):
     with pytest.raises(ValueError):
@@ -136,3 +146,34 @@ def test_the_bundled_sample_is_what_its_generator_writes_and_shows_drift():
         "regenerate: python examples/make_sample_rollout.py > streams/data/sample_rollout.jsonl"
     )
     assert b'"weight_version":"v' in out
+
+
+def test_sessions_name_their_task_and_the_draft_accepts_as_the_task_says(records):
+    """Revision 4: each session's generations name one task; the draft accepts less on
+    the tasks with a smaller factor (chat 0.9, gsm8k 1, swe-bench 0.8 by default); a
+    share of generations contradicts its histogram (SPEC §3.5)."""
+    from specmeter.streams._state import inconsistent
+
+    by_session: dict[str, set] = defaultdict(set)
+    for r in records:
+        by_session[r.session_id].add(r.task)
+    assert all(len(tasks) == 1 for tasks in by_session.values())
+    assert {t for tasks in by_session.values() for t in tasks} == {name for name, _ in SPEC.tasks}
+    seen = {(r.session_id, r.generation_id): r for r in records}
+    sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in seen.values():
+        if r.accepted is not None and r.proposed:
+            sums[r.task][0] += r.accepted
+            sums[r.task][1] += r.proposed
+    rate = {task: a / p for task, (a, p) in sums.items()}
+    assert rate["swe-bench"] < rate["chat"] < rate["gsm8k"], rate
+    values: dict[tuple[str, str], set] = defaultdict(set)
+    for r in records:
+        values[(r.session_id, r.generation_id)].add((r.accepted, r.verify, tuple(r.accept_histogram or ())))
+    contradicting = [k for k, v in values.items() if any(inconsistent(a, ver, h or None) for a, ver, h in v)]
+    assert 0.002 < len(contradicting) / len(values) < 0.01  # inconsistent_rate 0.005 (of those with a histogram)
+
+
+def test_a_fleet_without_tasks_names_none():
+    spec = FleetSpec(batches=2, sessions_per_batch=20, seed=4, tasks=(), inconsistent_rate=0.0)
+    assert all(r.task is None for r in _records(spec))
