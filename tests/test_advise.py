@@ -274,7 +274,7 @@ def histograms_by_hand(dump: Path, run_id: str, last: int, by: str | None) -> di
     return out
 
 
-@pytest.mark.parametrize("by", [None, "weight_version"])
+@pytest.mark.parametrize("by", [None, "task", "weight_version"])
 def test_loadgen_dump_aggregate_advise_gives_the_curve_of_the_records_histograms(tmp_path, by):
     dump, aggregated = tmp_path / "dump.jsonl", tmp_path / "metrics.jsonl"
     made = run_specmeter(
