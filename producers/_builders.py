@@ -23,9 +23,11 @@ def record_from_counters(
     producer_id: str | None = None,
     weight_version: str | None = None,
     run_id: str | None = None,
+    task: str | None = None,
 ) -> GenerationRecord:
     """A validated record; raises ``msgspec.ValidationError`` on an empty id or one
-    past the 1024-character limit. ``weight_version`` overrides the counters' own."""
+    past the 1024-character limit (``task`` included). ``weight_version`` overrides the
+    counters' own."""
     import msgspec
 
     return msgspec.convert(
@@ -43,6 +45,7 @@ def record_from_counters(
             "producer_id": producer_id,
             "weight_version": weight_version if weight_version is not None else counters.weight_version,
             "run_id": run_id,
+            "task": task,
         },
         type=GenerationRecord,
     )
@@ -68,12 +71,15 @@ def record_from_meta_info(
     producer_id: str | None = None,
     weight_version: str | None = None,
     run_id: str | None = None,
+    task: str | None = None,
 ) -> GenerationRecord:
     """The record of one committed generation from its SGLang ``meta_info``.
 
     ``generation_id`` defaults to ``meta_info["id"]`` (SGLang's request id) and
     ``weight_version`` to ``meta_info["weight_version"]``. ``producer_id`` and
     ``run_id`` may stay None: a ``Publisher`` counts the record as its own, in its run.
+    ``task`` is the prompt's dataset or task family (``gsm8k``, ``swe-bench``, ``chat``):
+    SGLang does not know it, the rollout does (docs/contract.md §3.4).
     """
     return record_from_counters(
         counters_from_meta_info(meta_info),
@@ -85,6 +91,7 @@ def record_from_meta_info(
         producer_id=producer_id,
         weight_version=weight_version,
         run_id=run_id,
+        task=task,
     )
 
 
@@ -99,10 +106,12 @@ def record_from_attempts(
     producer_id: str | None = None,
     weight_version: str | None = None,
     run_id: str | None = None,
+    task: str | None = None,
 ) -> GenerationRecord:
     """One generation resumed over several attempts, folded (docs/contract.md §2).
 
-    ``generation_id`` defaults to the first attempt's request id.
+    ``generation_id`` defaults to the first attempt's request id; ``task`` is the
+    prompt's, the same for every attempt.
     """
     if not attempts:
         raise ValueError("record_from_attempts() needs at least one meta_info")
@@ -116,4 +125,5 @@ def record_from_attempts(
         producer_id=producer_id,
         weight_version=weight_version,
         run_id=run_id,
+        task=task,
     )

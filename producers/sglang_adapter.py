@@ -8,7 +8,7 @@ also work on outputs fetched over HTTP by a process without sglang installed.
 
     engine = sglang.Engine(model_path=..., speculative_algorithm="EAGLE3", ...)
     out = await engine.async_generate(prompts, sampling_params)
-    await publish_outputs(publisher, out, batch_id=f"step-{step}", session_ids=sessions)
+    await publish_outputs(publisher, out, batch_id=f"step-{step}", session_ids=sessions, tasks=datasets)
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def records_from_outputs(
     state_hashes: Sequence[str | None] | None = None,
     producer_id: str | None = None,
     run_id: str | None = None,
+    tasks: str | Sequence[str | None] | None = None,
 ) -> list[GenerationRecord]:
     """One record per output dict, in order.
 
@@ -60,6 +61,9 @@ def records_from_outputs(
         state_hashes: optional content hashes of the states produced.
         run_id: the training run (attempt); each record's weight_version comes
             from its ``meta_info["weight_version"]``.
+        tasks: the prompts' dataset or task family (``gsm8k``, ``swe-bench``): one for
+            all outputs, or one per output (a batch of prompts from several datasets);
+            None: unknown (``by_task`` breaks a batch down by it).
 
     Raises:
         ValueError: lengths do not match, or an output lacks ``meta_info``/its ``id``.
@@ -68,13 +72,14 @@ def records_from_outputs(
     sessions = [session_ids] * len(items) if isinstance(session_ids, str) else list(session_ids)
     samples = list(sample_ids) if sample_ids is not None else [None] * len(items)
     hashes = list(state_hashes) if state_hashes is not None else [None] * len(items)
-    if not len(sessions) == len(samples) == len(hashes) == len(items):
+    task_list = [tasks] * len(items) if tasks is None or isinstance(tasks, str) else list(tasks)
+    if not len(sessions) == len(samples) == len(hashes) == len(task_list) == len(items):
         raise ValueError(
             f"{len(items)} outputs but {len(sessions)} session ids, {len(samples)} sample ids, "
-            f"{len(hashes)} state hashes"
+            f"{len(hashes)} state hashes, {len(task_list)} tasks"
         )
     records = []
-    for item, session, sample, state_hash in zip(items, sessions, samples, hashes, strict=True):
+    for item, session, sample, state_hash, task in zip(items, sessions, samples, hashes, task_list, strict=True):
         meta_info = item.get("meta_info")
         if not isinstance(meta_info, Mapping):
             raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
@@ -87,6 +92,7 @@ def records_from_outputs(
                 state_hash=state_hash,
                 producer_id=producer_id,
                 run_id=run_id,
+                task=task,
             )
         )
     return records
@@ -100,16 +106,18 @@ async def publish_outputs(
     session_ids: str | Sequence[str],
     sample_ids: Sequence[str | None] | None = None,
     state_hashes: Sequence[str | None] | None = None,
+    tasks: str | Sequence[str | None] | None = None,
 ) -> int:
     """Publish the records of committed outputs, in the publisher's run; returns how
     many. Only publish what your rollout keeps: discarded branches and aborted
-    requests are not metrics."""
+    requests are not metrics. ``tasks`` as for ``records_from_outputs``."""
     records = records_from_outputs(
         outputs,
         batch_id=batch_id,
         session_ids=session_ids,
         sample_ids=sample_ids,
         state_hashes=state_hashes,
+        tasks=tasks,
         producer_id=publisher.settings.producer_id,
         run_id=publisher.settings.run_id,
     )

@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from types import EllipsisType
 from typing import Any, TypeGuard
 
-from specmeter.schemas import METRICS_TOPIC, BatchMetrics, decode_metrics
+from specmeter.schemas import METRICS_TOPIC, BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics
 
 from ._topic_lookup import TopicNotFound, subscribe_existing
 
@@ -222,28 +222,43 @@ def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, fl
     """A batch's numbers as flat scalars for a logger (wandb, TensorBoard):
     every ``metrics`` key (``spec/`` prefix dropped), the envelope counts, the
     acceptance by draft position as ``accept_rate_by_position/<k>`` (k = 1, 2, ...: the
-    share of verify steps that accepted their k-th draft, docs/contract.md §3.3), and
-    each policy version's accept rate, tokens per verify, generation count and
-    acceptance by position under ``by_weight_version/<version>/`` (``unknown`` for the
-    null version)."""
+    share of verify steps that accepted their k-th draft, docs/contract.md §3.3), the
+    tokens per verify step with a budget of k draft tokens as
+    ``tokens_per_verify_by_budget/<k>`` (§3.5), and each policy version's and each task's
+    accept rate, tokens per verify, generation count and both curves under
+    ``by_weight_version/<version>/`` and ``by_task/<task>/`` (``unknown`` for the null
+    version or task)."""
     out: dict[str, float] = {}
     for key, value in m.metrics.items():
         out[prefix + key.removeprefix("spec/")] = float(value)
     for name in ("record_count", "invalid_record_count", "missing_record_count", "late_record_count", "revision"):
         out[prefix + name] = float(getattr(m, name))
     out[prefix + "complete"] = float(m.complete)
-    out.update(_positions(m.accept_rate_by_position, f"{prefix}accept_rate_by_position/"))
+    out.update(_curves(m, prefix))
     for entry in m.by_weight_version or ():
-        version = "unknown" if entry.weight_version is None else entry.weight_version
-        for key in ("spec/accept_rate", "spec/tokens_per_verify", "spec/unique_generation_count"):
-            if key in entry.metrics:
-                out[f"{prefix}by_weight_version/{version}/{key.removeprefix('spec/')}"] = float(entry.metrics[key])
-        out.update(
-            _positions(entry.accept_rate_by_position, f"{prefix}by_weight_version/{version}/accept_rate_by_position/")
-        )
+        out.update(_entry_scalars(entry, f"{prefix}by_weight_version/{entry.weight_version or 'unknown'}/"))
+    for task_entry in m.by_task or ():
+        out.update(_entry_scalars(task_entry, f"{prefix}by_task/{task_entry.task or 'unknown'}/"))
     return out
 
 
+def _entry_scalars(entry: WeightVersionMetrics | TaskMetrics, prefix: str) -> dict[str, float]:
+    """One breakdown entry's scalars under ``prefix`` (a weight version's, a task's)."""
+    out = {
+        f"{prefix}{key.removeprefix('spec/')}": float(entry.metrics[key])
+        for key in ("spec/accept_rate", "spec/tokens_per_verify", "spec/unique_generation_count")
+        if key in entry.metrics
+    }
+    return out | _curves(entry, prefix)
+
+
+def _curves(m: BatchMetrics | WeightVersionMetrics | TaskMetrics, prefix: str) -> dict[str, float]:
+    """A batch's or an entry's two per-position curves as ``<name>/<k>`` scalars."""
+    return _positions(m.accept_rate_by_position, f"{prefix}accept_rate_by_position/") | _positions(
+        m.tokens_per_verify_by_budget, f"{prefix}tokens_per_verify_by_budget/"
+    )
+
+
 def _positions(rates: list[float] | None, prefix: str) -> dict[str, float]:
-    """``<prefix><k>`` for each draft position k (1-based, as the engines number them)."""
+    """``<prefix><k>`` for each draft position (or budget) k (1-based, as the engines number them)."""
     return {f"{prefix}{k}": float(rate) for k, rate in enumerate(rates or (), start=1)}

@@ -2,7 +2,7 @@
 
 A line is a record (docs/contract.md §1 fields), a marker (``"type": "marker"``),
 or an SGLang output: ``{"meta_info": {...}, "batch_id", "session_id", "sample_id"?,
-"state_hash"?, "producer_id"?, "generation_id"?, "weight_version"?, "run_id"?}``,
+"state_hash"?, "producer_id"?, "generation_id"?, "weight_version"?, "run_id"?, "task"?}``,
 turned into a record with the rules of docs/contract.md §2 (``"attempts":
 [meta_info, ...]`` for a resumed generation).
 """
@@ -53,6 +53,7 @@ _IDENTITY = (
     "generation_id",
     "weight_version",
     "run_id",
+    "task",
 )
 
 

@@ -5,8 +5,10 @@ each partition), then follows. The table fits the terminal (80 columns
 included), one row per batch sorted by run and batch (``step-2`` before
 ``step-10``): fixed numeric columns, the rest shared by the batch name (never cut
 below what tells rows apart), the acceptance by draft position (``.81 .62 .40``,
-dropped first when short) and a compact drift view, the accept rate per weight
-version (``v7 .75 v8 .71``).
+dropped first when short), the accept rate per task (``gsm8k .88 chat .71``, the
+largest tasks first, where the batch name and the drift view leave room) and a
+compact drift view, the accept rate per weight version (``v7 .75 v8 .71``).
+``task_table`` is the by-task view of ``specmeter aggregate``: a row per batch and task.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
 
 from ._topic_lookup import subscribe_existing
 
@@ -26,6 +28,8 @@ __all__ = [
     "follow_metrics",
     "metrics_table",
     "drift_text",
+    "tasks_text",
+    "task_table",
     "positions_text",
     "batch_label",
     "fit_labels",
@@ -42,6 +46,10 @@ _GAP = 2  # between columns: the (blank) divider and one space of right padding
 _MAX_POSITIONS = 8
 #: the drift view keeps at least this much room before the per-position column is shown
 _DRIFT_BEFORE_POSITIONS = 20
+#: the narrowest per-task column worth showing (one task and its rate: ``gsm8k .88 …``)
+_MIN_TASKS = 12
+#: a task's name in the per-task column: at most this many characters (then "…")
+_TASK_NAME = 12
 
 
 def _fixed(width: int) -> tuple[tuple[str, int], ...]:
@@ -158,6 +166,34 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
     return _fit_left(text, width)
 
 
+def _fit_right(text: str, width: int) -> str:
+    """``text``, or its start before an ellipsis when it is too long."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _by_size(entries: list[TaskMetrics]) -> list[TaskMetrics]:
+    """Tasks with the most generations first (ties by name), the unknown task last."""
+    return sorted(
+        entries,
+        key=lambda e: (e.task is None, -e.metrics.get("spec/unique_generation_count", 0), _natural(e.task)),
+    )
+
+
+def tasks_text(entries: list[TaskMetrics] | None, width: int) -> str:
+    """Accept rate per task, the largest tasks first, as many as fit, then "…":
+    ``gsm8k .88 chat .71 …`` (``?``: the unknown task)."""
+    if not entries:
+        return "-"
+    parts = [
+        f"{_fit_right(e.task or '?', _TASK_NAME)} {_rate(e.metrics.get('spec/accept_rate'))}" for e in _by_size(entries)
+    ]
+    cut = False
+    while len(parts) > 1 and len(" ".join(parts) + (" …" if cut else "")) > width:
+        parts.pop()
+        cut = True
+    return _fit_right(" ".join(parts) + (" …" if cut else ""), width)
+
+
 def positions_text(rates: list[float] | None, width: int = 80) -> str:
     """Acceptance by draft position, first position first: ``.81 .62 .40`` (as many as fit, then …)."""
     if not rates:
@@ -262,9 +298,10 @@ def _close(m: BatchMetrics) -> str:
 
 class _Layout:
     """Column widths of a table ``total`` columns wide, in the order things give way:
-    the per-position column goes first, then (below 100 columns) the generation
-    count; the drift view shrinks before the batch labels do, and a label is never
-    cut below what tells it from the other rows; c/i/l and close are never cut."""
+    the per-position column goes first, then the per-task column (it only takes what
+    the batch labels and the drift view leave), then (below 100 columns) the
+    generation count; the drift view shrinks before the batch labels do, and a label
+    is never cut below what tells it from the other rows; c/i/l and close are never cut."""
 
     def __init__(self, total: int, shown: list[BatchMetrics]) -> None:
         revision_w = max([3] + [len(str(m.revision)) for m in shown])
@@ -278,6 +315,13 @@ class _Layout:
         batch_need = max([len(s) for s in labels] + [10])
         drift_need = max([len(s) for s in drifts] + [10])
         pos_need = max([len(s) for s in positions] + [3])
+        self.tasks = 0
+        if any(m.by_task for m in shown):
+            task_need = max(len(tasks_text(m.by_task, 200)) for m in shown)
+            spare = room - batch_need - drift_need - _GAP
+            if spare >= _MIN_TASKS:
+                self.tasks = min(task_need, spare)
+                room -= self.tasks + _GAP
         self.positions = 0
         if any(m.accept_rate_by_position for m in shown):
             spare = room - batch_need - _GAP - pos_need
@@ -315,6 +359,7 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         expand=False,
         caption="c/i/l conflicting/invalid/late · ! incomplete · "
         + ("pos: accept rate by draft position · " if layout.positions else "")
+        + ("task: accept rate by task · " if layout.tasks else "")
         + "drift: accept rate by version",
     )
     table.add_column("batch", width=layout.batch, no_wrap=True, overflow="ellipsis")
@@ -322,26 +367,24 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
     if layout.positions:
         table.add_column("pos", width=layout.positions, no_wrap=True, overflow="ellipsis")
+    if layout.tasks:
+        table.add_column("task", width=layout.tasks, no_wrap=True, overflow="ellipsis")
     table.add_column("drift", width=layout.drift, no_wrap=True, overflow="ellipsis")
-
-    def ratio(v: Any) -> str:
-        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
-
-    def share(v: Any) -> str:
-        return "-" if v is None else f"{v * 100:.0f}%"
 
     for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
         x = m.metrics
         cells = {
             "rev": str(m.revision),
-            "accept": ratio(x.get("spec/accept_rate")),
-            "tok/v": ratio(x.get("spec/tokens_per_verify")),
-            "cov": share(x.get("spec/accept_count_coverage")),
+            "accept": _ratio(x.get("spec/accept_rate")),
+            "tok/v": _ratio(x.get("spec/tokens_per_verify")),
+            "cov": _share(x.get("spec/accept_count_coverage")),
             "gens": _count(x.get("spec/unique_generation_count")),
             "c/i/l": _problems(m),
             "close": _close(m),
         }
         extra = [positions_text(m.accept_rate_by_position, layout.positions)] if layout.positions else []
+        if layout.tasks:
+            extra.append(tasks_text(m.by_task, layout.tasks))
         table.add_row(
             label,
             *(cells[name] for name, _ in layout.fixed),
@@ -350,6 +393,71 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
             style=None if m.complete else "yellow",
         )
     return table
+
+
+def task_table(results: list[BatchMetrics], width: int = 80, title: str | None = None) -> Any:
+    """The by-task view (``specmeter aggregate``'s table): a row per batch and task (the
+    largest tasks first, the unknown task last, ``?``), with its accept rate, tokens per
+    verify step, accept coverage and generation count, and, where there is room, the
+    tokens per verify step by draft budget (``1.65 2.07 2.36``, budgets 1, 2, 3 ...).
+    None when no batch has a task breakdown."""
+    from rich import box
+    from rich.table import Table
+
+    rows = [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
+    if not rows:
+        return None
+    fixed = (("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
+    room = max(20, width - sum(w for _, w in fixed) - _GAP * (len(fixed) + 3))
+    batches = [m for m, _ in rows]
+    labels = [_label(m, {})[0] for m in batches]
+    names = [e.task or "?" for _, e in rows]
+    budgets = [positions_text(e.tokens_per_verify_by_budget) for _, e in rows]
+    batch_w = min(max(map(len, labels)), max(10, room // 3))
+    task_w = min(max(map(len, names)), max(8, room // 3))
+    budget_w = min(max(map(len, budgets)), room - batch_w - task_w - _GAP)
+    if budget_w < 9:  # no room for a curve of two budgets: the column gives way
+        budget_w = 0
+        task_w = min(max(map(len, names)), room - batch_w)
+    table = Table(
+        title=title or "by task",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        expand=False,
+        caption="? unknown task" + (" · by budget: with a budget of 1, 2, ... draft tokens" if budget_w else ""),
+    )
+    table.add_column("batch", width=batch_w, no_wrap=True, overflow="ellipsis")
+    table.add_column("task", width=task_w, no_wrap=True, overflow="ellipsis")
+    for name, w in fixed:
+        table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
+    if budget_w:
+        table.add_column("tok/v by budget", width=budget_w, no_wrap=True, overflow="ellipsis")
+    fitted = fit_labels(batches, batch_w)
+    previous = None
+    for (m, e), label, name in zip(rows, fitted, names, strict=True):
+        shown_label = "" if m is previous else label  # a batch's name on its first row only
+        previous = m
+        x = e.metrics
+        cells = [
+            _ratio(x.get("spec/accept_rate")),
+            _ratio(x.get("spec/tokens_per_verify")),
+            _share(x.get("spec/accept_count_coverage")),
+            _count(x.get("spec/unique_generation_count")),
+        ]
+        if budget_w:
+            cells.append(positions_text(e.tokens_per_verify_by_budget, budget_w))
+        table.add_row(shown_label, _fit_right(name, task_w), *cells)
+    return table
+
+
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _share(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
 
 
 def run_tail(

@@ -356,11 +356,14 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
     elif results:
         from rich.console import Console
 
-        from ._tail import metrics_table
+        from ._tail import metrics_table, task_table
 
         console = Console()
         latest = {(m.run_id, m.batch_id): m for m in results}
         console.print(metrics_table(latest, len(latest), console.width, title=title))
+        by_task = task_table(list(latest.values()), console.width, title="by task")
+        if by_task is not None:
+            console.print(by_task)
     out.flush()
 
 

@@ -123,8 +123,16 @@ def test_table_view(tmp_path):
     header = next(line for line in lines if line.startswith("batch"))
     for column in ("accept", "tok/v", "cov", "c/i/l", "close", "drift"):
         assert column in header
-    rows = [line.split()[0] for line in lines if line.startswith("step-")]
+    by_task = next(i for i, line in enumerate(lines) if line.strip() == "by task")
+    rows = [line.split()[0] for line in lines[:by_task] if line.startswith("step-")]
     assert rows == ["step-00000", "step-00001", "step-00002"]
+    # the by-task view (revision 4): a row per batch and task, the batch named on its first
+    task_header = lines[by_task + 1]
+    for column in ("batch", "task", "accept", "tok/v", "cov", "gens", "tok/v by budget"):
+        assert column in task_header, task_header
+    task_rows = [line.split() for line in lines[by_task + 3 :] if line.strip() and not line.startswith(" ?")]
+    assert len(task_rows) == 9 and [r[0] for r in task_rows if r[0].startswith("step-")] == rows
+    assert {r[1] if r[0].startswith("step-") else r[0] for r in task_rows} == {"chat", "gsm8k", "swe-bench"}
 
 
 def test_table_rows_are_in_natural_order(tmp_path):

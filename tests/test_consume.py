@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from specmeter.schemas import BatchMetrics, WeightVersionMetrics, encode_metrics
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics
 from specmeter.streams import consume_metrics, consume_metrics_sync, metrics_scalars
 
 
@@ -229,6 +229,49 @@ def test_metrics_scalars_flattens_a_batch_for_a_logger():
     assert all(isinstance(v, float) for v in scalars.values())
     bare = metrics_scalars(metrics("step-8", 0))  # no histogram: no position key at all
     assert not any("accept_rate_by_position" in k for k in bare)
+
+
+def test_metrics_scalars_name_tasks_and_budgets_as_they_name_versions_and_positions():
+    """Revision 4: per task under ``by_task/<task>/`` (``unknown`` for the null task), as
+    per version; the budget curve as ``tokens_per_verify_by_budget/<k>``, batch and entry."""
+    m = msgspec.structs.replace(
+        metrics("step-7", 0),
+        metrics={"spec/accept_rate": 0.75, "spec/inconsistent_generation_count": 2},
+        accept_histogram=[2, 1, 1],
+        accept_rate_by_position=[0.5, 0.25],
+        tokens_per_verify_by_budget=[1.5, 1.75],
+        by_weight_version=[
+            WeightVersionMetrics(
+                weight_version="v3", metrics={}, accept_histogram=[1, 1], tokens_per_verify_by_budget=[1.5]
+            )
+        ],
+        by_task=[
+            TaskMetrics(
+                task="gsm8k",
+                metrics={"spec/accept_rate": 0.875, "spec/unique_generation_count": 2},
+                accept_histogram=[0, 1, 3],
+                accept_rate_by_position=[1.0, 0.75],
+                tokens_per_verify_by_budget=[2.0, 2.75],
+            ),
+            TaskMetrics(task=None, metrics={"spec/tokens_per_verify": 3.0}, accept_histogram=None),
+        ],
+    )
+    scalars = metrics_scalars(m)
+    assert scalars["specmeter/inconsistent_generation_count"] == 2.0
+    assert {k: v for k, v in scalars.items() if "/by_task/" in k} == {
+        "specmeter/by_task/gsm8k/accept_rate": 0.875,
+        "specmeter/by_task/gsm8k/unique_generation_count": 2.0,
+        "specmeter/by_task/gsm8k/accept_rate_by_position/1": 1.0,
+        "specmeter/by_task/gsm8k/accept_rate_by_position/2": 0.75,
+        "specmeter/by_task/gsm8k/tokens_per_verify_by_budget/1": 2.0,
+        "specmeter/by_task/gsm8k/tokens_per_verify_by_budget/2": 2.75,
+        "specmeter/by_task/unknown/tokens_per_verify": 3.0,
+    }
+    assert {k: v for k, v in scalars.items() if "tokens_per_verify_by_budget" in k and "/by_task/" not in k} == {
+        "specmeter/tokens_per_verify_by_budget/1": 1.5,
+        "specmeter/tokens_per_verify_by_budget/2": 1.75,
+        "specmeter/by_weight_version/v3/tokens_per_verify_by_budget/1": 1.5,
+    }
 
 
 def _example(name: str):

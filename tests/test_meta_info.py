@@ -208,3 +208,26 @@ def test_dump_lines_of_sglang_outputs_carry_version_and_run():
     assert (bad.reason, bad.batch_id, bad.run_id) == ("invalid", "b", "attempt-2")
     unreadable = parse_dump_line(json.dumps({**line, "session_id": "", "run_id": ""}))
     assert unreadable.batch_id is None
+
+
+def test_the_task_reaches_the_record_and_is_one_for_every_attempt():
+    """Revision 4: ``task=`` is the prompt's dataset, not read from meta_info; a resumed
+    generation has one task for all its attempts; an empty or too long one is refused."""
+    import json
+
+    from specmeter.streams._dump import parse_dump_line
+
+    meta = {"id": "req-1", "spec_verify_ct": 2, "task": "ignored"}
+    assert record_from_meta_info(meta, batch_id="b", session_id="s").task is None
+    assert record_from_meta_info(meta, batch_id="b", session_id="s", task="gsm8k").task == "gsm8k"
+    attempts = [meta, {**meta, "spec_verify_ct": 3}]
+    record = record_from_attempts(attempts, batch_id="b", session_id="s", task="swe-bench")
+    assert (record.task, record.verify) == ("swe-bench", 5)
+    for bad in ("", "t" * (MAX_ID + 1)):
+        with pytest.raises(msgspec.ValidationError):
+            record_from_meta_info(meta, batch_id="b", session_id="s", task=bad)
+    line = {"meta_info": meta, "batch_id": "b", "session_id": "s", "task": "chat"}
+    assert parse_dump_line(json.dumps(line)).task == "chat"
+    assert parse_dump_line(json.dumps({"attempts": attempts, **line})).task == "chat"
+    bad_line = parse_dump_line(json.dumps({**line, "task": 7}))
+    assert (bad_line.reason, bad_line.batch_id) == ("invalid", "b")

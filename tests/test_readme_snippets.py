@@ -55,7 +55,14 @@ def test_the_readme_producer_snippet_gives_complete_batches(deployment, pack):
             {"text": "...", "meta_info": {**meta_info, "id": f"w{index}-{version}"}}
             for version, (meta_info, _) in SGLANG_OUTPUTS.items()
         ]
-        namespace = {"outputs": outputs, "step": 12, "session": f"session-{index}", "trajectory": "t0"}
+        dataset = ("gsm8k", "chat")[index % 2]
+        namespace = {
+            "outputs": outputs,
+            "step": 12,
+            "session": f"session-{index}",
+            "trajectory": "t0",
+            "dataset": dataset,
+        }
         exec(f"async def _main():\n{textwrap.indent(code, '    ')}", namespace)
         await namespace["_main"]()
 
@@ -77,3 +84,7 @@ def test_the_readme_producer_snippet_gives_complete_batches(deployment, pack):
     assert batch.record_count == 8 * len(SGLANG_OUTPUTS)
     assert batch.metrics["spec/unique_generation_count"] == 8 * len(SGLANG_OUTPUTS)
     assert [e.weight_version for e in batch.by_weight_version] == ["step-000120"]
+    assert [(e.task, e.metrics["spec/unique_generation_count"]) for e in batch.by_task] == [
+        ("chat", 4 * len(SGLANG_OUTPUTS)),
+        ("gsm8k", 4 * len(SGLANG_OUTPUTS)),
+    ]

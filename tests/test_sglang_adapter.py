@@ -103,3 +103,16 @@ def test_publish_outputs_publishes_in_the_publishers_run(kafka_bootstrap, unique
         assert (record.run_id or envelope.run_id, record.producer_id or envelope.producer_id) == ("attempt-2", "w3")
         assert record.weight_version == "step-000120"
     assert [d.marker.run_id for d in decoded if d.marker] == ["attempt-2", "attempt-2"]
+
+
+def test_tasks_reach_every_record_one_for_all_or_one_per_output():
+    """Revision 4: the prompts' task is the caller's (SGLang does not know it): one for
+    the whole call, or one per output for a batch of prompts from several datasets."""
+    outputs = [_output("0.5.12", f"r{i}") for i in range(3)]
+    records = records_from_outputs(outputs, batch_id="b", session_ids="s", tasks="gsm8k")
+    assert [r.task for r in records] == ["gsm8k"] * 3
+    records = records_from_outputs(outputs, batch_id="b", session_ids="s", tasks=["gsm8k", None, "chat"])
+    assert [r.task for r in records] == ["gsm8k", None, "chat"]
+    assert all(r.task is None for r in records_from_outputs(outputs, batch_id="b", session_ids="s"))
+    with pytest.raises(ValueError, match=r"3 outputs but .* 2 tasks"):
+        records_from_outputs(outputs, batch_id="b", session_ids="s", tasks=["gsm8k", "chat"])

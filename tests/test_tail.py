@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from specmeter.schemas import BatchMetrics, WeightVersionMetrics, encode_metrics
-from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics
+from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text, tasks_text
 
 
 def version(name: str | None, rate: float | None) -> WeightVersionMetrics:
@@ -304,3 +304,65 @@ def test_tail_json_follows_the_variable_rule(kafka_bootstrap, metrics_topic):
     )
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["batch_id"] for line in proc.stdout.splitlines()] == ["step-00005", "step-00006"]
+
+
+def task(name: str | None, rate: float | None, generations: int = 10, budget=None) -> TaskMetrics:
+    metrics = {"spec/unique_generation_count": generations}
+    if rate is not None:
+        metrics["spec/accept_rate"] = rate
+    return TaskMetrics(task=name, metrics=metrics, accept_histogram=None, tokens_per_verify_by_budget=budget)
+
+
+def with_tasks(m: BatchMetrics, tasks) -> BatchMetrics:
+    return msgspec.structs.replace(m, by_task=list(tasks))
+
+
+def test_tasks_text_puts_the_largest_tasks_first_and_the_unknown_last():
+    entries = [task("chat", 0.71, 5), task(None, 0.5, 50), task("gsm8k", 0.875, 9), task("swe-bench-verified", 0.3, 9)]
+    assert tasks_text(entries, 80) == "gsm8k .88 swe-bench-v… .30 chat .71 ? .50"
+    assert tasks_text(entries, 30) == "gsm8k .88 swe-bench-v… .30 …"
+    assert tasks_text(entries, 12) == "gsm8k .88 …"
+    assert len(tasks_text(entries, 5)) <= 5
+    assert tasks_text(None, 20) == "-"
+
+
+@pytest.mark.parametrize("width", [80, 100, 160, 240])
+def test_the_task_column_takes_only_the_room_batch_and_drift_leave(width):
+    latest = {
+        1: with_tasks(
+            batch("step-1", versions=[("v7", 0.75), ("v8", 0.25)]), [task("chat", 0.5, 10), task("gsm8k", 0.88, 20)]
+        ),
+        2: batch("step-2", versions=[(f"v{i}", 0.9 - 0.05 * i) for i in range(4, 14)]),
+    }
+    lines = render(metrics_table(latest, 20, width), width)
+    assert max(map(len, lines)) <= width, "\n".join(lines)
+    header = lines[1]
+    row = next(line for line in lines if line.startswith("step-1"))
+    assert "drift" in header and "v7 .75 v8 .25" in row
+    if width >= 160:
+        assert "task" in header and "gsm8k .88 chat .50" in row
+    if width == 80:
+        assert "task" not in header, "no room left by the batch labels and the drift view"
+    no_tasks = {k: msgspec.structs.replace(m, by_task=None) for k, m in latest.items()}
+    assert "task" not in render(metrics_table(no_tasks, 20, width), width)[1]
+
+
+@pytest.mark.parametrize("width", [50, 80, 160])
+def test_the_by_task_view_has_a_row_per_batch_and_task_and_fits(width):
+    from specmeter.streams._tail import task_table
+
+    results = [
+        with_tasks(batch("step-2"), [task("chat", 0.5, 3, [1.5, 1.75]), task("gsm8k", 0.875, 9, [2.0, 2.75])]),
+        with_tasks(batch("step-1", run_id="run-a"), [task(None, 0.25, 4, [1.25, 1.25])]),
+        batch("step-3"),
+    ]
+    lines = render(task_table(results, width), width)
+    assert max(map(len, lines)) <= width, "\n".join(lines)
+    rows = [line for line in lines if ".500" in line or ".875" in line or ".250" in line]
+    labels = [r.split()[0] for r in rows if r[0] != " "]
+    assert labels[0] == "step-2" and labels[1].endswith("/step-1") and len(labels) == 2
+    gsm8k, chat = (next(r for r in rows if name in r) for name in ("gsm8k", "chat"))
+    assert gsm8k.startswith("step-2") and not chat.startswith("step"), "the largest first, the batch's name once"
+    assert ("2.00 2.75" in gsm8k) == (width >= 80)
+    assert "?" in next(r for r in rows if ".250" in r)
+    assert task_table([batch("step-3")], width) is None

@@ -29,7 +29,8 @@ JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
 
 
 def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetEvent]:
-    """A small seeded fleet with every kind of trouble (redeliveries, conflicts, unknowns, invalid)."""
+    """A small seeded fleet with every kind of trouble (redeliveries, conflicts, unknowns,
+    invalid, histograms that contradict their counters), of three tasks."""
     return list(
         synthetic_fleet(
             FleetSpec(
@@ -41,6 +42,7 @@ def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetE
                 conflict_rate=0.02,
                 missing_rate=0.1,
                 invalid_rate=0.02,
+                inconsistent_rate=0.05,
                 batch_prefix=f"s{seed}-b",
             )
         )
@@ -212,16 +214,26 @@ def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEven
         assert got.partitions_reported == got.partitions_expected == partitions
         assert got.run_id == want.run_id and got.by_weight_version == want.by_weight_version, batch_id
         assert got.accept_rate_by_position == want.accept_rate_by_position, batch_id
+        assert got.tokens_per_verify_by_budget == want.tokens_per_verify_by_budget, batch_id
+        assert got.by_task == want.by_task, batch_id
     assert_positions_match_reference(latest, events)
     assert_duplicates_identical(published)
 
 
 def assert_positions_match_reference(latest: dict[str, BatchMetrics], events: list[FleetEvent]) -> None:
-    """Each batch's ``accept_rate_by_position``, and each weight version's, equal the naive
-    reading of docs/contract.md §3.3 (tests/support/reference.py) over the batch's valid
-    records (the worker must not only agree with the offline core, which shares its code)."""
-    from .golden_cases import assert_positions_equal
-    from .reference import reference_accept_rate_by_position, reference_by_weight_version, reference_histogram
+    """Each batch's ``accept_rate_by_position`` and ``tokens_per_verify_by_budget``, each
+    weight version's, its ``by_task`` and its inconsistent count equal the naive reading of
+    docs/contract.md §3.3-§3.5 (tests/support/reference.py) over the batch's valid records
+    (the worker must not only agree with the offline core, which shares its code)."""
+    from .golden_cases import assert_by_task_equal, assert_positions_equal
+    from .reference import (
+        reference_accept_rate_by_position,
+        reference_by_task,
+        reference_by_weight_version,
+        reference_histogram,
+        reference_metrics,
+        reference_tokens_per_verify_by_budget,
+    )
 
     records: dict[str, list[dict]] = {}
     algorithms: dict[str, str | None] = {}
@@ -240,7 +252,15 @@ def assert_positions_match_reference(latest: dict[str, BatchMetrics], events: li
         for entry, want in zip(got.by_weight_version or (), versions, strict=True):
             where = f"{batch_id}/{entry.weight_version}"
             assert_positions_equal(entry.accept_rate_by_position, want["accept_rate_by_position"], where)
+        budget = reference_tokens_per_verify_by_budget(histogram)
+        assert_positions_equal(got.tokens_per_verify_by_budget, budget, batch_id, name="tokens_per_verify_by_budget")
+        algorithm = algorithms.get(batch_id)
+        assert_by_task_equal(msgspec.to_builtins(got.by_task), reference_by_task(dicts, algorithm), batch_id)
+        inconsistent = reference_metrics(dicts, algorithm, 0).get("spec/inconsistent_generation_count")
+        assert got.metrics.get("spec/inconsistent_generation_count") == inconsistent, batch_id
     assert any(latest[b].accept_rate_by_position for b in records), "the stream had per-position rates to check"
+    assert any(latest[b].by_task for b in records), "the stream had tasks to check"
+    assert any(latest[b].metrics.get("spec/inconsistent_generation_count") for b in records), "and inconsistencies"
 
 
 def latest_by_batch(published: list[BatchMetrics]) -> dict[str, BatchMetrics]:
