@@ -21,6 +21,7 @@ from specmeter.streams._advise import AdviceError, advise, budget_curve, metrics
 from specmeter.streams.cli import main
 
 from .support.tools import run_specmeter
+from .test_consume import metrics, publish
 
 
 def tokens_by_hand(histogram: list[int], k: int) -> Fraction:
@@ -38,23 +39,9 @@ def batch(
     by_task: list[TaskMetrics] | None = None,
     by_weight_version: list[WeightVersionMetrics] | None = None,
 ) -> BatchMetrics:
-    return BatchMetrics(
-        batch_id=batch_id,
-        revision=revision,
-        close_reason="markers",
-        closed_at=1.0,
-        speculative=True,
-        complete=True,
-        partitions_reported=1,
-        partitions_expected=1,
-        record_count=1,
-        invalid_record_count=0,
-        missing_record_count=0,
-        late_record_count=0,
+    return msgspec.structs.replace(
+        metrics(batch_id, revision, run_id),
         accept_histogram=histogram,
-        metrics={},
-        speculative_algorithm="EAGLE3",
-        run_id=run_id,
         by_task=by_task,
         by_weight_version=by_weight_version,
     )
@@ -308,21 +295,6 @@ def test_loadgen_dump_aggregate_advise_gives_the_curve_of_the_records_histograms
 
 
 # -- from a real broker's metrics topic --------------------------------------------------------
-async def publish(bootstrap: str, topic: str, items: list[BatchMetrics | bytes]) -> None:
-    """As the worker publishes: JSON keyed by batch_id (bytes: a foreign message)."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for item in items:
-            value = item if isinstance(item, bytes) else encode_metrics(item)
-            key = b"junk" if isinstance(item, bytes) else item.batch_id.encode()
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
-
-
 @pytest.mark.kafka
 def test_advise_reads_a_run_from_the_metrics_topic(kafka_bootstrap, new_topic):
     topic = new_topic(partitions=3)
