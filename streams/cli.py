@@ -1150,10 +1150,9 @@ def advise(
         security = _security()
         _preflight(broker, security)
 
-        async def read() -> list[Any]:
+        async def read() -> list[Any]:  # every run: advise names the runs there when --run-id is not one
             stream = consume_metrics(
                 broker,
-                run_id=run_id,
                 topic=topic,
                 from_beginning=True,
                 stop_at_end=True,

@@ -319,6 +319,8 @@ def test_advise_reads_a_run_from_the_metrics_topic(kafka_bootstrap, new_topic):
     # two runs and none named: it says which to pick; a mistyped topic is never created
     both = run_specmeter("advise", "--topic", topic, env=env)
     assert both.returncode == 1 and "2 runs: run-a, run-b" in both.stderr and "--run-id" in both.stderr
+    other = run_specmeter("advise", "--topic", topic, "--run-id", "run-c", env=env)
+    assert other.returncode == 1 and "no batch of run 'run-c' in the metrics (runs there: run-a, run-b)" in other.stderr
     missing = run_specmeter("advise", "--topic", topic + "x", env=env)
     assert missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
 
