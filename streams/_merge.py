@@ -6,6 +6,8 @@ computed here, once, from the merged sums.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -217,22 +219,30 @@ def _sums_metrics(sums: PartialAggregate | BreakdownSums, coverage_of: int) -> d
     return out
 
 
-def accept_rate_by_position(histogram: Sequence[int] | None) -> list[float] | None:
-    """Acceptance by draft position (docs/contract.md §3.3) from a summed histogram H
-    (bin i: verify steps that accepted exactly i drafts): at index k - 1 the share of
-    steps that accepted at least k, ``sum(H[k:]) / sum(H)``, for k = 1 .. len(H) - 1.
-    None without a histogram of two bins or more, or when it counts no step."""
+def _steps_at_least(histogram: Sequence[int] | None) -> tuple[int, list[int]] | None:
+    """A summed histogram H's steps S = sum(H) and, for k = 1 .. len(H) - 1, the steps
+    that accepted at least k drafts, ``sum(H[k:])``: what both per-position curves are
+    made of (docs/contract.md §3.3, §3.5). None without two bins or more, or without a
+    step: then both curves are null."""
     if histogram is None or len(histogram) < 2:
         return None
     steps = sum(histogram)
     if steps <= 0:
         return None
-    rates = []
-    at_least = steps
-    for count in histogram[:-1]:
-        at_least -= count  # steps that accepted more than this bin's count of drafts
-        rates.append(at_least / steps)
-    return rates
+    at_least = list(itertools.accumulate(histogram[:-1], operator.sub, initial=steps))[1:]
+    return steps, at_least
+
+
+def accept_rate_by_position(histogram: Sequence[int] | None) -> list[float] | None:
+    """Acceptance by draft position (docs/contract.md §3.3) from a summed histogram H
+    (bin i: verify steps that accepted exactly i drafts): at index k - 1 the share of
+    steps that accepted at least k, ``sum(H[k:]) / sum(H)``, for k = 1 .. len(H) - 1.
+    None without a histogram of two bins or more, or when it counts no step."""
+    parts = _steps_at_least(histogram)
+    if parts is None:
+        return None
+    steps, at_least = parts
+    return [n / steps for n in at_least]
 
 
 def tokens_per_verify_by_budget(histogram: Sequence[int] | None) -> list[float] | None:
@@ -240,20 +250,14 @@ def tokens_per_verify_by_budget(histogram: Sequence[int] | None) -> list[float] 
     histogram H of S steps: at index k - 1 the tokens per verify step with a budget of
     k draft tokens, a step that accepted i drafts then accepting min(i, k):
     ``(S + sum_i min(i, k) * H[i]) / S`` for k = 1 .. len(H) - 1, one division of two
-    integers each. None exactly when ``accept_rate_by_position`` is None."""
-    if histogram is None or len(histogram) < 2:
+    integers each (``sum_i min(i, k) * H[i]`` is the steps that accepted at least 1, 2,
+    ... k drafts, added up). None exactly when ``accept_rate_by_position`` is None."""
+    parts = _steps_at_least(histogram)
+    if parts is None:
         return None
-    steps = sum(histogram)
-    if steps <= 0:
-        return None
-    curve = []
-    tokens = steps  # every step yields one token of its own, then the drafts it accepted
-    at_least = steps
-    for count in histogram[:-1]:
-        at_least -= count  # steps that accepted more than this bin's count: one more token each
-        tokens += at_least
-        curve.append(tokens / steps)
-    return curve
+    steps, at_least = parts
+    # every step yields one token of its own, then one per draft it would have accepted
+    return [tokens / steps for tokens in itertools.accumulate(at_least, initial=steps)][1:]
 
 
 def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:

@@ -412,6 +412,11 @@ def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value
 
 
+def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
+    """A ``loadgen`` option that is a share of records or generations, in [0, 1]."""
+    return click.option(name, type=click.FloatRange(0, 1), default=default, show_default=True, help=help)
+
+
 def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, float], ...]:
     """``loadgen --tasks``: ``NAME:FACTOR,...`` (a name alone: factor 1), or ``none``."""
     if value.strip().lower() in ("", "none"):
@@ -826,33 +831,25 @@ def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
     show_default=True,
     help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.",
 )
-@click.option(
+@_share_option(
     "--redelivery-rate",
-    type=click.FloatRange(0, 1),
-    default=0.2,
-    show_default=True,
-    help="Share of records delivered twice (deduplicated by the worker).",
+    0.2,
+    "Share of records delivered twice (deduplicated by the worker).",
 )
-@click.option(
+@_share_option(
     "--conflict-rate",
-    type=click.FloatRange(0, 1),
-    default=0.01,
-    show_default=True,
-    help="Share of records redelivered with different counters (conflicting generations).",
+    0.01,
+    "Share of records redelivered with different counters (conflicting generations).",
 )
-@click.option(
+@_share_option(
     "--missing-rate",
-    type=click.FloatRange(0, 1),
-    default=0.05,
-    show_default=True,
-    help="Share of generations with some counters unknown.",
+    0.05,
+    "Share of generations with some counters unknown.",
 )
-@click.option(
+@_share_option(
     "--invalid-rate",
-    type=click.FloatRange(0, 1),
-    default=0.005,
-    show_default=True,
-    help="Share of records that are invalid (a negative counter): dead-lettered and counted.",
+    0.005,
+    "Share of records that are invalid (a negative counter): dead-lettered and counted.",
 )
 @click.option(
     "--tasks",
@@ -863,12 +860,10 @@ def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
     help="The tasks (datasets) sessions draw their prompts from, each with the factor of per-draft "
     "acceptance the draft shows on it, in (0, 1]; 'none': records name no task.",
 )
-@click.option(
+@_share_option(
     "--inconsistent-rate",
-    type=click.FloatRange(0, 1),
-    default=0.005,
-    show_default=True,
-    help="Share of generations whose histogram contradicts their own counters (spec/inconsistent_generation_count).",
+    0.005,
+    "Share of generations whose histogram contradicts their own counters (spec/inconsistent_generation_count).",
 )
 @click.option(
     "--rate",
