@@ -14,6 +14,14 @@ Where drafts stop being accepted: ``specmeter/accept_rate_by_position/<k>`` is a
 scalar per draft position k, and ``specmeter/accept_rate_by_position`` in the
 Histograms tab (offset view) is one curve per step over the positions: x is the draft
 position, the height the share of verify steps that accepted that draft.
+
+The draft budget: ``specmeter/tokens_per_verify_by_budget`` in the Histograms tab is
+one curve per step over the budgets k, the height the tokens per verify step a budget
+of k draft tokens would have given (exact for chain drafters, an upper bound for trees,
+ending at the budget the fleet ran). By task (the records' ``task``), the Custom
+Scalars tab has a panel per task (its tokens per verify step at each budget, over the
+steps) and one comparing the tasks' accept rates; the scalars are under
+``specmeter/by_task/<task>/``.
 """
 
 from __future__ import annotations
@@ -34,37 +42,63 @@ def step_of(batch_id: str) -> int | None:
 
 
 def follow(metrics: Iterable[BatchMetrics], writer: Any) -> int:
-    """Write each batch's scalars and its acceptance-by-position curve at its step;
-    returns how many batches were written."""
+    """Write each batch's scalars, its acceptance-by-position and budget curves at its
+    step, and a Custom Scalars panel per task seen so far; returns how many batches were
+    written."""
     written = 0
+    tasks: set[str] = set()
     for m in metrics:
         step = step_of(m.batch_id)
         if step is None:
             continue
         for tag, value in metrics_scalars(m).items():
             writer.add_scalar(tag, value, global_step=step)
-        if m.accept_rate_by_position:
-            writer.add_histogram_raw(
-                "specmeter/accept_rate_by_position", global_step=step, **position_curve(m.accept_rate_by_position)
-            )
+        for tag, values in (
+            ("specmeter/accept_rate_by_position", m.accept_rate_by_position),
+            ("specmeter/tokens_per_verify_by_budget", m.tokens_per_verify_by_budget),
+        ):
+            if values:
+                writer.add_histogram_raw(tag, global_step=step, **position_curve(values))
+        named = {e.task or "unknown" for e in m.by_task or ()}
+        if not named <= tasks:  # a new task: the layout again, with its panel
+            tasks |= named
+            writer.add_custom_scalars(task_layout(sorted(tasks)))
         writer.flush()
         written += 1
     return written
 
 
-def position_curve(rates: list[float]) -> dict[str, Any]:
-    """``add_histogram_raw`` arguments drawing acceptance by draft position as a curve:
-    one bucket per position k (bounds k - 0.5 .. k + 0.5) whose height is its rate. The
-    total (``num``) is then the mean number of drafts accepted per verify step."""
-    positions = range(1, len(rates) + 1)
+def task_layout(tasks: list[str]) -> dict[str, dict[str, list[Any]]]:
+    """The Custom Scalars layout: the tasks' accept rates in one chart, then a panel per task
+    with its tokens per verify step at each draft budget (a line per budget k)."""
+    return {
+        "specmeter: by task": {
+            "accept rate, every task": ["Multiline", [r"specmeter/by_task/[^/]+/accept_rate$"]],
+            **{
+                f"{task}: tokens per verify step by draft budget": [
+                    "Multiline",
+                    [rf"specmeter/by_task/{re.escape(task)}/tokens_per_verify_by_budget/\d+$"],
+                ]
+                for task in tasks
+            },
+        }
+    }
+
+
+def position_curve(values: list[float]) -> dict[str, Any]:
+    """``add_histogram_raw`` arguments drawing a curve over 1, 2, ... (draft positions,
+    budgets): one bucket per k (bounds k - 0.5 .. k + 0.5) whose height is its value. For
+    acceptance by draft position the total (``num``) is the mean number of drafts accepted
+    per verify step."""
+    positions = range(1, len(values) + 1)
     return {
         "min": 1.0,
-        "max": float(len(rates)),
-        "num": sum(rates),
-        "sum": sum(k * r for k, r in zip(positions, rates, strict=True)),
-        "sum_squares": sum(k * k * r for k, r in zip(positions, rates, strict=True)),
+        "max": float(len(values)),
+        "num": sum(values),
+        "sum": sum(k * r for k, r in zip(positions, values, strict=True)),
+        "sum_squares": sum(k * k * r for k, r in zip(positions, values, strict=True)),
         "bucket_limits": [k + 0.5 for k in positions],
-        "bucket_counts": list(rates),
+        "bucket_counts": list(values),
     }
 
 

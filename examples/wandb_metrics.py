@@ -16,6 +16,15 @@ Where drafts stop being accepted: ``specmeter/accept_rate_by_position/<k>`` is a
 line per draft position k over the steps, and ``specmeter/accept_rate_by_position_curve``
 is, at each step, the curve over positions (the batch's, and one per weight
 version in it): the share of verify steps that accepted their k-th draft.
+
+By task (the records' ``task``: the prompt's dataset): ``specmeter/by_task/<task>/...``
+are each task's scalars, and each task gets a panel of its own at every step,
+``specmeter/by_task/<task>/accept_rate_by_position_curve``: its acceptance by draft
+position beside the whole batch's. The draft budget:
+``specmeter/tokens_per_verify_by_budget_curve`` is, at each step, the tokens per verify
+step a budget of k draft tokens would have given (the batch's, and one per task),
+exact for chain drafters, an upper bound for trees, ending at the budget the fleet ran
+(``specmeter advise`` adds the draft's cost and picks the best k).
 """
 
 from __future__ import annotations
@@ -35,27 +44,55 @@ def step_of(batch_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def position_curves(m: BatchMetrics) -> tuple[list[list[int]], list[list[float]], list[str]]:
-    """The batch's acceptance by draft position and each weight version's, as the
-    (xs, ys, keys) of a line chart over positions 1, 2, ...; empty when none is known."""
+def line_chart(
+    curves: Iterable[tuple[str, list[float] | None]],
+) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """Named curves over 1, 2, ... (draft positions, budgets) as the (xs, ys, keys) of a
+    line chart; the unknown ones left out."""
     xs: list[list[int]] = []
     ys: list[list[float]] = []
     keys: list[str] = []
-    curves = [("all versions", m.accept_rate_by_position)] + [
-        ("unknown" if e.weight_version is None else e.weight_version, e.accept_rate_by_position)
-        for e in m.by_weight_version or ()
-    ]
-    for key, rates in curves:
-        if rates:
-            xs.append(list(range(1, len(rates) + 1)))
-            ys.append(list(rates))
+    for key, values in curves:
+        if values:
+            xs.append(list(range(1, len(values) + 1)))
+            ys.append(list(values))
             keys.append(key)
     return xs, ys, keys
 
 
+def position_curves(m: BatchMetrics) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """The batch's acceptance by draft position and each weight version's, as the
+    (xs, ys, keys) of a line chart over positions 1, 2, ...; empty when none is known."""
+    return line_chart(
+        [("all versions", m.accept_rate_by_position)]
+        + [(e.weight_version or "unknown", e.accept_rate_by_position) for e in m.by_weight_version or ()]
+    )
+
+
+def budget_curves(m: BatchMetrics) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    """The batch's tokens per verify step by draft budget and each task's, as a line chart
+    over budgets 1, 2, ...; empty when none is known."""
+    return line_chart(
+        [("all tasks", m.tokens_per_verify_by_budget)]
+        + [(e.task or "unknown", e.tokens_per_verify_by_budget) for e in m.by_task or ()]
+    )
+
+
+def task_panels(m: BatchMetrics) -> dict[str, tuple[list[list[int]], list[list[float]], list[str]]]:
+    """A panel per task: its acceptance by draft position beside the whole batch's."""
+    return {
+        e.task or "unknown": line_chart(
+            [(e.task or "unknown", e.accept_rate_by_position), ("all tasks", m.accept_rate_by_position)]
+        )
+        for e in m.by_task or ()
+        if e.accept_rate_by_position
+    }
+
+
 def follow(metrics: Iterable[BatchMetrics], run: Any, line_series: Callable[..., Any] | None = None) -> int:
     """Log each batch's scalars at its step, and with ``line_series`` (``wandb.plot.line_series``)
-    its acceptance-by-position curve; returns how many batches were logged."""
+    its acceptance-by-position curve, its budget curve and a panel per task; returns how
+    many batches were logged."""
     run.define_metric("trainer/step")
     run.define_metric("specmeter/*", step_metric="trainer/step")
     logged = 0
@@ -64,11 +101,30 @@ def follow(metrics: Iterable[BatchMetrics], run: Any, line_series: Callable[...,
         if step is None:
             continue
         row: dict[str, Any] = {"trainer/step": step, **metrics_scalars(m)}
-        xs, ys, keys = position_curves(m)
-        if line_series is not None and ys:
-            row["specmeter/accept_rate_by_position_curve"] = line_series(
-                xs=xs, ys=ys, keys=keys, title=f"acceptance by draft position, step {step}", xname="draft position"
-            )
+        if line_series is not None:
+            charts = {
+                "specmeter/accept_rate_by_position_curve": (
+                    position_curves(m),
+                    f"acceptance by draft position, step {step}",
+                    "draft position",
+                ),
+                "specmeter/tokens_per_verify_by_budget_curve": (
+                    budget_curves(m),
+                    f"tokens per verify step by draft budget, step {step}",
+                    "draft budget k",
+                ),
+                **{
+                    f"specmeter/by_task/{task}/accept_rate_by_position_curve": (
+                        chart,
+                        f"{task}: acceptance by draft position, step {step}",
+                        "draft position",
+                    )
+                    for task, chart in task_panels(m).items()
+                },
+            }
+            for key, ((xs, ys, keys), title, xname) in charts.items():
+                if ys:
+                    row[key] = line_series(xs=xs, ys=ys, keys=keys, title=title, xname=xname)
         run.log(row)
         logged += 1
     return logged

@@ -17,6 +17,9 @@ __all__ = [
     "MORE_COUNTERS",
     "MAX_EXPORTED_POSITION",
     "VERSION_AGES",
+    "TASK_COUNTERS",
+    "UNKNOWN_TASK",
+    "OTHER_TASKS",
     "SLOTS",
     "Slot",
     "published_labels",
@@ -113,6 +116,12 @@ PUBLISHED_QUANTITIES: tuple[tuple[str, str, str], ...] = (
         "spec/conflicting_generation_count",
         "Generations reported with different values (left out of every sum).",
     ),
+    (
+        "inconsistent_generations",
+        "spec/inconsistent_generation_count",
+        "Generations whose own acceptance histogram contradicts their own verify or accepted count (sum(H) "
+        "is not verify, or sum of i * H[i] is not accepted); still aggregated as reported.",
+    ),
     ("published_records", "record_count", "Records delivered (every delivery, invalid ones included)."),
     ("published_invalid_records", "invalid_record_count", "Invalid records attributed to a batch."),
     ("published_late_records", "late_record_count", "Records applied to a batch after it closed, within grace."),
@@ -169,6 +178,43 @@ MORE_COUNTERS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
+#: the ``task`` label of the per-task counters beside a task's own name: generations whose
+#: task is unknown (null), and whole batches without a breakdown (``by_task`` null: no
+#: generation knows its task, or more than 64 tasks), count under UNKNOWN_TASK; the tasks
+#: past a label set's bound (``PublishedTotals.max_tasks``) under OTHER_TASKS, summed. A
+#: task that is itself named like one of the two counts under OTHER_TASKS, so each value
+#: means one thing.
+UNKNOWN_TASK = "(unknown)"
+OTHER_TASKS = "(other)"
+_RESERVED_TASKS = frozenset((UNKNOWN_TASK, OTHER_TASKS))
+
+#: counter families split by ``task`` (label values above): (stem, key of a ``by_task``
+#: entry's metrics, help). Task names come from the producers and may be many, so they
+#: are bounded per (algorithm, run_id), not fixed like positions and ages.
+TASK_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "task_paired_accepted_tokens",
+        "spec/paired_accepted_total",
+        "specmeter_paired_accepted_tokens_total split by task (the prompt's dataset or task family).",
+    ),
+    (
+        "task_paired_proposed_tokens",
+        "spec/paired_proposed_total",
+        "specmeter_paired_proposed_tokens_total split by task.",
+    ),
+    (
+        "task_paired_completion_tokens",
+        "spec/paired_completion_total",
+        "specmeter_paired_completion_tokens_total split by task.",
+    ),
+    (
+        "task_paired_verify_steps",
+        "spec/paired_verify_total",
+        "specmeter_paired_verify_steps_total split by task.",
+    ),
+)
+
+
 class Slot(NamedTuple):
     """One counter series of a label set: its stem and, for a split family, the extra label."""
 
@@ -196,6 +242,9 @@ _ALWAYS = frozenset(range(_POSITIONS))
 #: labels of the counters of published batches: (algorithm, run_id)
 Labels = tuple[str, str]
 _Vector = tuple[int, ...]
+#: a batch's per-task values: task (None: unknown) -> one value per TASK_COUNTERS family
+_TaskVector = dict[str | None, _Vector]
+_NO_TASK: _Vector = (0,) * len(TASK_COUNTERS)
 
 
 def _quantity(metrics: Any, source: str) -> int:
@@ -261,6 +310,25 @@ def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
     return tuple(out), frozenset(present)
 
 
+def _task_shares(metrics: Any) -> list[tuple[str | None, Any]]:
+    """(task, metrics) of each share of a speculative batch: its ``by_task`` entries, or
+    the whole batch as the unknown task when it has no breakdown."""
+    if not metrics.speculative:
+        return []
+    if metrics.by_task is None:
+        return [(None, metrics.metrics)]
+    return [(entry.task, entry.metrics) for entry in metrics.by_task]
+
+
+def _diff(added: list[int], retracted: list[int], before: _Vector, after: _Vector) -> None:
+    """Count the change from ``before`` to ``after``: increases to ``added``, decreases to ``retracted``."""
+    for i, (old, new) in enumerate(zip(before, after, strict=True)):
+        if new > old:
+            added[i] += new - old
+        elif new < old:
+            retracted[i] += old - new
+
+
 def published_labels(metrics: Any) -> Labels:
     """(algorithm, run_id) of a BatchMetrics: the algorithm a marker named (``unknown`` if
     none did), the run id (``""`` for the default run, whose records name none)."""
@@ -280,12 +348,79 @@ class LabelTotals:
     present: set[int] = field(default_factory=lambda: set(_ALWAYS))
     #: slots a scrape has shown (a slot is shown at 0 on its first scrape, see _prometheus)
     shown: set[int] = field(default_factory=set)
+    #: per ``task`` label value, added and retracted per TASK_COUNTERS family (a task has an
+    #: entry once its label is given: that is what admits it)
+    task_added: dict[str, list[int]] = field(default_factory=dict)
+    task_retracted: dict[str, list[int]] = field(default_factory=dict)
+    #: task label values a scrape has shown
+    task_shown: set[str] = field(default_factory=set)
+
+    def task_label(self, task: str | None, max_tasks: int) -> str:
+        """The ``task`` label of a task's share: its own name while fewer than ``max_tasks``
+        tasks have one here (first come, kept for the label set's life: every revision of a
+        batch lands where its first did), else OTHER_TASKS; UNKNOWN_TASK for None."""
+        if task is None:
+            label = UNKNOWN_TASK
+        elif task in _RESERVED_TASKS:
+            label = OTHER_TASKS
+        elif task in self.task_added or sum(t not in _RESERVED_TASKS for t in self.task_added) < max_tasks:
+            label = task
+        else:
+            label = OTHER_TASKS
+        if label not in self.task_added:
+            self.task_added[label] = [0] * len(TASK_COUNTERS)
+            self.task_retracted[label] = [0] * len(TASK_COUNTERS)
+        return label
+
+    def add(self, before: _Batch, after: _Batch, max_tasks: int) -> None:
+        """Count a batch's change from one revision (``before``) to the next (``after``)."""
+        self.present |= after.present
+        _diff(self.added, self.retracted, before.vector, after.vector)
+        olds, news = self._by_label(before.tasks, max_tasks), self._by_label(after.tasks, max_tasks)
+        for label in olds.keys() | news.keys():
+            _diff(
+                self.task_added[label],
+                self.task_retracted[label],
+                olds.get(label, _NO_TASK),
+                news.get(label, _NO_TASK),
+            )
+
+    def _by_label(self, tasks: _TaskVector, max_tasks: int) -> dict[str, _Vector]:
+        """A batch's per-task values under their labels (tasks past the bound summed)."""
+        out: dict[str, _Vector] = {}
+        for task, values in tasks.items():
+            label = self.task_label(task, max_tasks)
+            known = out.get(label)
+            out[label] = values if known is None else tuple(a + b for a, b in zip(known, values, strict=True))
+        return out
+
+
+class _Batch(NamedTuple):
+    """What one revision of a batch adds to its label set's counters."""
+
+    #: the value of every slot (``SLOTS``)
+    vector: _Vector
+    #: the slots it has beside those every label set shows (positions of its histogram,
+    #: version ages of its breakdown)
+    present: frozenset[int]
+    #: per task (None: unknown), its values of the TASK_COUNTERS families; task names, not
+    #: labels: the label set maps them to labels when it counts them
+    tasks: _TaskVector
+
+    @classmethod
+    def of(cls, metrics: Any) -> _Batch:
+        vector, present = _vector(metrics)
+        tasks = {task: tuple(int(m.get(key, 0)) for _, key, _ in TASK_COUNTERS) for task, m in _task_shares(metrics)}
+        return cls(vector, present, tasks)
+
+
+_NOTHING = _Batch((0,) * len(SLOTS), frozenset(), {})
 
 
 @dataclass
 class _Published:
     labels: Labels
-    vector: _Vector
+    batch: _Batch
     revision: int
     at_s: float
 
@@ -303,7 +438,8 @@ class PublishedTotals:
     ``forget_after_s`` after its last publication (stage 2 keeps a batch for grace +
     timeout after its last change, so no revision can follow later) and at most
     ``max_remembered`` batches; at most ``max_label_sets`` (algorithm, run_id) pairs
-    are kept, the least recently published one dropped first. ``latest`` holds, for the
+    are kept, the least recently published one dropped first, and each names at most
+    ``max_tasks`` tasks in its per-task counters (``LabelTotals.task_label``). ``latest`` holds, for the
     ``latest_label_sets`` most recently published pairs, the batch that closed last (at
     its newest revision): a late revision of an older batch does not replace it.
     """
@@ -312,6 +448,8 @@ class PublishedTotals:
     max_remembered: int = 100_000
     max_label_sets: int = 16
     latest_label_sets: int = 4
+    #: task names with counters of their own per label set; the rest count under OTHER_TASKS
+    max_tasks: int = 16
     totals: OrderedDict[Labels, LabelTotals] = field(default_factory=OrderedDict)
     latest: OrderedDict[Labels, Any] = field(default_factory=OrderedDict)
     _last: OrderedDict[tuple[str | None, str], _Published] = field(default_factory=OrderedDict)
@@ -342,35 +480,26 @@ class PublishedTotals:
             self.totals.move_to_end(labels)
         return totals
 
-    def _add(self, labels: Labels, before: _Vector, after: _Vector, present: frozenset[int]) -> None:
-        totals = self._label_totals(labels)
-        totals.present |= present
-        for i, (old, new) in enumerate(zip(before, after, strict=True)):
-            if new > old:
-                totals.added[i] += new - old
-            elif new < old:
-                totals.retracted[i] += old - new
-
     def _remember(self, metrics: Any, now_s: float, *, count: bool) -> None:
         key = (metrics.run_id, metrics.batch_id)
         known = self._last.get(key)
         if known is not None and metrics.revision <= known.revision:
             return
         labels = published_labels(metrics)
-        vector, present = _vector(metrics)
+        batch = _Batch.of(metrics)
         if count:
-            before: _Vector = (0,) * len(vector)
+            before = _NOTHING
             if known is not None and known.labels != labels:
                 # a marker named the algorithm after the first revision: the batch moves
-                self._add(known.labels, known.vector, before, frozenset())
+                self._label_totals(known.labels).add(known.batch, _NOTHING, self.max_tasks)
             elif known is not None:
-                before = known.vector
-            self._add(labels, before, vector, present)
+                before = known.batch
+            self._label_totals(labels).add(before, batch, self.max_tasks)
         if known is not None and known.labels != labels:
             newest = self.latest.get(known.labels)
             if newest is not None and (newest.run_id, newest.batch_id) == key:
                 del self.latest[known.labels]
-        self._last[key] = _Published(labels, vector, metrics.revision, now_s)
+        self._last[key] = _Published(labels, batch, metrics.revision, now_s)
         self._last.move_to_end(key)
         self._forget(now_s)
         self._keep_latest(labels, metrics)

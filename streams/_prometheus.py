@@ -3,13 +3,16 @@
 Naming follows Prometheus conventions: ``specmeter_`` prefix, ``_total`` for
 counters, base units (seconds, ratios, tokens, steps). No label's set of values
 grows with the run: no batch, session, generation or weight-version name is ever a
-label (per-batch values are on the metrics topic); the series a worker exports do
-not multiply as it publishes batches. Three kinds of series:
+label (per-batch values are on the metrics topic), and task names, which producers
+choose, are bounded per pair; the series a worker exports do not multiply as it
+publishes batches. Three kinds of series:
 
 * **Counters of published batches** (``specmeter_paired_accepted_tokens_total`` …,
   labels ``algorithm`` and ``run_id``; acceptance by draft position adds
   ``position`` = 1..``MAX_EXPORTED_POSITION`` (16), paired tokens by policy staleness
-  add ``version_age`` = 0..3, 4+, unknown): every BatchMetrics revision this worker
+  add ``version_age`` = 0..3, 4+, unknown, paired sums by task add ``task``: the first
+  ``PublishedTotals.max_tasks`` task names of a pair, ``(other)`` past them,
+  ``(unknown)``): every BatchMetrics revision this worker
   published adds its difference from the batch's previous revision, so sums and
   rates add up across batches, revisions and workers. What a revision takes back
   (a late record that turns a key conflicting) goes to the ``_retracted_total``
@@ -51,6 +54,7 @@ from ._counters import (
     MORE_COUNTERS,
     PUBLISHED_QUANTITIES,
     SLOTS,
+    TASK_COUNTERS,
     VERSION_AGES,
     PublishedTotals,
     published_labels,
@@ -181,6 +185,7 @@ _WORKER_COUNTERS = (
 _COUNTER_FAMILIES: dict[str, tuple[str, str | None]] = {
     **{stem: (doc, None) for stem, _, doc in PUBLISHED_QUANTITIES},
     **{stem: (doc, label) for stem, doc, label in MORE_COUNTERS},
+    **{stem: (doc, "task") for stem, _, doc in TASK_COUNTERS},
 }
 
 _PUBLISHED_COUNTERS = tuple(
@@ -332,11 +337,19 @@ class WorkerCollector:
                 shown = i in totals.shown
                 added.add_metric(values, totals.added[i] if shown else 0)
                 retracted.add_metric(values, totals.retracted[i] if shown else 0)
+        for labels, totals in published.totals.items():
+            for task in sorted(totals.task_added):
+                shown = task in totals.task_shown
+                for i, (stem, _, _) in enumerate(TASK_COUNTERS):
+                    added, retracted = families[stem]
+                    added.add_metric([*labels, task], totals.task_added[task][i] if shown else 0)
+                    retracted.add_metric([*labels, task], totals.task_retracted[task][i] if shown else 0)
         for added, retracted in families.values():
             yield added
             yield retracted
         for totals in published.totals.values():
             totals.shown |= totals.present
+            totals.task_shown |= totals.task_added.keys()
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:

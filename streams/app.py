@@ -63,7 +63,9 @@ class StreamShell:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.counters = WorkerCounters()
-        self.published = PublishedTotals(forget_after_s=settings.grace_s + settings.batch_timeout_s)  # for /metrics
+        self.published = PublishedTotals(  # for /metrics
+            forget_after_s=settings.grace_s + settings.batch_timeout_s, max_tasks=settings.max_exported_tasks
+        )
         t = settings.topics
         self.stage1_log, self.stage2_log = changelog_topics(settings.app_id)
         self.last_published: BatchMetrics | None = None

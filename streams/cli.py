@@ -281,6 +281,7 @@ def main() -> None:
 
     \b
     Offline:   specmeter aggregate dump.jsonl
+    Budget:    specmeter aggregate dump.jsonl --format jsonl | specmeter advise -
     """
 
 
@@ -570,6 +571,16 @@ def _topic_options(func):
 )
 @click.option("--web-host", default=_DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
+@click.option(
+    "--max-exported-tasks",
+    type=click.IntRange(0, 1024),
+    default=_DEFAULTS.max_exported_tasks,
+    show_default=True,
+    metavar="N",
+    help="Tasks (the records' task field) with Prometheus counters of their own, per run and algorithm, "
+    'first come; later ones are summed under task="(other)", unknown ones under task="(unknown)". '
+    "Each task costs 8 series per run and algorithm.",
+)
 @click.option("--data-dir", default=_DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
 @click.option(
     "--log-level",
@@ -600,6 +611,7 @@ def worker(
     web_port: int,
     web_host: str,
     no_web: bool,
+    max_exported_tasks: int,
     data_dir: str,
     log_level: str,
 ) -> None:
@@ -636,6 +648,7 @@ def worker(
         web_enabled=not no_web,
         web_port=web_port,
         web_host=web_host,
+        max_exported_tasks=max_exported_tasks,
         data_dir=data_dir,
         log_level=log_level.lower(),
         security=security,
@@ -1037,6 +1050,129 @@ def tail(
         timeout_s=timeout,
         kafka=security.aiokafka_kwargs(),
     )
+
+
+def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``--run-id``: not given is every run (one is then required), '' the default run."""
+    if value is None:
+        return ...
+    if value == "":
+        return None
+    return _run_id(ctx, param, value)
+
+
+@main.command(epilog=KAFKA_ENV_HELP)
+@click.argument("file", type=click.File("rb"), required=False, default=None, metavar="[FILE.jsonl]")
+@_broker_option
+@click.option(
+    "--topic",
+    default=_DEFAULTS.topics.metrics,
+    show_default=True,
+    help="The metrics topic to read when no FILE is given (the worker's --metrics-topic).",
+)
+@click.option(
+    "--run-id",
+    envvar="SPECMETER_RUN_ID",
+    default=None,
+    metavar="ID",
+    callback=_advise_run,
+    help="The training run whose batches to read; '' is the default run (batches that name none). "
+    "Needed when the metrics hold several runs.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Read the run's last N batches, in natural order of their ids (step-2 before step-10), each at its "
+    "newest revision; 0 reads all of them.",
+)
+@click.option(
+    "--by",
+    type=click.Choice(["task", "weight_version"]),
+    default=None,
+    help="One curve per task or per weight version, from the batches' by_task / by_weight_version entries "
+    "(default: one curve for the whole batches).",
+)
+@click.option(
+    "--draft-cost",
+    type=click.FloatRange(0),
+    default=None,
+    metavar="C",
+    help="The time of one draft step relative to one target forward pass (decode, at your serving batch size): "
+    "time both from a profile or the engine's step timings and divide; about 0 for NGRAM, a small share for an "
+    "EAGLE head, roughly the parameter ratio for a separate draft model. Adds the expected speedup over no "
+    "speculation, tokens/verify / (1 + C*k), and marks the best budget.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the curves as one JSON document (for scripts).")
+@_one_line_errors
+def advise(
+    file: IO[bytes] | None,
+    broker: str,
+    topic: str,
+    run_id: Any,
+    last: int,
+    by: str | None,
+    draft_cost: float | None,
+    as_json: bool,
+) -> None:
+    """Which draft budget would pay: tokens per verify step for each budget k, from the histograms.
+
+    Reads published metrics: FILE (BatchMetrics JSON lines, e.g. `specmeter
+    aggregate --format jsonl` or `specmeter tail --json` output; '-' for stdin),
+    or without FILE the metrics topic at --broker. Sums the acceptance
+    histograms of the run's last --last batches (never averaging curves) and
+    prints, per budget k up to the one the fleet ran, the tokens per verify
+    step it would have given (docs/contract.md, draft budget); with
+    --draft-cost, the expected speedup and the best k. The curve is exact for
+    chain drafters (EAGLE/MTP chains, NGRAM, a draft model), an upper bound for
+    tree drafters (EAGLE-2/3 trees), and says nothing about budgets above the
+    one the fleet ran.
+    """
+    from ._advise import advise as advise_on
+    from ._advise import metrics_from_lines
+
+    if file is not None:
+        given = getattr(file, "name", "-")
+        name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
+        advice = advise_on(metrics_from_lines(file, name), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+    else:
+        import asyncio
+
+        from ._consume import consume_metrics
+
+        security = _security()
+        _preflight(broker, security)
+
+        async def read() -> list[Any]:  # every run: advise names the runs there when --run-id is not one
+            stream = consume_metrics(
+                broker,
+                topic=topic,
+                from_beginning=True,
+                stop_at_end=True,
+                topic_wait_s=0,
+                kafka=security.aiokafka_kwargs(),
+            )
+            return [m async for m in stream]
+
+        advice = advise_on(asyncio.run(read()), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+    if as_json:
+        import msgspec
+
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(advice.as_document()), indent=2) + b"\n")
+        return
+    from rich.console import Console
+
+    from ._advise_table import advice_notes, advice_tables
+
+    console = Console()
+    first, *rest = advice_notes(advice)
+    console.print(first, highlight=False)
+    for table in advice_tables(advice):
+        console.print(table)
+    for line in rest:
+        console.print(line, highlight=False)
 
 
 #: variables a flag reads instead of SPECMETER_<COMMAND>_<FLAG>: shared by several commands

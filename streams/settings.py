@@ -59,6 +59,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         session_timeout_s: how long a silent worker keeps its partitions.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
+        max_exported_tasks: task names that get Prometheus counters of their own, per
+            (algorithm, run_id), first come; later tasks are summed under
+            ``task="(other)"`` (docs/prometheus.md). Each costs 8 series per pair.
         data_dir: Faust's local data folder.
         log_level: worker log level.
         security: Kafka client security (SASL, TLS), for Faust and aiokafka alike;
@@ -84,6 +87,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     web_enabled: bool = True
     web_host: str = "0.0.0.0"
     web_port: int = 6066
+    max_exported_tasks: int = 16
     data_dir: str = "/tmp/specmeter-worker"
     log_level: str = "info"
     security: KafkaSecurity = KafkaSecurity()

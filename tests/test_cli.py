@@ -399,6 +399,7 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
         "--grace": ("grace_s", 12.5),
         "--batch-timeout": ("batch_timeout_s", 3.0),
         "--max-message-bytes": ("max_message_bytes", 2048),
+        "--max-exported-tasks": ("max_exported_tasks", 3),
     }
     args = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     for flag, (_, value) in flags.items():
@@ -416,8 +417,32 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
         "max_open_generations",
         "max_message_bytes",
         "partitions",
+        "max_exported_tasks",
     ):
         assert defaults[field] == getattr(WorkerSettings(), field), field
+
+
+def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_environment(monkeypatch):
+    """The bound on task labels (issue 31): --max-exported-tasks, or
+    SPECMETER_WORKER_MAX_EXPORTED_TASKS, reaches the counters the worker's /metrics reads."""
+    import specmeter.streams.cli as cli
+    import specmeter.streams.worker as worker_module
+    from specmeter.streams.app import StreamShell
+
+    seen = []
+    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker_module, "run_worker", seen.append)
+    base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
+    for args, env, want in (
+        (base, {}, 16),
+        ([*base, "--max-exported-tasks", "3"], {}, 3),
+        (base, {"SPECMETER_WORKER_MAX_EXPORTED_TASKS": "0"}, 0),
+    ):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 0, result.output
+        assert StreamShell(seen.pop()).published.max_tasks == want, (args, env)
+    result = CliRunner().invoke(main, [*base, "--max-exported-tasks", "-1"])
+    assert result.exit_code != 0 and "--max-exported-tasks" in result.output
 
 
 def test_expired_retention_reaches_the_settings_by_flag_and_environment(monkeypatch):

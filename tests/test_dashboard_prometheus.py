@@ -7,7 +7,9 @@ adds a generation, one turns a key conflicting, which takes counters back). Ever
 expression of the dashboard is then evaluated through Prometheus' HTTP API and
 checked against the exact BatchMetrics read from the output topic: acceptance by
 draft position fleet-wide to float rounding, the newest batch's gauges, acceptance
-by version age. Last, one worker is stopped and the alerts panel shows its alert.
+by version age, by task (issue 31), and the draft-budget curve the recording rules
+make of the per-position counters, exactly as the batches' histograms give it. Last,
+one worker is stopped and the alerts panel shows its alert.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import yaml
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMetrics, GenerationRecord
@@ -57,6 +60,7 @@ EXACT = {
     "verify_covered_generations": lambda m: m.metrics.get("spec/verify_covered_count", 0),
     "generations": lambda m: m.metrics.get("spec/unique_generation_count", 0),
     "conflicting_generations": lambda m: m.metrics.get("spec/conflicting_generation_count", 0),
+    "inconsistent_generations": lambda m: m.metrics.get("spec/inconsistent_generation_count", 0),
     "published_records": lambda m: m.record_count,
     "published_invalid_records": lambda m: m.invalid_record_count,
     "published_late_records": lambda m: m.late_record_count,
@@ -67,16 +71,32 @@ MAX_POSITION = 16
 
 
 def with_versions(events: list[FleetEvent]) -> list[FleetEvent]:
-    """The fleet's records, each carrying its session's policy version."""
+    """The fleet's records, each carrying its session's policy version; a seventh of the
+    sessions lose their task (the unknown task)."""
     out = []
     for e in events:
         if e.kind == "record":
-            version = VERSIONS[zlib.crc32(e.payload.session_id.encode()) % len(VERSIONS)]
-            e = FleetEvent(
-                e.kind, e.producer_id, e.batch_id, msgspec.structs.replace(e.payload, weight_version=version)
-            )
+            digest = zlib.crc32(e.payload.session_id.encode())
+            task = None if digest % 7 == 0 else e.payload.task
+            record = msgspec.structs.replace(e.payload, weight_version=VERSIONS[digest % len(VERSIONS)], task=task)
+            e = FleetEvent(e.kind, e.producer_id, e.batch_id, record)
         out.append(e)
     return out
+
+
+#: the per-task counter families -> the key of a by_task entry each sums
+TASK_SUMS = {
+    "task_paired_accepted_tokens": "spec/paired_accepted_total",
+    "task_paired_proposed_tokens": "spec/paired_proposed_total",
+    "task_paired_completion_tokens": "spec/paired_completion_total",
+    "task_paired_verify_steps": "spec/paired_verify_total",
+}
+
+
+def exact_rule(expr: str) -> str:
+    """A rule's expression on the counters themselves: rate(x[w]) -> x. Over counters that
+    start at 0 it is the ratio of what they counted, exactly, where rate() extrapolates."""
+    return re.sub(r"rate\((specmeter_[a-z_]+(?:\{[^}]*\})?)\[[0-9a-z]+\]\)", r"\1", expr)
 
 
 def dashboard_targets() -> list[tuple[str, str]]:
@@ -191,7 +211,13 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         list(
             synthetic_fleet(
                 FleetSpec(
-                    batches=6, sessions_per_batch=12, producers=2, seed=13, conflict_rate=0.05, batch_prefix="dash-"
+                    batches=6,
+                    sessions_per_batch=12,
+                    producers=2,
+                    seed=13,
+                    conflict_rate=0.05,
+                    inconsistent_rate=0.05,
+                    batch_prefix="dash-",
                 )
             )
         )
@@ -244,6 +270,7 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
             break
         time.sleep(SCRAPE_S / 2)
     assert got == expected
+    assert expected["inconsistent_generations"] > 0, "the fleet has generations whose histogram contradicts them"
     assert prom.value("sum(specmeter_paired_accepted_tokens_retracted_total)") > 0, "a retraction was exported"
     assert len(prom.query("specmeter_batches_total")) == 2, "each worker published some batches"
 
@@ -387,7 +414,73 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         for k, rate in enumerate((e.accept_rate_by_position or [])[:MAX_POSITION], start=1)
     }
 
-    # 7. the alerts panel: one worker stops answering; Prometheus evaluates the rules every
+    # 7. by task: each task's sums over both workers equal the sum of its by_task entries over
+    # every batch's newest revision (generations without a task: "(unknown)"); the panels are
+    # their ratios
+    task_sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for m in latest.values():
+        assert m.by_task, "every batch knows some tasks"
+        for entry in m.by_task:
+            for stem, key in TASK_SUMS.items():
+                task_sums["(unknown)" if entry.task is None else entry.task][stem] += entry.metrics[key]
+    assert {"chat", "gsm8k", "swe-bench", "(unknown)"} <= set(task_sums), set(task_sums)
+    for stem in TASK_SUMS:
+        net = prom.query(
+            f"sum by (task) (specmeter_{stem}_total) - sum by (task) (specmeter_{stem}_retracted_total)", at
+        )
+        assert {r["metric"]["task"]: float(r["value"][1]) for r in net} == {t: s[stem] for t, s in task_sums.items()}
+    for title, num, den in (
+        ("Accept rate by task (rate of sums)", "task_paired_accepted_tokens", "task_paired_proposed_tokens"),
+        ("Tokens per verify step by task (rate of sums)", "task_paired_completion_tokens", "task_paired_verify_steps"),
+    ):
+        shown = {r["metric"]["task"]: float(r["value"][1]) for r in panel(title)}
+        assert shown == pytest.approx({t: s[num] / s[den] for t, s in task_sums.items() if s[den]}, rel=0.02), title
+
+    # 8. the draft-budget curve: the recording rules, on the counters themselves, give exactly
+    # the curve of the summed histogram of every batch's newest revision; what Prometheus
+    # recorded (rates over the last hour) and the panels agree to rate()'s extrapolation
+    summed = [0] * width
+    for m in latest.values():
+        for i, n in enumerate(m.accept_histogram or ()):
+            summed[i] += n
+    # a step that accepted i drafts yields 1 + min(i, k) tokens with a budget of k (contract §3.5)
+    curve = {
+        k: sum((1 + min(i, k)) * n for i, n in enumerate(summed)) / steps
+        for k in range(1, min(width, MAX_POSITION + 1))
+    }
+    rules = {
+        (r["record"], r.get("labels", {}).get("budget")): r["expr"]
+        for g in yaml.safe_load(ALERTS.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+    steps_now = prom.value(exact_rule(rules[("run_algorithm:specmeter_position_verify_steps:rate1h", None)]), at)
+    assert steps_now == steps
+    exact_curve = {}
+    for k in range(1, MAX_POSITION + 1):
+        accepted = prom.query(exact_rule(rules[("run_algorithm:specmeter_budget_accepted_steps:rate1h", str(k))]), at)
+        if accepted:
+            [series] = accepted
+            exact_curve[k] = 1 + float(series["value"][1]) / steps_now
+    assert exact_curve == pytest.approx(curve, rel=1e-12), "the histograms' curve, no budget past the one ran"
+    recorded = {
+        int(r["metric"]["budget"]): float(r["value"][1])
+        for r in prom.query("run_algorithm:specmeter_tokens_per_verify_by_budget:ratio_rate1h", at)
+    }
+    assert recorded == pytest.approx(curve, rel=0.02)
+    bars = {
+        int(r["metric"]["budget"]): float(r["value"][1])
+        for r in panel("Tokens per verify step by draft budget (last hour)")
+    }
+    assert bars == pytest.approx(curve, rel=0.02)
+    ran = {r["metric"].get("run_id", ""): float(r["value"][1]) for r in panel("Draft budget the fleet ran")}
+    assert ran == {run: min(width - 1, MAX_POSITION)}
+    at_ran = [float(r["value"][1]) for r in panel("Draft budget the fleet ran", 1)]
+    assert at_ran == pytest.approx([curve[max(curve)]], rel=0.02)
+    at_one = [float(r["value"][1]) for r in panel("Draft budget the fleet ran", 2)]
+    assert at_one == pytest.approx([curve[1]], rel=0.02)
+
+    # 9. the alerts panel: one worker stops answering; Prometheus evaluates the rules every
     # second, so its SpecmeterWorkerDown is pending (it fires after 2 minutes) within seconds
     [(_, alerts_expr)] = [(t, e) for t, e in dashboard_targets() if e.startswith("ALERTS")]
     down = d.workers[1]

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from specmeter.streams._counters import MAX_EXPORTED_POSITION
 from specmeter.streams._prometheus import (
     _BATCH_FIELDS,
     _BATCH_GAUGES,
@@ -264,7 +265,13 @@ def test_dockerfile_passes_hadolint():
 
 
 def _metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b(specmeter_[a-z0-9_]+)", expr))
+    """The worker's series an expression reads (not the names recording rules give: level:metric:operations)."""
+    return set(re.findall(r"(?<![:\w])(specmeter_[a-z0-9_]+)(?![:\w])", expr))
+
+
+def _recorded_names(expr: str) -> set[str]:
+    """The series of alerts.yml's recording rules an expression reads."""
+    return set(re.findall(r"\b([a-z_]+:specmeter_[a-z0-9_]+:[a-z0-9_]+)\b", expr))
 
 
 def _base(name: str) -> str:
@@ -285,13 +292,22 @@ def test_every_dashboard_query_names_an_exported_metric():
                     name.startswith("Specmeter") for name in _alert_names()
                 ), target["expr"]
                 continue
-            names = _metric_names(target["expr"])
-            assert names, f"{panel['title']}: no specmeter metric in {target['expr']!r}"
+            names, recorded = _metric_names(target["expr"]), _recorded_names(target["expr"])
+            assert names or recorded, f"{panel['title']}: no specmeter metric in {target['expr']!r}"
             unknown = {n for n in names if _base(n) not in EXPORTED_METRICS}
             assert not unknown, f"{panel['title']}: {sorted(unknown)} is not exported by the worker"
+            unrecorded = recorded - {rule["record"] for rule in _rules() if "record" in rule}
+            assert not unrecorded, f"{panel['title']}: {sorted(unrecorded)} is recorded by no rule in alerts.yml"
     assert any(p["type"] == "heatmap" for p in dashboard["panels"]), "acceptance-length heatmap"
     queried = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    for shown in ("specmeter_position_accepted_steps_total", "specmeter_batch_position_accept_rate_ratio", "ALERTS{"):
+    for shown in (
+        "specmeter_position_accepted_steps_total",
+        "specmeter_batch_position_accept_rate_ratio",
+        "ALERTS{",
+        "specmeter_task_paired_accepted_tokens_total",
+        "specmeter_inconsistent_generations_total",
+        "run_algorithm:specmeter_budget_accepted_steps:rate1h",
+    ):
         assert shown in queried, f"the dashboard shows no {shown}"
     assert "batch_id" not in queried and "weight_version)" not in queried, "no label that grows with the run"
 
@@ -313,8 +329,8 @@ def test_dashboard_picks_its_data_source_and_filters_by_run_and_algorithm():
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
-            published = _metric_names(target["expr"]) & set(PUBLISHED)
-            if published:  # a series of published batches: filtered by the variables
+            published = _metric_names(target["expr"]) & set(PUBLISHED) | _recorded_names(target["expr"])
+            if published:  # a series of published batches (or recorded from them): filtered by the variables
                 assert 'run_id=~"$run"' in target["expr"] and 'algorithm=~"$algorithm"' in target["expr"], (
                     f"{panel['title']}: {target['expr']}"
                 )
@@ -416,6 +432,18 @@ def test_every_alert_has_a_summary_a_severity_and_a_runbook_section():
     assert len(read) > 10
     for name in read:
         assert _base(name) in EXPORTED_METRICS, f"alerts.yml reads {name}, which no worker exports"
+
+
+def test_the_budget_curve_sums_positions_1_to_k_for_every_exported_position_k():
+    """One recording rule per budget k (PromQL cannot add over a label's values in order):
+    the steps that accepted their j-th draft for j = 1..k, added less retracted, recorded only
+    while position k has a series (the fleet ran a budget of k or more)."""
+    rules = [r for r in _rules() if r.get("record") == "run_algorithm:specmeter_budget_accepted_steps:rate1h"]
+    assert [r["labels"] for r in rules] == [{"budget": str(k)} for k in range(1, MAX_EXPORTED_POSITION + 1)]
+    for k, rule in enumerate(rules, start=1):
+        selected = [set(value.split("|")) for value in re.findall(r'position=~?"([^"]+)"', rule["expr"])]
+        assert selected == [set(map(str, range(1, k + 1)))] * 2 + [{str(k)}], rule["expr"]
+        assert "specmeter_position_accepted_steps_retracted_total" in rule["expr"], rule["expr"]
 
 
 def test_the_prometheus_rule_ships_the_same_groups_and_validates():

@@ -6,6 +6,7 @@ exposition (issue #13)."""
 from __future__ import annotations
 
 import subprocess
+from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -13,11 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from specmeter.schemas import BatchMetrics, WeightVersionMetrics
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
 from specmeter.streams._counters import (
     MAX_EXPORTED_POSITION,
+    OTHER_TASKS,
     PUBLISHED_QUANTITIES,
     SLOTS,
+    TASK_COUNTERS,
+    UNKNOWN_TASK,
     PublishedTotals,
     WorkerCounters,
 )
@@ -44,6 +48,8 @@ def batch(
     histogram: list[int] | None = None,
     closed_at: float | None = None,
     complete: bool = True,
+    by_task: list[TaskMetrics] | None = None,
+    inconsistent: int = 0,
 ) -> BatchMetrics:
     histogram = [1, 2, 3] if histogram is None else histogram
     metrics = {
@@ -59,6 +65,7 @@ def batch(
         "spec/verify_covered_count": 2,
         "spec/unique_generation_count": 3,
         "spec/conflicting_generation_count": 0,
+        "spec/inconsistent_generation_count": inconsistent,
         "spec/sample_count": 2,
         "spec/record_occurrence_count": 3,
         "spec/invalid_record_count": 0,
@@ -86,6 +93,7 @@ def batch(
         run_id=run_id,
         by_weight_version=by_weight_version,
         accept_rate_by_position=accept_rate_by_position(histogram or None),
+        by_task=by_task,
     )
 
 
@@ -492,3 +500,174 @@ def test_a_new_position_or_version_age_is_zero_on_its_first_scrape_too():
     families = _families(render(shell))
     assert _values(families, "specmeter_position_accepted_steps", "position")[("3",)] == 2.0
     assert _values(families, "specmeter_version_age_paired_accepted_tokens", "version_age")[("0",)] == 3.0
+
+
+# -- per-task counters and the inconsistent-generation counter (issue 31) ---------------------
+TASK_KEYS = [key for _, key, _ in TASK_COUNTERS]
+TASK_STEMS = [stem for stem, _, _ in TASK_COUNTERS]
+
+
+def tasks(*entries: tuple[str | None, int, int, int, int]) -> list[TaskMetrics]:
+    """by_task entries from (task, paired accepted, proposed, completion, verify)."""
+    return [
+        TaskMetrics(task=t, metrics=dict(zip(TASK_KEYS, values, strict=True)), accept_histogram=None)
+        for t, *values in entries
+    ]
+
+
+def with_tasks(batch_id: str, revision: int = 0, *entries: tuple, **kwargs) -> BatchMetrics:
+    """A batch whose totals are those of its by_task entries."""
+    split = tasks(*entries)
+    acc, prop, comp, ver = (sum(e[i] for e in entries) for i in range(1, 5))
+    return batch(
+        batch_id, revision, accepted=acc, proposed=prop, completion=comp, verify=ver, by_task=split or None, **kwargs
+    )
+
+
+def task_net(totals: PublishedTotals, labels=("EAGLE3", "run-a")) -> dict[str, tuple[int, ...]]:
+    """total - retracted of every task label of one label set, per TASK_COUNTERS family."""
+    t = totals.totals[labels]
+    return {
+        task: tuple(a - r for a, r in zip(t.task_added[task], t.task_retracted[task], strict=True))
+        for task in t.task_added
+    }
+
+
+def test_task_counters_add_up_over_revisions_and_name_the_unknown_task():
+    totals = PublishedTotals()
+    totals.observe(with_tasks("b1", 0, ("gsm8k", 3, 4, 10, 5), (None, 1, 2, 3, 1)), 1.0)
+    totals.observe(with_tasks("b2", 0, ("chat", 2, 2, 4, 2), ("gsm8k", 1, 1, 2, 1)), 2.0)
+    # late records: gsm8k of b1 loses a key to a conflict, chat appears in b1
+    totals.observe(with_tasks("b1", 1, ("chat", 5, 5, 6, 1), ("gsm8k", 1, 2, 4, 2), (None, 1, 2, 3, 1)), 3.0)
+    totals.observe(batch("b3", accepted=7, proposed=8, completion=9, verify=3), 4.0)  # no breakdown
+    assert task_net(totals) == {
+        "gsm8k": (1 + 1, 2 + 1, 4 + 2, 2 + 1),
+        "chat": (2 + 5, 2 + 5, 4 + 6, 2 + 1),
+        UNKNOWN_TASK: (1 + 7, 2 + 8, 3 + 9, 1 + 3),
+    }
+    t = totals.totals[("EAGLE3", "run-a")]
+    assert t.task_retracted["gsm8k"] == [2, 2, 6, 3], "what b1's revision took back from gsm8k"
+    # the tasks add up to the batches' paired totals
+    for i, stem in enumerate(("paired_accepted_tokens", "paired_proposed_tokens")):
+        assert sum(v[i] for v in task_net(totals).values()) == net(totals, stem)
+
+
+def test_tasks_past_the_bound_are_summed_under_other_and_keep_their_label_across_revisions():
+    totals = PublishedTotals(max_tasks=2)
+    totals.observe(with_tasks("b1", 0, ("a", 1, 1, 1, 1), ("b", 2, 2, 2, 2), ("c", 3, 3, 3, 3)), 1.0)
+    totals.observe(with_tasks("b2", 0, ("d", 4, 4, 4, 4), (UNKNOWN_TASK, 5, 5, 5, 5), (None, 6, 6, 6, 6)), 2.0)
+    assert task_net(totals) == {
+        "a": (1,) * 4,
+        "b": (2,) * 4,
+        OTHER_TASKS: (3 + 4 + 5,) * 4,  # c and d past the bound; a task named "(unknown)" is not the unknown one
+        UNKNOWN_TASK: (6,) * 4,
+    }
+    # a revision of b1 that drops c: it is taken back from "(other)", where it was counted
+    totals.observe(with_tasks("b1", 1, ("a", 1, 1, 1, 1), ("b", 2, 2, 2, 2)), 3.0)
+    assert task_net(totals)[OTHER_TASKS] == (9,) * 4
+    assert totals.totals[("EAGLE3", "run-a")].task_retracted[OTHER_TASKS] == [3] * 4
+    # another run has its own tasks
+    totals.observe(with_tasks("b1", 0, ("x", 1, 1, 1, 1), ("y", 1, 1, 1, 1), run_id="run-b"), 4.0)
+    assert set(task_net(totals, ("EAGLE3", "run-b"))) == {"x", "y"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.integers(0, 3),
+            st.sampled_from(["r1", None]),
+            st.integers(0, 5),
+            st.one_of(
+                st.none(),
+                st.lists(
+                    st.tuples(
+                        st.sampled_from(["a", "b", "c", None, UNKNOWN_TASK]), *(st.integers(0, 9) for _ in TASK_KEYS)
+                    ),
+                    max_size=5,
+                    unique_by=lambda t: t[0],
+                ),
+            ),
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 3),
+    st.integers(0, 4),
+)
+def test_task_counters_equal_the_sum_over_the_latest_revisions(publications, workers, max_tasks):
+    """Whatever the order, revisions and owners: summed over its labels, each task family's
+    total - retracted is the sum over each batch's latest revision of its by_task entries (the
+    whole batch when it has none); a label set names at most max_tasks tasks; and when the
+    bound holds every task, each task's counters are exactly its own."""
+    fleet = [PublishedTotals(max_tasks=max_tasks) for _ in range(workers)]
+    latest: dict[tuple, BatchMetrics] = {}
+    for n, (b, revision, run_id, inconsistent, split) in enumerate(publications):
+        m = with_tasks(f"b{b}", revision, *(split or ()), run_id=run_id, inconsistent=inconsistent)
+        fleet[hash((b, run_id)) % workers].observe(m, float(n))
+        key = (run_id, m.batch_id)
+        if key not in latest or revision > latest[key].revision:
+            latest[key] = m
+    want: dict[str, list[int]] = defaultdict(lambda: [0] * len(TASK_KEYS))
+    for m in latest.values():
+        for entry in m.by_task or [TaskMetrics(task=None, metrics=m.metrics, accept_histogram=None)]:
+            name = {None: UNKNOWN_TASK, UNKNOWN_TASK: OTHER_TASKS}.get(entry.task, entry.task)
+            for i, key in enumerate(TASK_KEYS):
+                want[name][i] += entry.metrics[key]
+    got: dict[str, list[int]] = defaultdict(lambda: [0] * len(TASK_KEYS))
+    for w in fleet:
+        for labels, t in w.totals.items():
+            assert sum(task not in (UNKNOWN_TASK, OTHER_TASKS) for task in t.task_added) <= max_tasks
+            for task, values in task_net(w, labels).items():
+                got[task] = [g + v for g, v in zip(got[task], values, strict=True)]
+    for i in range(len(TASK_KEYS)):
+        assert sum(v[i] for v in got.values()) == sum(v[i] for v in want.values())
+    if max_tasks >= 3:
+        assert {k: v for k, v in got.items() if any(v)} == {k: v for k, v in want.items() if any(v)}
+    i = STEMS.index("inconsistent_generations")
+    assert sum(t.added[i] - t.retracted[i] for w in fleet for t in w.totals.values()) == sum(
+        m.metrics["spec/inconsistent_generation_count"] for m in latest.values()
+    )
+
+
+def test_task_series_are_exported_bounded_and_zero_on_their_first_scrape():
+    """A run of 200 steps, each with new task names, exports the same series after step 200
+    as after step 3: two named tasks (the bound), "(other)" and "(unknown)"; a task label
+    is shown at 0 on its first scrape."""
+    totals = PublishedTotals(max_tasks=2)
+    shell = _shell(totals)
+    totals.observe(with_tasks("step-0", 0, ("t0", 3, 4, 5, 2)), 0.0)
+    families = _families(render(shell))
+    assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {("t0",): 0.0}
+    families = _families(render(shell))
+    assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {("t0",): 3.0}
+    assert _values(families, "specmeter_task_paired_verify_steps", "algorithm", "run_id", "task") == {
+        ("EAGLE3", "run-a", "t0"): 2.0
+    }
+    seen = []
+    for step in range(1, 200):
+        totals.observe(with_tasks(f"step-{step}", 0, (f"t{step}", 1, 2, 3, 1), (None, 1, 1, 1, 1)), float(step))
+        if step in (3, 199):
+            seen.append(_series(render(shell)))
+    assert seen[0] == seen[1]
+    families = _families(render(shell))
+    assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {
+        ("t0",): 3.0,
+        ("t1",): 1.0,
+        (OTHER_TASKS,): 198.0,  # t2 .. t199
+        (UNKNOWN_TASK,): 199.0,
+    }
+    retracted = _values(families, "specmeter_task_paired_accepted_tokens_retracted", "task")
+    assert set(retracted) == {("t0",), ("t1",), (OTHER_TASKS,), (UNKNOWN_TASK,)}
+
+
+def test_the_inconsistent_generation_counter_is_exported():
+    totals = PublishedTotals()
+    totals.observe(batch("b1", inconsistent=2), 1.0)
+    totals.observe(batch("b1", 1, inconsistent=1), 2.0)  # a late record made one key conflicting
+    totals.observe(batch("b2", inconsistent=4), 3.0)
+    shell = _shell(totals)
+    render(shell)
+    families = _families(render(shell))
+    assert _values(families, "specmeter_inconsistent_generations", "run_id") == {("run-a",): 6.0}
+    assert _values(families, "specmeter_inconsistent_generations_retracted", "run_id") == {("run-a",): 1.0}

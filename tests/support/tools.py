@@ -36,10 +36,14 @@ def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def run_specmeter(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 90
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 90,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
     """The real command, to its end, with none of this shell's KAFKA_*/SPECMETER_* settings
-    unless given in ``env``."""
+    unless given in ``env`` (``input``: its stdin)."""
     return subprocess.run(
         [sys.executable, "-m", "specmeter.streams.cli", *args],
         capture_output=True,
@@ -47,6 +51,7 @@ def run_specmeter(
         env=_clean_env(env),
         cwd=cwd,
         timeout=timeout,
+        input=input,
     )
 
 

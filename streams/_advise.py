@@ -1,0 +1,293 @@
+"""``specmeter advise``: which draft budget a run's own acceptance histograms favour.
+
+Pure: published BatchMetrics in, one curve per group out. Of one run, the newest
+revision of each batch is kept and the last ``last`` batches (natural order of their
+ids, as ``tail`` sorts them: ``step-2`` before ``step-10``) are read; their
+acceptance histograms are **summed** — the whole batch's, or with ``by`` each
+``by_task`` / ``by_weight_version`` entry's under its name — and each sum H gives the
+curve of docs/contract.md §3.5: the tokens per verify step with a budget of k draft
+tokens, ``E_k = (S + sum_i min(i, k) * H[i]) / S`` (S = sum(H)) for k = 1 .. len(H) - 1.
+Curves are never averaged: a batch weighs what its verify steps weigh.
+
+Given the cost c of one draft step relative to one target forward pass, a step with
+budget k costs ``1 + c * k`` target passes and yields ``E_k`` tokens where plain
+decoding yields 1, so the expected speedup over no speculation is ``E_k / (1 + c * k)``
+(the verify pass over k + 1 tokens is taken to cost one decode step, as it does while
+decoding is memory-bound); the best budget is the one with the greatest speedup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import EllipsisType
+from typing import Any
+
+import msgspec
+
+from specmeter.schemas import BatchMetrics, decode_metrics
+
+from ._errors import SpecmeterError
+from ._merge import tokens_per_verify_by_budget
+from ._state import add_histograms
+from ._tail import batch_order
+
+__all__ = [
+    "Advice",
+    "AdviceError",
+    "BudgetPoint",
+    "Curve",
+    "BREAKDOWNS",
+    "CAVEAT",
+    "advise",
+    "budget_curve",
+    "metrics_from_lines",
+]
+
+#: what ``by`` may name: the breakdown of a BatchMetrics, and the attribute naming its entries
+BREAKDOWNS = {"task": ("by_task", "task"), "weight_version": ("by_weight_version", "weight_version")}
+
+#: what the curve can and cannot say (docs/contract.md §3.5)
+CAVEAT = (
+    "exact for chain drafters (EAGLE/MTP chains, NGRAM, a draft model: the first k drafts of a step do not "
+    "depend on how many follow); an upper bound for tree drafters (EAGLE-2/3 trees: a smaller budget may prune "
+    "the accepted branch); silent on budgets above the one the fleet ran (its histograms' width minus one)"
+)
+
+
+class AdviceError(SpecmeterError, ValueError):
+    """The published metrics cannot give a curve: the message says why, ``fix`` what to do."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    """One candidate budget k: tokens per verify step, and the speedup when a draft cost is given."""
+
+    budget: int
+    tokens_per_verify: float
+    speedup: float | None = None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The curve of one group's summed histogram (``group``: a task or weight version, None
+    for the unknown one, or for the whole batches when the advice is not broken down)."""
+
+    group: str | None
+    histogram: list[int]
+    points: list[BudgetPoint]
+    #: the budget the fleet ran, as its histograms say: their width minus one
+    budget_ran: int
+    #: the budget with the greatest speedup (None without a draft cost)
+    best: int | None = None
+
+    @property
+    def verify_steps(self) -> int:
+        return sum(self.histogram)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Curves of one run's last batches."""
+
+    run_id: str | None
+    #: the batch ids read, oldest first
+    batches: list[str]
+    by: str | None
+    draft_cost: float | None
+    curves: list[Curve]
+    #: groups without a curve, and why (no histogram, no verify step, a single bin)
+    skipped: list[tuple[str | None, str]] = field(default_factory=list)
+
+    def as_document(self) -> dict[str, Any]:
+        """The advice as JSON-ready builtins (``--json``)."""
+        return {
+            "run_id": self.run_id,
+            "batches": self.batches,
+            "by": self.by,
+            "draft_cost": self.draft_cost,
+            "caveat": CAVEAT,
+            "curves": [
+                {
+                    **({self.by: c.group} if self.by else {}),
+                    "verify_steps": c.verify_steps,
+                    "accept_histogram": c.histogram,
+                    "budget_ran": c.budget_ran,
+                    "best_budget": c.best,
+                    "budgets": [
+                        {"budget": p.budget, "tokens_per_verify": p.tokens_per_verify, "speedup": p.speedup}
+                        for p in c.points
+                    ],
+                }
+                for c in self.curves
+            ],
+            "skipped": [{**({self.by: group} if self.by else {}), "reason": reason} for group, reason in self.skipped],
+        }
+
+
+def budget_curve(histogram: list[int], draft_cost: float | None = None) -> list[BudgetPoint]:
+    """Tokens per verify step for every budget a summed histogram can speak for, and with
+    ``draft_cost`` the expected speedup ``E_k / (1 + draft_cost * k)``; empty when the
+    histogram has fewer than two bins or no step."""
+    curve = tokens_per_verify_by_budget(histogram) or []
+    return [
+        BudgetPoint(k, tokens, None if draft_cost is None else tokens / (1 + draft_cost * k))
+        for k, tokens in enumerate(curve, start=1)
+    ]
+
+
+def _curve(group: str | None, histograms: list[list[int] | None], draft_cost: float | None) -> Curve | str:
+    """One group's curve, or why it has none."""
+    summed = add_histograms(histograms)
+    if summed is None:
+        return "no acceptance histogram"
+    if sum(summed) == 0:
+        return "no verify step in its histograms"
+    if len(summed) < 2:
+        return "histograms of one bin (no draft token was ever proposed)"
+    points = budget_curve(summed, draft_cost)
+    best = None
+    if draft_cost is not None:
+        best = max(points, key=lambda p: (p.speedup, -p.budget)).budget
+    return Curve(group, summed, points, len(summed) - 1, best)
+
+
+def _run_name(run_id: str | None) -> str:
+    return "the default run (no run_id)" if run_id is None else f"run {run_id!r}"
+
+
+def _runs_text(runs: Iterable[str | None]) -> str:
+    names = sorted("(default run)" if r is None else r for r in runs)
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def _newest(metrics: Iterable[BatchMetrics]) -> dict[tuple[str | None, str], BatchMetrics]:
+    newest: dict[tuple[str | None, str], BatchMetrics] = {}
+    for m in metrics:
+        key = (m.run_id, m.batch_id)
+        if key not in newest or m.revision > newest[key].revision:
+            newest[key] = m
+    return newest
+
+
+def _choose_run(runs: set[str | None], run_id: str | EllipsisType | None) -> str | None:
+    if not runs:
+        raise AdviceError(
+            "no published batch to read",
+            "give `specmeter aggregate --format jsonl` or `specmeter tail --json` output, or a metrics topic "
+            "that a worker has published to (--broker, --topic)",
+        )
+    if run_id is ...:
+        if len(runs) > 1:
+            raise AdviceError(
+                f"the metrics hold {len(runs)} runs: {_runs_text(runs)}",
+                "pick one with --run-id ID (env SPECMETER_RUN_ID); --run-id '' is the default run",
+            )
+        return next(iter(runs))
+    if run_id not in runs:
+        raise AdviceError(
+            f"no batch of {_run_name(run_id)} in the metrics (runs there: {_runs_text(runs)})",
+            "check --run-id (env SPECMETER_RUN_ID); --run-id '' is the default run",
+        )
+    return run_id
+
+
+def advise(
+    metrics: Iterable[BatchMetrics],
+    *,
+    run_id: str | EllipsisType | None = ...,
+    last: int = 20,
+    by: str | None = None,
+    draft_cost: float | None = None,
+) -> Advice:
+    """The budget curves of one run's last batches.
+
+    Args:
+        metrics: published BatchMetrics, any order, repeats and several revisions allowed.
+        run_id: the run (None: the default run); omitted, the only run the metrics hold.
+        last: how many of the run's batches to read, the last in natural order of their
+            ids (0: all of them).
+        by: None for the whole batches, or a key of ``BREAKDOWNS`` (one curve per task
+            or weight version, from the breakdown entries' histograms).
+        draft_cost: the cost of one draft step relative to one target forward pass; gives
+            each budget's speedup and the best budget.
+
+    Raises:
+        AdviceError: no batch, several runs and none chosen, an unknown run, no
+            breakdown or no histogram in the batches read.
+    """
+    if by is not None and by not in BREAKDOWNS:
+        raise ValueError(f"by must be one of {sorted(BREAKDOWNS)} or None, not {by!r}")
+    newest = _newest(metrics)
+    run = _choose_run({r for r, _ in newest}, run_id)
+    batches = sorted((m for (r, _), m in newest.items() if r == run), key=batch_order)
+    if last:
+        batches = batches[-last:]
+    ids = [m.batch_id for m in batches]
+    groups: dict[str | None, list[list[int] | None]] = {}
+    if by is None:
+        groups[None] = [m.accept_histogram for m in batches]
+    else:
+        attribute, name = BREAKDOWNS[by]
+        for m in batches:
+            for entry in getattr(m, attribute) or ():
+                groups.setdefault(getattr(entry, name), []).append(entry.accept_histogram)
+        if not groups:
+            flag = "a task" if by == "task" else "a weight_version"
+            raise AdviceError(
+                f"none of the {len(batches)} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
+                f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
+            )
+    curves: list[Curve] = []
+    skipped: list[tuple[str | None, str]] = []
+    for group in sorted(groups, key=lambda g: (g is None, g or "")):
+        made = _curve(group, groups[group], draft_cost)
+        if isinstance(made, Curve):
+            curves.append(made)
+        else:
+            skipped.append((group, made))
+    if not curves:
+        reasons = "; ".join(sorted({reason for _, reason in skipped}))
+        raise AdviceError(
+            f"the {len(batches)} batch(es) read of {_run_name(run)} ({ids[0]} .. {ids[-1]}) give no curve: {reasons}",
+            "the curve needs SGLang 0.5.9+ (spec_correct_drafts_histogram or spec_accept_histogram in meta_info) "
+            "and speculative decoding on; read more batches with --last N (0: all)",
+        )
+    return Advice(run, ids, by, draft_cost, curves, skipped)
+
+
+def metrics_from_lines(lines: Iterable[bytes], name: str = "the input") -> Iterator[BatchMetrics]:
+    """BatchMetrics from JSON lines (``specmeter aggregate --format jsonl``, ``tail --json``)
+    or one JSON list (``aggregate --format json``); blank lines are skipped.
+
+    Raises:
+        AdviceError: a line (or the document) is not BatchMetrics JSON, with its number.
+    """
+    it = iter(lines)
+    for number, line in enumerate(it, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith(b"["):  # one JSON document: the rest of the input belongs to it
+            document = b"".join([line, *it])
+            try:
+                yield from msgspec.json.decode(document, type=list[BatchMetrics])
+            except msgspec.DecodeError as exc:  # a ValidationError is one too
+                raise _not_metrics(name, f"the JSON list from line {number}", exc) from None
+            return
+        try:
+            yield decode_metrics(text)
+        except msgspec.DecodeError as exc:
+            raise _not_metrics(name, f"line {number}", exc) from None
+
+
+def _not_metrics(name: str, where: str, exc: Exception) -> AdviceError:
+    return AdviceError(
+        f"{name}, {where}, is not a BatchMetrics JSON object ({exc})",
+        "advise reads published metrics: `specmeter aggregate --format jsonl DUMP` or `specmeter tail --json` "
+        "output, not a records dump",
+    )
