@@ -185,11 +185,16 @@ class Outages:
                 node=node,
             )
             self._open[target] = outage
-            self.outages_total += 1
             if target in (COORDINATOR, CLUSTER):
                 return  # said when it lasts (``tick``): a coordinator moving or loading takes a moment
-            outage.warned = True
+            self._said(outage)
         self._warn(outage)
+
+    def _said(self, outage: Outage) -> None:
+        """An outage is one (in ``outages_total``) once it is said: a group coordinator
+        that a fresh cluster is still loading, found again within seconds, is none."""
+        outage.warned = True
+        self.outages_total += 1
 
     def _warn(self, outage: Outage) -> None:
         self._log.warning(
@@ -251,7 +256,8 @@ class Outages:
                 # a coordinator on a broker that is away is that broker's outage, said once
                 subsumed = o.node is not None and f"broker {o.node}" in self._open
                 if not o.warned and not subsumed and now - o.since_s >= self.coordinator_grace_s:
-                    o.warned, o.last_line_s, o.unreported = True, now, 0
+                    self._said(o)
+                    o.last_line_s, o.unreported = now, 0
                     first.append(o)
                 if target == COORDINATOR:
                     if silent_s >= self.coordinator_quiet_s:

@@ -218,6 +218,8 @@ def test_a_coordinator_found_again_within_seconds_is_not_logged(said):
     assert outages.unreachable == (COORDINATOR,) and lines == []
     outages.found_coordinator("1", 1.5)
     assert outages.unreachable == () and lines == []
+    # and it is no outage: a healthy worker on a fresh cluster starts with none (issue 33)
+    assert outages.as_dict(now=2.0)["outages_total"] == 0
     # one that lasts is said, once, and so is its end
     outages.error(COORDINATOR, "GroupCoordinatorNotAvailableError", 10.0)
     for t in range(11, 20):
@@ -227,6 +229,7 @@ def test_a_coordinator_found_again_within_seconds_is_not_logged(said):
     assert lines[0][1].startswith("Kafka group coordinator unavailable: GroupCoordinatorNotAvailableError")
     outages.found_coordinator("3", 21.0)
     assert lines[-1] == (logging.INFO, "Kafka group coordinator is back (broker 3) after 11 s (10 errors folded)")
+    assert outages.as_dict(now=22.0)["outages_total"] == 1
 
 
 def test_the_coordinator_on_a_broker_that_is_away_is_that_brokers_outage(said):
