@@ -48,6 +48,28 @@ def test_every_relative_link_resolves(page):
             assert anchor in _anchors(resolved), f"{page.name}: link to {target!r}: no such heading"
 
 
+CONTRACT = REPO / "docs" / "contract.md"
+
+
+def _section(page: Path, heading: str) -> str:
+    text = page.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+@pytest.mark.parametrize(
+    ("page", "heading"),
+    [(REPO / "README.md", "## Using the producer library"), (CONTRACT, "## 2. From SGLang")],
+)
+def test_the_producer_pages_say_the_request_id_or_generation_id_is_required(page, heading):
+    """Issue 33: the README's snippet raised on a meta_info without SGLang's request id,
+    and neither page said that one of the two is needed."""
+    section = _section(page, heading)
+    assert 'meta_info["id"]' in section and "generation_id=" in section, heading
+    assert re.search(r"required|needs", section) and "ValueError" in section, heading
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(REPO).as_posix() for p in PAGES])
 def test_python_snippets_compile(page):
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)):
