@@ -12,7 +12,9 @@ version (``v7 .75 v8 .71``).
 from __future__ import annotations
 
 import asyncio
+import math
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -260,6 +262,24 @@ def _close(m: BatchMetrics) -> str:
     return m.close_reason if m.complete else f"{m.close_reason}!"
 
 
+def coverage_text(metrics: dict[str, Any]) -> str:
+    """The lower of the accept and verify coverage, marked ``a`` or ``v`` when one is
+    lower than the other (``50%v``: half the generations know completion and verify,
+    all of them accepted and proposed). Rounded down, so ``100%`` means every one."""
+    known = {
+        mark: metrics[key]
+        for mark, key in (("a", "spec/accept_count_coverage"), ("v", "spec/verify_count_coverage"))
+        if isinstance(metrics.get(key), (int, float))
+    }
+    if not known:
+        return "-"
+    lowest = min(known.values())
+    text = f"{math.floor(lowest * 100 + 1e-9):.0f}%"
+    if len(known) == 2 and known["a"] != known["v"]:
+        return text + ("a" if known["a"] < known["v"] else "v")
+    return text
+
+
 class _Layout:
     """Column widths of a table ``total`` columns wide, in the order things give way:
     the per-position column goes first, then (below 100 columns) the generation
@@ -297,6 +317,31 @@ def _distinct(fitted: list[str], labels: list[str]) -> bool:
     return len(set(fitted)) == len(set(labels))
 
 
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _cells(m: BatchMetrics) -> dict[str, str]:
+    """A row's fixed cells, by column header."""
+    x = m.metrics
+    return {
+        "rev": str(m.revision),
+        "accept": _ratio(x.get("spec/accept_rate")),
+        "tok/v": _ratio(x.get("spec/tokens_per_verify")),
+        "cov": coverage_text(x),
+        "gens": _count(x.get("spec/unique_generation_count")),
+        "c/i/l": _problems(m),
+        "close": _close(m),
+    }
+
+
+#: what the table's caption and the piped header say the columns are
+LEGEND = (
+    "c/i/l conflicting/invalid/late · ! incomplete · cov: the lower of accept and verify coverage "
+    "(a or v: which one, when they differ)"
+)
+
+
 def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
     """The ``rows`` most recently updated batches of ``latest`` (in the order they were
     updated), as a rich Table no wider than ``width``, sorted by run and batch
@@ -313,9 +358,9 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         pad_edge=False,
         padding=(0, 1, 0, 0),
         expand=False,
-        caption="c/i/l conflicting/invalid/late · ! incomplete · "
-        + ("pos: accept rate by draft position · " if layout.positions else "")
-        + "drift: accept rate by version",
+        caption=LEGEND
+        + (" · pos: accept rate by draft position" if layout.positions else "")
+        + " · drift: accept rate by version",
     )
     table.add_column("batch", width=layout.batch, no_wrap=True, overflow="ellipsis")
     for name, w in layout.fixed:
@@ -324,23 +369,8 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         table.add_column("pos", width=layout.positions, no_wrap=True, overflow="ellipsis")
     table.add_column("drift", width=layout.drift, no_wrap=True, overflow="ellipsis")
 
-    def ratio(v: Any) -> str:
-        return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
-
-    def share(v: Any) -> str:
-        return "-" if v is None else f"{v * 100:.0f}%"
-
     for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
-        x = m.metrics
-        cells = {
-            "rev": str(m.revision),
-            "accept": ratio(x.get("spec/accept_rate")),
-            "tok/v": ratio(x.get("spec/tokens_per_verify")),
-            "cov": share(x.get("spec/accept_count_coverage")),
-            "gens": _count(x.get("spec/unique_generation_count")),
-            "c/i/l": _problems(m),
-            "close": _close(m),
-        }
+        cells = _cells(m)
         extra = [positions_text(m.accept_rate_by_position, layout.positions)] if layout.positions else []
         table.add_row(
             label,

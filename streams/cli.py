@@ -978,7 +978,8 @@ def tail(
     """Follow the metrics topic: a live table of the latest batches, or JSON lines.
 
     The table fits the terminal: per batch (run/batch when it names a run) the
-    accept rate, tokens per verify step, accept coverage, unique generations,
+    accept rate, tokens per verify step, coverage (the lower of accept and verify
+    coverage; 50%v: the verify pair is the lower), unique generations,
     conflicting/invalid/late counts, how it closed, and the drift view: the
     accept rate of each weight version (v7 .75 v8 .71), newest kept when they
     do not all fit. Piped, it prints the final table once.

@@ -122,6 +122,23 @@ def test_rows_keep_the_latest_batches():
     assert "step-00029" in text and "step-00025" in text and "step-00024" not in text
 
 
+@pytest.mark.parametrize(
+    ("accept", "verify", "shown"),
+    [(1.0, 0.5, "50%v"), (0.25, 1.0, "25%a"), (1.0, 1.0, "100%"), (0.999, 1.0, "99%a"), (None, None, "-")],
+)
+def test_coverage_is_the_lower_of_accept_and_verify_and_says_which(accept, verify, shown):
+    """Issue 33: a batch with verify coverage 0.5 showed 100 % (accept coverage alone),
+    while its tokens per verify step covered half the batch."""
+    metrics = {} if accept is None else {"spec/accept_count_coverage": accept, "spec/verify_count_coverage": verify}
+    m = msgspec.structs.replace(batch("step-1"), metrics={**batch("step-1").metrics, **metrics})
+    if accept is None:
+        m = msgspec.structs.replace(m, metrics={})
+    row = next(line for line in render(metrics_table({1: m}, 5, 100), 100) if line.startswith("step-1"))
+    assert f" {shown} " in row, row
+    if shown != "100%":
+        assert "100%" not in row, row
+
+
 # -- against the real broker ------------------------------------------------------
 
 
