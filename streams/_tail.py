@@ -1,7 +1,9 @@
-"""``specmeter tail``: follow the metrics topic, as a live table or JSON lines.
+"""``specmeter tail``: follow the metrics topic, as a live table, rows or JSON lines.
 
 Like ``tail`` it starts with what is already there (the last ``last`` messages of
-each partition), then follows. The table fits the terminal (80 columns
+each partition), then follows. Piped, it prints a line per message as it arrives
+(flushed: ``timeout 60 specmeter tail | head`` shows rows at once) and the table when
+it ends, at a limit, Ctrl-C or SIGTERM. The table fits the terminal (80 columns
 included), one row per batch sorted by run and batch (``step-2`` before
 ``step-10``): fixed numeric columns, the rest shared by the batch name (never cut
 below what tells rows apart), the acceptance by draft position (``.81 .62 .40``,
@@ -12,7 +14,9 @@ version (``v7 .75 v8 .71``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import re
 import signal
 import sys
@@ -33,6 +37,8 @@ __all__ = [
     "fit_labels",
     "batch_order",
     "run_tail",
+    "RowPrinter",
+    "coverage_text",
 ]
 
 #: (header, content width) of the numeric columns, between "batch" and "c/i/l"
@@ -336,10 +342,7 @@ def _cells(m: BatchMetrics) -> dict[str, str]:
 
 
 #: what the table's caption and the piped header say the columns are
-LEGEND = (
-    "c/i/l conflicting/invalid/late · ! incomplete · cov: the lower of accept and verify coverage "
-    "(a or v: which one, when they differ)"
-)
+LEGEND = "c/i/l conflicting/invalid/late · ! incomplete · cov: lower of accept/verify coverage (a/v: which)"
 
 
 def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
@@ -382,6 +385,29 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     return table
 
 
+class RowPrinter:
+    """Rows for a pipe, one line per message as it arrives (``tail … | head``, ``| grep``):
+    a header line first, then the fixed cells of ``metrics_table`` in columns of a
+    width fixed up front (so rows line up without knowing the rows to come), the
+    ``run/batch`` label elided to its column and the drift view in what is left."""
+
+    def __init__(self, width: int) -> None:
+        self.fixed = [*_fixed(width), ("c/i/l", 8), ("close", 8)]
+        cells = sum(w for _, w in self.fixed) + _GAP * (len(self.fixed) + 1)
+        self.label = max(10, min(32, (width - cells) * 2 // 3))
+        self.drift = max(10, width - cells - self.label)
+
+    def _line(self, label: str, cells: dict[str, str], drift: str) -> str:
+        fixed = "  ".join(cells[name].rjust(w) for name, w in self.fixed)
+        return f"{label.ljust(self.label)}  {fixed}  {drift}".rstrip()
+
+    def header(self) -> str:
+        return self._line("batch", {name: name for name, _ in self.fixed}, "drift")
+
+    def row(self, m: BatchMetrics) -> str:
+        return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))
+
+
 def run_tail(
     broker: str,
     topic: str,
@@ -394,12 +420,19 @@ def run_tail(
     timeout_s: float | None,
     kafka: dict | None = None,
 ) -> int:
-    """Follow ``topic`` until a limit or Ctrl-C; a terminal gets a live table, a pipe the final one."""
+    """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
+    a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
+    at once) and, at the end, the table; ``as_json`` a JSON line per message."""
 
-    def follow(on_metrics: Callable[[BatchMetrics], None]) -> int:
-        try:
-            return asyncio.run(
-                follow_metrics(
+    def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
+        async def until_stopped() -> None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            try:
+                await follow_metrics(
                     broker,
                     topic,
                     on_metrics,
@@ -409,17 +442,35 @@ def run_tail(
                     timeout_s=timeout_s,
                     kafka=kafka,
                 )
-            )
-        except KeyboardInterrupt:  # Ctrl-C is how a tail ends
-            return -1
+            except asyncio.CancelledError:  # SIGTERM ends it as a limit does
+                task.uncancel()
+            finally:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(signal.SIGTERM)
 
-    if as_json:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
+            asyncio.run(until_stopped())
 
-        def emit(m: BatchMetrics) -> None:
-            sys.stdout.buffer.write(encode_metrics(m) + b"\n")
-            sys.stdout.flush()
+    seen = 0
+    try:
+        if as_json:
 
-        return follow(emit)
+            def emit(m: BatchMetrics) -> None:
+                nonlocal seen
+                seen += 1
+                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+                sys.stdout.flush()
+
+            follow(emit)
+            return seen
+        return _follow_table(follow, topic, rows)
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return seen
+
+
+def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
     from rich.console import Console
     from rich.live import Live
 
@@ -439,9 +490,19 @@ def run_tail(
             latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
         )
 
-    if not console.is_terminal:  # piped: no animation, the final table once, ending with a newline
-        follow(keep)
+    if not console.is_terminal:  # piped: a line per message as it comes, then the final table
+        printer = RowPrinter(console.width)
+
+        def line(m: BatchMetrics) -> None:
+            if not seen:
+                print(printer.header())
+            keep(m)
+            print(printer.row(m), flush=True)
+
+        follow(line)
+        print(flush=True)
         console.print(table())
+        sys.stdout.flush()
         return seen
     with Live(table(), refresh_per_second=4, console=console) as live:
 

@@ -982,7 +982,8 @@ def tail(
     coverage; 50%v: the verify pair is the lower), unique generations,
     conflicting/invalid/late counts, how it closed, and the drift view: the
     accept rate of each weight version (v7 .75 v8 .71), newest kept when they
-    do not all fit. Piped, it prints the final table once.
+    do not all fit. Piped, it prints a line per message as it arrives, then the
+    final table when it ends (a limit, Ctrl-C or SIGTERM).
     """
     from ._tail import run_tail
 

@@ -61,7 +61,7 @@ def _sections(page: Path) -> set[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(REPO).as_posix() for p in PAGES])
 def test_section_references_in_links_are_sections_of_the_linked_page(page):
-    """"[contract §2.1](docs/contract.md)" must name a section that page has (issue 33:
+    """ "[contract §2.1](docs/contract.md)" must name a section that page has (issue 33:
     the README pointed at §2.1 and §2.2 of a contract numbered 2 and 1.1)."""
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     for label, target in re.findall(r"\[([^\]]*§[^\]]*)\]\(([^)\s]+)\)", text):
