@@ -43,7 +43,8 @@ class WorkerCounters:
     markers: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
     partials_emitted: int = 0
-    batches_closed: dict[str, int] = field(default_factory=dict)
+    #: a batch closes once on every records partition it has input on: batch × partition, by reason
+    batch_partitions_closed: dict[str, int] = field(default_factory=dict)
     batches_published: int = 0
     batches_expired: int = 0
     close_latency_buckets: list[int] = field(default_factory=lambda: [0] * len(CLOSE_LATENCY_BUCKETS))

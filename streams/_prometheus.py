@@ -204,7 +204,7 @@ EXPORTED_METRICS = (
     *(f"{name}_total" for name, _, _ in _WORKER_COUNTERS),
     "specmeter_input_offsets_missing_total",
     "specmeter_dead_letters_total",
-    "specmeter_batches_closed_total",
+    "specmeter_batch_partitions_closed_total",
     "specmeter_open_generations",
     "specmeter_partition_last_event_timestamp_seconds",
     "specmeter_partition_applied_offset",
@@ -272,9 +272,12 @@ class WorkerCollector:
             dead.add_metric([reason], n)
         yield dead
         closed = CounterMetricFamily(
-            "specmeter_batches_closed", "Batch partitions closed, by reason.", labels=["reason"]
+            "specmeter_batch_partitions_closed",
+            "Batches closed on one records partition, by reason: a batch with input on 4 partitions counts 4 "
+            "(specmeter_batches_total counts batches).",
+            labels=["reason"],
         )
-        for reason, n in sorted(c.batches_closed.items()):
+        for reason, n in sorted(c.batch_partitions_closed.items()):
             closed.add_metric([reason], n)
         yield closed
         yield GaugeMetricFamily(

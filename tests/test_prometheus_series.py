@@ -353,6 +353,17 @@ def test_exposition_has_counters_the_newest_batch_by_version_age_and_standard_co
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
 
 
+def test_closes_per_partition_are_named_as_batch_partitions():
+    """Issue 33: a batch closes once on each records partition, and the counter of those
+    closes was named specmeter_batches_closed_total, as if it counted batches."""
+    shell = _shell(PublishedTotals())
+    shell.counters.batch_partitions_closed.update({"markers": 8, "timeout": 1})
+    families = _families(render(shell))
+    assert _values(families, "specmeter_batch_partitions_closed", "reason") == {("markers",): 8.0, ("timeout",): 1.0}
+    assert "specmeter_batches_closed" not in families
+    assert "batch" in families["specmeter_batch_partitions_closed"].documentation
+
+
 def test_a_late_revision_of_an_older_batch_does_not_replace_the_newest():
     totals = PublishedTotals()
     totals.observe(batch("step-1", 0, accepted=1, closed_at=10.0), 1.0)
