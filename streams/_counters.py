@@ -191,7 +191,7 @@ _STEPS = _QUANTITIES
 _POSITIONS = _STEPS + 1
 _AGES_ACCEPTED = _POSITIONS + MAX_EXPORTED_POSITION
 _AGES_PROPOSED = _AGES_ACCEPTED + len(VERSION_AGES)
-#: slots shown from a label set's first scrape; the others once a batch has them
+#: slots every label set exports; the others once a batch has them
 _ALWAYS = frozenset(range(_POSITIONS))
 
 #: labels of the counters of published batches: (algorithm, run_id)
@@ -279,8 +279,6 @@ class LabelTotals:
     retracted: list[int] = field(default_factory=lambda: [0] * len(SLOTS))
     #: slots exported: those of every label set, and those a batch has had
     present: set[int] = field(default_factory=lambda: set(_ALWAYS))
-    #: slots a scrape has shown (a slot is shown at 0 on its first scrape, see _prometheus)
-    shown: set[int] = field(default_factory=set)
 
 
 @dataclass

@@ -22,11 +22,11 @@ not multiply as it publishes batches. Three kinds of series:
 
   is the fleet-wide weighted accept rate, and the same with
   ``specmeter_position_accepted_steps_total{position="k"}`` over
-  ``specmeter_position_verify_steps_total`` the fleet's acceptance at draft position k. A
-  new series is shown at 0 on its first scrape and with its value from the next one:
-  Prometheus 2 takes a counter's first sample as its start, so a series born at its
-  value would leave the run's first batches out of ``rate()`` and ``increase()``. At
-  most ``PublishedTotals.max_label_sets`` (16) (algorithm, run_id) pairs are exported.
+  ``specmeter_position_verify_steps_total`` the fleet's acceptance at draft position k.
+  Every scrape shows the totals as they are: a scrape changes nothing (a series that
+  once showed 0 to whichever scrape came first let a ``curl`` take Prometheus' first
+  sample, issue 33). At most ``PublishedTotals.max_label_sets`` (16) (algorithm,
+  run_id) pairs are exported.
 * **The newest batch** of each (run_id, algorithm) this worker published
   (``specmeter_batch_*``; by version age ``specmeter_weight_version_*``), for the
   ``PublishedTotals.latest_label_sets`` (4) most recently published pairs: the batch
@@ -332,14 +332,11 @@ class WorkerCollector:
                 slot = SLOTS[i]
                 added, retracted = families[slot.stem]
                 values = [*labels, *([slot.value] if slot.value is not None else [])]
-                shown = i in totals.shown
-                added.add_metric(values, totals.added[i] if shown else 0)
-                retracted.add_metric(values, totals.retracted[i] if shown else 0)
+                added.add_metric(values, totals.added[i])
+                retracted.add_metric(values, totals.retracted[i])
         for added, retracted in families.values():
             yield added
             yield retracted
-        for totals in published.totals.values():
-            totals.shown |= totals.present
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:
