@@ -28,6 +28,7 @@ from specmeter.schemas import BatchMetrics, decode_partial, encode_dead_letter, 
 
 from . import _internals
 from ._counters import PublishedTotals, WorkerCounters
+from ._dead_letters import DeadLetterLog
 from ._faults import CrashPoints
 from ._layout import changelog_topics
 from ._outages import Outages
@@ -70,6 +71,8 @@ class StreamShell:
         self.started_at = time.time()
         #: brokers and the group coordinator the worker cannot reach now (fed by worker.py's log filter)
         self.outages = Outages()
+        #: dead letters in the log: the first of a reason, then one line a minute per reason
+        self.dead_letter_log = DeadLetterLog()
         self.crash_points = CrashPoints.from_env()
         #: what is read and applied, restored and caught up (the rules in ``_delivery``)
         self.delivery = DeliveryDriver(settings, self)
@@ -232,17 +235,10 @@ class StreamShell:
         t = self.settings.topics
         for partial in effects.partials:
             self._send(t.partials, partial.batch_id.encode(), encode_partial(partial))
+        now = time.monotonic()
         for letter in effects.dead_letters:
             self._send(t.deadletter, (letter.batch_id or "").encode(), encode_dead_letter(letter))
-            log.warning(
-                "dead-lettered reason=%s partition=%s offset=%s batch=%s run=%s detail=%s",
-                letter.reason,
-                letter.source_partition,
-                letter.source_offset,
-                shorten(letter.batch_id),
-                shorten(letter.run_id),
-                shorten(letter.detail, 300),
-            )
+            self.dead_letter_log.letter(letter, now)
 
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
@@ -293,6 +289,7 @@ class StreamShell:
             if merger.entries and ledger.timers_run(t.partials, partition):
                 self._apply_merge(merger.tick(now_ms), partition)
         _compact_closed(processors.values(), now_ms)
+        self.dead_letter_log.tick(time.monotonic())
         mergers = self.mergers.values()
         for line in self.wait_reporter.lines(
             self._stage1_waits(now_ms), (w for m in mergers for w in m.waiting(now_ms))
@@ -319,6 +316,7 @@ class StreamShell:
         await self.delivery.close()
         if self.output.started:
             await self.output.stop()
+        self.dead_letter_log.flush(time.monotonic())
 
 
 #: a closed batch smaller than this (on one partition) is not compacted: it holds little,
