@@ -24,7 +24,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, decode_partial, encode_dead_letter, encode_metrics, encode_partial
+from specmeter.schemas import (
+    BatchMetrics,
+    decode_partial,
+    encode_dead_letter,
+    encode_metrics,
+    encode_metrics_key,
+    encode_partial,
+)
 
 from . import _internals
 from ._counters import PublishedTotals, WorkerCounters
@@ -123,6 +130,11 @@ class StreamShell:
         failure stops the worker."""
         self.output.send(topic, key, value, partition)
 
+    def _send_metrics(self, metrics: BatchMetrics) -> None:
+        """A BatchMetrics to the metrics topic, keyed by its batch's identity (compacted on it)."""
+        key = encode_metrics_key(metrics.run_id, metrics.batch_id)
+        self._send(self.settings.topics.metrics, key, encode_metrics(metrics))
+
     def _on_failed(self, topic: str, exc: BaseException) -> None:
         if self.fatal is not None:
             return
@@ -192,7 +204,7 @@ class StreamShell:
                 self._send(self.stage2_log, key, value, partition)
             self.published.seed(restored.published, time.time())  # for /metrics: counted by their first publisher
             for metrics in restored.published:  # identical repeats: a crash may have lost the original
-                self._send(s.topics.metrics, metrics.batch_id.encode(), encode_metrics(metrics))
+                self._send_metrics(metrics)
 
         return merger, installed
 
@@ -247,7 +259,7 @@ class StreamShell:
 
     def _publish(self, effects: MergeEffects) -> None:
         for metrics in effects.published:
-            self._send(self.settings.topics.metrics, metrics.batch_id.encode(), encode_metrics(metrics))
+            self._send_metrics(metrics)
             self.last_published = metrics
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
