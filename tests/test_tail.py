@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from specmeter.schemas import BatchMetrics, WeightVersionMetrics, encode_metrics
+from specmeter.schemas import BatchMetrics, WeightVersionMetrics, encode_metrics, encode_metrics_key
 from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text
 
 
@@ -164,7 +164,7 @@ async def _publish(bootstrap: str, topic: str, messages: list[BatchMetrics]) -> 
     await producer.start()
     try:
         for m in messages:
-            await producer.send_and_wait(topic, encode_metrics(m), key=m.batch_id.encode())
+            await producer.send_and_wait(topic, encode_metrics(m), key=encode_metrics_key(m.run_id, m.batch_id))
     finally:
         await producer.stop()
 
