@@ -34,11 +34,14 @@ not multiply as it publishes batches. Three kinds of series:
   is the one with the greatest ``specmeter_batch_closed_timestamp_seconds``.
 * **The worker itself**: its stage counters, dead letters by reason, the close
   latency histogram, per owned partition the last event (a timestamp) and the
-  applied offset, and the standard ``process_*`` / ``python_*`` collectors.
+  applied offset, its readiness, how long its writes have stalled, the Kafka
+  endpoints it cannot reach now and its outages, and the standard ``process_*`` /
+  ``python_*`` collectors.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,6 +208,10 @@ EXPORTED_METRICS = (
     "specmeter_input_offsets_missing_total",
     "specmeter_dead_letters_total",
     "specmeter_batch_partitions_closed_total",
+    "specmeter_ready",
+    "specmeter_output_stalled_seconds",
+    "specmeter_kafka_unreachable_endpoints",
+    "specmeter_kafka_outages_total",
     "specmeter_open_generations",
     "specmeter_partition_last_event_timestamp_seconds",
     "specmeter_partition_applied_offset",
@@ -241,6 +248,35 @@ def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | No
     width = max(map(len, histograms))
     summed = [sum(h[i] for h in histograms if i < len(h)) for i in range(width)]
     return out, accept_rate_by_position(summed)
+
+
+def _kafka(shell: Any) -> Iterator[Any]:
+    """Readiness and what the worker sees of Kafka (for a shell that has them): the
+    outages go here and to the log, not to readiness (``_readiness``)."""
+    outages, output = getattr(shell, "outages", None), getattr(shell, "output", None)
+    if outages is None or output is None:
+        return
+    yield GaugeMetricFamily(
+        "specmeter_ready",
+        "1 while /specmeter/readyz answers ready: the worker serves its partitions and can write.",
+        value=float(shell.readiness().ready),
+    )
+    yield GaugeMetricFamily(
+        "specmeter_output_stalled_seconds",
+        "How long the worker's writes have waited with none acknowledged (0: none waits); readiness drops "
+        "at --ready-write-timeout.",
+        value=output.stalled_s(time.monotonic()),
+    )
+    yield GaugeMetricFamily(
+        "specmeter_kafka_unreachable_endpoints",
+        "Kafka brokers (and the group coordinator) the worker cannot reach now.",
+        value=len(outages.unreachable),
+    )
+    yield CounterMetricFamily(
+        "specmeter_kafka_outages",
+        "Outages of a broker or the group coordinator the worker said in its log since it started.",
+        value=outages.outages_total,
+    )
 
 
 class WorkerCollector:
@@ -280,6 +316,7 @@ class WorkerCollector:
         for reason, n in sorted(c.batch_partitions_closed.items()):
             closed.add_metric([reason], n)
         yield closed
+        yield from _kafka(shell)
         yield GaugeMetricFamily(
             "specmeter_open_generations",
             "Distinct generations held in dedup state.",

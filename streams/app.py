@@ -40,6 +40,7 @@ from ._faults import CrashPoints
 from ._layout import changelog_topics
 from ._outages import Outages
 from ._output import OrderedProducer
+from ._readiness import Readiness, decide
 from ._routes import DeliveryDriver
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
@@ -80,6 +81,8 @@ class StreamShell:
         self.outages = Outages()
         #: dead letters in the log: the first of a reason, then one line a minute per reason
         self.dead_letter_log = DeadLetterLog()
+        #: whether the group is rebalancing (Faust's app says; ``build_app`` tells it)
+        self.rebalancing: Callable[[], bool] = lambda: False
         self.crash_points = CrashPoints.from_env()
         #: what is read and applied, restored and caught up (the rules in ``_delivery``)
         self.delivery = DeliveryDriver(settings, self)
@@ -320,8 +323,19 @@ class StreamShell:
         }
 
     def ready(self) -> bool:
-        """Not rebalancing, and the state of every owned partition restored."""
+        """The state of every owned partition restored."""
         return self.delivery.ledger.ready()
+
+    def readiness(self) -> Readiness:
+        """Whether this worker can do its work now (``_readiness``): it serves its
+        partitions and its writes go through, whatever one broker does."""
+        return decide(
+            serving=not self.rebalancing() and self.ready(),
+            write_stalled_s=self.output.stalled_s(time.monotonic()),
+            write_timeout_s=self.settings.ready_write_timeout_s,
+            no_broker_answers=self.outages.no_broker_answers(),
+            unreachable=self.outages.unreachable,
+        )
 
     async def close(self) -> None:
         """Stop what the shell owns besides Faust (the routes, the restorer, the producer)."""
@@ -441,6 +455,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         **faust_security_kwargs(settings.security),
     )
     app.boot_strategy = _internals.boot_strategy()(app)
+    shell.rebalancing = lambda: bool(app.rebalancing)
     # the group assigns the topics its consumer subscribes to: the stages' inputs, read by the routes
     for name in inputs:
         app.topics.add(app.topic(name, partitions=settings.partitions, key_type=bytes, value_type=bytes))
@@ -491,6 +506,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 # open batches and merges, each with what it waits for
                 "waiting": shell.waits(),
                 "outages": shell.outages.as_dict(),
+                # what /specmeter/readyz answers, and how long writes have waited unacknowledged
+                "readiness": shell.readiness().as_dict(),
+                "output_stalled_s": round(shell.output.stalled_s(time.monotonic()), 1),
             }
         )
 
@@ -507,10 +525,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/specmeter/readyz")
     async def readyz(self: Any, request: Any) -> Any:
-        """Readiness: partitions assigned, their state recovered, and every broker reachable."""
-        unreachable = shell.outages.unreachable
-        ready = not app.rebalancing and shell.ready() and not unreachable
-        body = {"ready": ready, **({"unreachable": list(unreachable)} if unreachable else {})}
-        return self.json(body, status=200 if ready else 503)
+        """Readiness: it serves its partitions and can write (``_readiness``); one broker
+        away while the others serve is no reason to take the pod out."""
+        readiness = shell.readiness()
+        return self.json(readiness.as_dict(), status=200 if readiness.ready else 503)
 
     return app, shell

@@ -490,6 +490,15 @@ def _topic_options(func):
     help="How long a silent worker keeps its partitions before others take them.",
 )
 @click.option(
+    "--ready-write-timeout",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.ready_write_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Readiness (/specmeter/readyz) drops when the worker's writes have waited this long with none "
+    "acknowledged, or when no broker answers; one broker away while the others serve leaves it ready.",
+)
+@click.option(
     "--max-open-generations",
     type=click.IntRange(1),
     default=_DEFAULTS.max_open_generations,
@@ -565,6 +574,7 @@ def worker(
     grace: float,
     expired_retention: float,
     session_timeout: float,
+    ready_write_timeout: float,
     max_open_generations: int,
     max_message_bytes: int,
     chunk_bytes: int,
@@ -601,6 +611,7 @@ def worker(
         grace_s=grace,
         expired_retention_s=expired_retention,
         session_timeout_s=session_timeout,
+        ready_write_timeout_s=ready_write_timeout,
         max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes,
         chunk_bytes=chunk_bytes,

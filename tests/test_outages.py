@@ -297,6 +297,61 @@ def test_lines_from_many_threads_are_counted_once_each(said):
     assert len([1 for level, _ in lines if level == logging.WARNING]) == 1
 
 
+# -- readiness: serving and writing, whatever one broker does (issue 33) ------------------
+
+
+def test_one_broker_of_three_away_is_no_reason_to_be_unready_all_of_them_is():
+    outages = Outages(logger=logging.getLogger("test-outages-quiet"))
+    outages.learn_brokers({1: "127.0.0.1:9091", 2: "127.0.0.1:9092", 3: "127.0.0.1:9093"})
+    assert not outages.no_broker_answers()
+    outages.error("broker 2", "Unable connect to node with id 2", 0.0)
+    outages.error(COORDINATOR, "Group Coordinator Request failed: GroupCoordinatorNotAvailableError", 0.0)
+    assert not outages.no_broker_answers(), "two brokers serve"
+    outages.error("broker 1", "Unable connect to node with id 1", 0.0)
+    outages.error("broker at 127.0.0.1:9093", "Unable connect", 0.0, "127.0.0.1:9093")
+    assert outages.no_broker_answers(), "none answers"
+    outages.tick(10.0, reachable=["broker 1"])
+    assert not outages.no_broker_answers(), "broker 1 is back"
+
+
+def test_a_broker_taken_out_of_the_cluster_is_not_waited_for():
+    outages = Outages(logger=logging.getLogger("test-outages-quiet"), forget_silent_s=300)
+    outages.learn_brokers({1: "127.0.0.1:9091", 2: "127.0.0.1:9092"})
+    outages.error("broker 2", "Unable connect to node with id 2", 0.0)
+    outages.tick(300.0)  # nothing asked for it for five minutes: it left the cluster
+    outages.error("broker 1", "Unable connect to node with id 1", 301.0)
+    assert outages.no_broker_answers()
+
+
+@pytest.mark.parametrize(
+    ("serving", "stalled_s", "no_broker", "ready", "reason"),
+    [
+        (True, 0.0, False, True, None),
+        (True, 29.9, False, True, None),  # a leader's loss stalls its partitions' writes for seconds
+        (True, 30.0, False, False, "writes unacknowledged for 30 s"),
+        (True, 0.0, True, False, "no Kafka broker answers"),
+        (False, 0.0, False, False, "partitions being assigned or their state restored"),
+    ],
+)
+def test_readiness_is_serving_and_writing(serving, stalled_s, no_broker, ready, reason):
+    from specmeter.streams._readiness import decide
+
+    answer = decide(
+        serving=serving,
+        write_stalled_s=stalled_s,
+        write_timeout_s=30.0,
+        no_broker_answers=no_broker,
+        unreachable=("broker 2",),
+    )
+    assert answer.ready is ready
+    assert (answer.reason or "").startswith(reason or ""), answer.reason
+    body = answer.as_dict()
+    assert body["unreachable"] == ["broker 2"], "what is away is said, ready or not"
+    assert decide(serving=True, write_stalled_s=0, write_timeout_s=30, no_broker_answers=False).as_dict() == {
+        "ready": True
+    }
+
+
 # -- a real worker, a broker stopped for a while -----------------------------------------
 
 
@@ -400,7 +455,10 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         assert outage_seen["errors_folded"] > 10 and outage_seen["for_s"] >= 3, outage_seen
         assert outage_seen["address"] == bootstrap
         status, ready = seen["ready"]
+        # its only broker away: no broker answers, so not ready (one of three away leaves
+        # it ready: tests/test_cluster.py)
         assert status == 503 and "broker 1" in ready["unreachable"], ready
+        assert ready["reason"] == "no Kafka broker answers", ready
 
         # the log: one warning for the broker, none of aiokafka's error lines, and a line when it was back
         back = re.compile(r"\[INFO\] Kafka broker 1 \(.*\) is back after \d+ s \(\d+ errors folded\)")
