@@ -21,14 +21,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from .support.golden_cases import assert_metrics_equal
 from .support.kafka_helpers import read_topic
-from .support.tools import free_port
+from .support.tools import free_port, get_json
 from .support.worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -37,14 +35,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 BATCHES = 20
 SESSIONS_PER_BATCH = 200
 RATE = 300
-
-
-def _get(port: int, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
 
 
 class ReadinessProbe:
@@ -59,7 +49,7 @@ class ReadinessProbe:
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                status, body = _get(self.port, "/specmeter/readyz")
+                status, body = get_json(self.port, "/specmeter/readyz")
             except OSError as exc:  # the page did not answer at all: as unready as it gets
                 status, body = 0, {"error": repr(exc)}
             self.answers.append((time.monotonic(), status, body))
@@ -80,12 +70,23 @@ def _wait_ready_over_http(port: int, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if _get(port, "/specmeter/readyz")[0] == 200:
+            if get_json(port, "/specmeter/readyz")[0] == 200:
                 return
         except OSError:
             pass
         time.sleep(0.5)
     raise TimeoutError("the worker never answered ready")
+
+
+def _clean_up(request, cluster, d: Deployment, probe: ReadinessProbe, *shown: object) -> None:
+    """After a test: the probe stopped, the deployment gone, every broker up again for
+    the next test; what it saw printed when it failed."""
+    probe.stop()
+    d.close()
+    cluster.start()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(*shown, probe.answers[-30:], d.log_tail(), cluster.log_tails())
 
 
 @pytest.mark.timeout(900)
@@ -185,12 +186,7 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
         assert [a for a in probe.answers if a[0] >= first_fault], "the probe asked during the faults"
         assert not probe.unready(since=first_fault - 1), probe.unready(since=first_fault - 1)[:10]
     finally:
-        probe.stop()
-        d.close()
-        cluster.start()  # every broker up again for the next test
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(faults, probe.answers[-20:], d.log_tail(), cluster.log_tails())
+        _clean_up(request, cluster, d, probe, faults)
 
 
 @pytest.mark.timeout(600)
@@ -224,7 +220,9 @@ def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_
 
         asyncio.run(publish())
         deadline = time.monotonic() + 60
-        while not [b for b in _get(port, "/specmeter/stats")[1]["waiting"]["batches"] if b["batch_id"] == "stall-1"]:
+        while not [
+            b for b in get_json(port, "/specmeter/stats")[1]["waiting"]["batches"] if b["batch_id"] == "stall-1"
+        ]:
             assert time.monotonic() < deadline, "the worker never read the batch"
             time.sleep(0.5)
         probe.start()
@@ -239,7 +237,7 @@ def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_
         assert unready, f"ready throughout, though no write went through: {probe.answers[-5:]}"
         status, body = unready[0][1:]
         assert status == 503 and body["reason"].startswith("writes unacknowledged for"), body
-        stats = _get(port, "/specmeter/stats")[1]
+        stats = get_json(port, "/specmeter/stats")[1]
         assert stats["output_stalled_s"] >= 10 and stats["readiness"]["ready"] is False, stats["readiness"]
 
         for broker in stopped:
@@ -255,9 +253,4 @@ def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_
         assert batch.record_count == 40 and batch.metrics["spec/unique_generation_count"] == 40, batch
         assert worker.poll() is None, "no restart needed"
     finally:
-        probe.stop()
-        d.close()
-        cluster.start()  # every broker up again for the next test
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(probe.answers[-30:], d.log_tail(), cluster.log_tails())
+        _clean_up(request, cluster, d, probe)

@@ -29,29 +29,11 @@ def letter(reason: str = "invalid", partition: int = 0, offset: int = 0, batch_i
     )
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def said():
-    logger = logging.getLogger(f"test-dead-letters-{id(object())}")
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG)
-    lines = Lines()
-    logger.addHandler(lines)
-    return logger, lines.lines
-
-
-def folded(lines: list[str], reason: str) -> int:
+def folded(lines: list[tuple[int, str]], reason: str) -> int:
     """Dead letters of ``reason`` the lines account for: 1 per first line, N per folded one."""
     total = 0
-    for line in lines:
+    for level, line in lines:
+        assert level == logging.WARNING, line
         if f"reason={reason} " not in line:
             continue
         more = re.search(r"dead-lettered (\d+) more ", line)
@@ -60,18 +42,19 @@ def folded(lines: list[str], reason: str) -> int:
 
 
 def test_the_first_of_a_reason_is_said_then_one_line_a_minute_with_the_count(said):
-    logger, lines = said
+    logger, said_lines = said
     log = DeadLetterLog(interval_s=60, logger=logger)
     for i in range(10_000):  # a hundred a second for 100 s, on four partitions
         log.letter(letter(partition=i % 4, offset=i), i / 100)
         log.tick(i / 100)
+    lines = [text for _, text in said_lines]
     assert len(lines) == 2, lines  # the first, and the count after a minute
     assert lines[0].startswith("dead-lettered reason=invalid partition=0 offset=0 batch='b'"), lines[0]
     assert "Expected `int` >= 0" in lines[0] and "folded into one line a minute" in lines[0]
     assert lines[1].startswith("dead-lettered 6000 more reason=invalid in the last 60 s, from partitions 0,1,2,3")
     assert "latest: partition=0 offset=6000" in lines[1], lines[1]
     log.flush(100.0)  # at shutdown: what is folded is said
-    assert len(lines) == 3 and folded(lines, "invalid") == 10_000, lines
+    assert len(said_lines) == 3 and folded(said_lines, "invalid") == 10_000, said_lines
 
 
 def test_reasons_are_folded_apart_and_a_quiet_reason_is_said_at_once_again(said):
@@ -80,13 +63,13 @@ def test_reasons_are_folded_apart_and_a_quiet_reason_is_said_at_once_again(said)
     log.letter(letter("invalid"), 0.0)
     log.letter(letter("late"), 1.0)
     log.letter(letter("late"), 2.0)
-    assert [line.split()[1] for line in lines] == ["reason=invalid", "reason=late"]
+    assert [text.split()[1] for _, text in lines] == ["reason=invalid", "reason=late"]
     log.tick(60.0)  # invalid: nothing folded, quiet for a minute: forgotten
     assert len(lines) == 2
     log.tick(61.0)
-    assert lines[-1].startswith("dead-lettered 1 more reason=late in the last 60 s"), lines[-1]
+    assert lines[-1][1].startswith("dead-lettered 1 more reason=late in the last 60 s"), lines[-1]
     log.letter(letter("invalid", offset=7), 62.0)  # back after a quiet minute: said at once
-    assert lines[-1].startswith("dead-lettered reason=invalid partition=0 offset=7"), lines[-1]
+    assert lines[-1][1].startswith("dead-lettered reason=invalid partition=0 offset=7"), lines[-1]
     log.flush(63.0)
     assert folded(lines, "invalid") == 2 and folded(lines, "late") == 2, lines
 
@@ -125,6 +108,7 @@ def test_ten_thousand_invalid_records_are_ten_thousand_dead_letters_and_a_few_lo
     assert closed.invalid_record_count == records
     d.stop(worker)  # SIGTERM: the folded count is said before it exits
     log = d.logs[0].read_text(errors="replace")
-    lines = [line for line in log.splitlines() if "dead-lettered" in line]
+    lines = [(logging.WARNING, line) for line in log.splitlines() if "dead-lettered" in line]
     assert 1 <= len(lines) <= 8, lines[:20]  # per partition at most, not per record
+    assert all("[WARNING]" in line for _, line in lines), lines[:20]
     assert folded(lines, "invalid") == records, lines

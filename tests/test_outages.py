@@ -6,20 +6,17 @@ are folded, and nothing of the input or output is skipped."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import msgspec
 import pytest
 
 from specmeter.streams._outages import COORDINATOR, OutageLogFilter, Outages, classify
 
-from .support.tools import free_port
+from .support.tools import free_port, get_json
 
 # -- which lines are outage lines (the texts aiokafka 0.14 logs) ----------------------
 
@@ -80,25 +77,6 @@ def test_other_lines_are_not_outages(line):
 
 
 # -- the decisions, on a clock the test moves ---------------------------------------------
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[tuple[int, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.levelno, record.getMessage()))
-
-
-@pytest.fixture
-def said():
-    logger = logging.getLogger(f"test-outages-{time.monotonic_ns()}")
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG)
-    lines = Lines()
-    logger.addHandler(lines)
-    return logger, lines.lines
 
 
 def test_one_warning_then_a_reminder_a_minute_then_back(said):
@@ -355,14 +333,6 @@ def test_readiness_is_serving_and_writing(serving, stalled_s, no_broker, ready, 
 # -- a real worker, a broker stopped for a while -----------------------------------------
 
 
-def _get(port: int, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
-
-
 async def _publish_around(events, settings, pause_at: int, outage) -> None:
     """Publish as ``publish_fleet`` does (one publisher per producer, markers via
     ``close_batch``), everything accepted acknowledged before ``outage`` runs at event
@@ -436,8 +406,8 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, private_broker.stop)
             await asyncio.sleep(6.0)
-            seen["stats"] = await loop.run_in_executor(None, _get, port, "/specmeter/stats")
-            seen["ready"] = await loop.run_in_executor(None, _get, port, "/specmeter/readyz")
+            seen["stats"] = await loop.run_in_executor(None, get_json, port, "/specmeter/stats")
+            seen["ready"] = await loop.run_in_executor(None, get_json, port, "/specmeter/readyz")
             await asyncio.sleep(6.0)
             await loop.run_in_executor(None, private_broker.start)
 
@@ -466,7 +436,7 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         while not back.search(d.logs[0].read_text(errors="replace")) and time.monotonic() < deadline:
             time.sleep(0.5)
         log = d.logs[0].read_text(errors="replace")
-        seen["after"] = _get(port, "/specmeter/stats")[1]["outages"]
+        seen["after"] = get_json(port, "/specmeter/stats")[1]["outages"]
         warnings = re.findall(r"\[WARNING\] (Kafka .*)", log)
         assert [w for w in warnings if w.startswith("Kafka broker 1 (")] and len(warnings) <= 3, warnings
         assert sum("unreachable" in w and "still" not in w for w in warnings) == 1, warnings
@@ -474,7 +444,7 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         assert not errors, errors[:20]
         assert back.search(log), seen
         assert seen["after"]["unreachable"] == [] and seen["after"]["errors_folded_total"] > 10, seen
-        assert _get(port, "/specmeter/readyz")[0] == 200
+        assert get_json(port, "/specmeter/readyz")[0] == 200
     finally:
         d.close()
         report = getattr(request.node, "rep_call", None)
