@@ -51,13 +51,20 @@ def record_from_counters(
     )
 
 
-def _generation_id(meta_info: Mapping[str, Any], generation_id: str | None) -> str:
+def _generation_id(meta_info: Mapping[str, Any], generation_id: str | None, caller: str) -> str:
+    """``generation_id`` when given, else SGLang's request id ``meta_info["id"]``: one of
+    the two is required, since a generation is deduplicated by it (docs/contract.md §2)."""
     if generation_id is not None:
         return generation_id
     rid = meta_info.get("id")
-    if not isinstance(rid, str) or not rid:
-        raise ValueError("meta_info has no usable 'id' (the backend request id): pass generation_id=...")
-    return rid
+    if isinstance(rid, str) and rid:
+        return rid
+    found = "has no 'id' key" if "id" not in meta_info else f"has 'id' = {rid!r}, not a non-empty string"
+    raise ValueError(
+        f"meta_info {found}, and no generation_id was passed: a generation is deduplicated by its id. "
+        f"Pass {caller}(..., generation_id=ID) with an id that names this generation and stays the same "
+        "whenever it is published again (SGLang's request id is meta_info['id'])"
+    )
 
 
 def record_from_meta_info(
@@ -76,7 +83,8 @@ def record_from_meta_info(
     """The record of one committed generation from its SGLang ``meta_info``.
 
     ``generation_id`` defaults to ``meta_info["id"]`` (SGLang's request id) and
-    ``weight_version`` to ``meta_info["weight_version"]``. ``producer_id`` and
+    ``weight_version`` to ``meta_info["weight_version"]``. Raises ``ValueError`` when
+    neither ``generation_id`` nor a non-empty ``meta_info["id"]`` is there. ``producer_id`` and
     ``run_id`` may stay None: a ``Publisher`` counts the record as its own, in its run.
     ``task`` is the prompt's dataset or task family (``gsm8k``, ``swe-bench``, ``chat``):
     SGLang does not know it, the rollout does (docs/contract.md §3.4).
@@ -85,7 +93,7 @@ def record_from_meta_info(
         counters_from_meta_info(meta_info),
         batch_id=batch_id,
         session_id=session_id,
-        generation_id=_generation_id(meta_info, generation_id),
+        generation_id=_generation_id(meta_info, generation_id, "record_from_meta_info"),
         sample_id=sample_id,
         state_hash=state_hash,
         producer_id=producer_id,
@@ -119,7 +127,7 @@ def record_from_attempts(
         fold_attempts(counters_from_meta_info(m) for m in attempts),
         batch_id=batch_id,
         session_id=session_id,
-        generation_id=_generation_id(attempts[0], generation_id),
+        generation_id=_generation_id(attempts[0], generation_id, "record_from_attempts"),
         sample_id=sample_id,
         state_hash=state_hash,
         producer_id=producer_id,

@@ -27,6 +27,7 @@ __all__ = [
     "decode_partial",
     "encode_metrics",
     "decode_metrics",
+    "encode_metrics_key",
     "encode_dead_letter",
     "decode_dead_letter",
     "record_to_builtins",
@@ -291,6 +292,15 @@ def encode_metrics(metrics: BatchMetrics) -> bytes:
 
 def decode_metrics(data: bytes) -> BatchMetrics:
     return _metrics_decoder.decode(data)
+
+
+def encode_metrics_key(run_id: str | None, batch_id: str) -> bytes:
+    """The metrics topic's message key: the batch's identity ``(run_id, batch_id)`` as a
+    JSON array, ``["grpo-7", "step-12"]`` (``[null, "step-12"]`` in the default run).
+
+    The topic is compacted on it, so it keeps the newest revision of every batch of
+    every run; a key of the batch id alone let two runs' ``step-N`` compact each other."""
+    return _json_encoder.encode((run_id, batch_id))
 
 
 def encode_dead_letter(letter: DeadLetter) -> bytes:

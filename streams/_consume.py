@@ -12,6 +12,10 @@ correction when a later revision arrives, never the same thing twice:
   batches first appeared; then new messages follow the rule above;
 * ``run_id`` keeps one training run's batches (two runs may share batch ids).
 
+The worker keeps the topic compacted on ``(run_id, batch_id)``: whatever the time
+retention, the backlog holds the newest revision of every batch of every run, so a
+trainer that restarts gets its whole run back with ``from_beginning``.
+
 The consumer joins no consumer group and commits nothing: any number of
 trainers can read the same topic. ``consume_metrics_sync`` closes it when the loop
 over it ends or breaks; ``consume_metrics`` when the iteration ends or the task

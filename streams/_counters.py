@@ -46,7 +46,8 @@ class WorkerCounters:
     markers: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
     partials_emitted: int = 0
-    batches_closed: dict[str, int] = field(default_factory=dict)
+    #: a batch closes once on every records partition it has input on: batch × partition, by reason
+    batch_partitions_closed: dict[str, int] = field(default_factory=dict)
     batches_published: int = 0
     batches_expired: int = 0
     close_latency_buckets: list[int] = field(default_factory=lambda: [0] * len(CLOSE_LATENCY_BUCKETS))
@@ -236,7 +237,7 @@ _STEPS = _QUANTITIES
 _POSITIONS = _STEPS + 1
 _AGES_ACCEPTED = _POSITIONS + MAX_EXPORTED_POSITION
 _AGES_PROPOSED = _AGES_ACCEPTED + len(VERSION_AGES)
-#: slots shown from a label set's first scrape; the others once a batch has them
+#: slots every label set exports; the others once a batch has them
 _ALWAYS = frozenset(range(_POSITIONS))
 
 #: labels of the counters of published batches: (algorithm, run_id)
@@ -346,14 +347,10 @@ class LabelTotals:
     retracted: list[int] = field(default_factory=lambda: [0] * len(SLOTS))
     #: slots exported: those of every label set, and those a batch has had
     present: set[int] = field(default_factory=lambda: set(_ALWAYS))
-    #: slots a scrape has shown (a slot is shown at 0 on its first scrape, see _prometheus)
-    shown: set[int] = field(default_factory=set)
     #: per ``task`` label value, added and retracted per TASK_COUNTERS family (a task has an
     #: entry once its label is given: that is what admits it)
     task_added: dict[str, list[int]] = field(default_factory=dict)
     task_retracted: dict[str, list[int]] = field(default_factory=dict)
-    #: task label values a scrape has shown
-    task_shown: set[str] = field(default_factory=set)
 
     def task_label(self, task: str | None, max_tasks: int) -> str:
         """The ``task`` label of a task's share: its own name while fewer than ``max_tasks``

@@ -14,7 +14,8 @@ A broker is back when nothing was heard about it for ``quiet_s`` and its address
 accepts a connection (aiokafka stops asking a broker that left the cluster's
 metadata, so silence alone does not mean back); the group coordinator is back when
 aiokafka discovers one, or after a longer silence. ``/specmeter/stats`` shows
-``as_dict()``; readiness is false while ``unreachable`` names anything.
+``as_dict()``. Readiness does not follow an outage (``_readiness``): only when no
+broker of the cluster answers (``no_broker_answers``) is the worker not ready.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class Outages:
         self._open: dict[str, Outage] = {}
         self._addresses: dict[str, str] = {}  # "broker N" -> host:port
         self._brokers: dict[str, str] = {}  # host:port -> "broker N"
+        self._left: set[str] = set()  # brokers nothing asks for any more (taken out of the cluster)
         self.outages_total = 0
         self.errors_total = 0
 
@@ -144,6 +146,13 @@ class Outages:
     def _learn(self, target: str, address: str) -> None:
         self._addresses[target] = address
         self._brokers[address] = target
+
+    def no_broker_answers(self) -> bool:
+        """Whether every broker the worker knows (the cluster's at start, and any an
+        error named; not one taken out of the cluster) is unreachable now."""
+        with self._lock:
+            known = {t for t in self._addresses if t.startswith("broker ")} - self._left
+            return bool(known) and known <= self._open.keys()
 
     @property
     def unreachable(self) -> tuple[str, ...]:
@@ -164,6 +173,7 @@ class Outages:
                 target = self._brokers.get(address, target)
             elif address:
                 self._learn(target, address)
+            self._left.discard(target)  # asked for again: back in the cluster
             outage = self._open.get(target)
             node = _coordinator_node(detail) if target == COORDINATOR else None
             if outage is not None:
@@ -185,11 +195,16 @@ class Outages:
                 node=node,
             )
             self._open[target] = outage
-            self.outages_total += 1
             if target in (COORDINATOR, CLUSTER):
                 return  # said when it lasts (``tick``): a coordinator moving or loading takes a moment
-            outage.warned = True
+            self._said(outage)
         self._warn(outage)
+
+    def _said(self, outage: Outage) -> None:
+        """An outage is one (in ``outages_total``) once it is said: a group coordinator
+        that a fresh cluster is still loading, found again within seconds, is none."""
+        outage.warned = True
+        self.outages_total += 1
 
     def _warn(self, outage: Outage) -> None:
         self._log.warning(
@@ -207,6 +222,9 @@ class Outages:
     def _close(self, target: str, now: float, where: str = "", *, unused: bool = False) -> None:
         with self._lock:
             outage = self._open.pop(target, None)
+        if unused:
+            with self._lock:
+                self._left.add(target)
         if outage is None or not outage.warned:
             return
         if unused:
@@ -251,7 +269,8 @@ class Outages:
                 # a coordinator on a broker that is away is that broker's outage, said once
                 subsumed = o.node is not None and f"broker {o.node}" in self._open
                 if not o.warned and not subsumed and now - o.since_s >= self.coordinator_grace_s:
-                    o.warned, o.last_line_s, o.unreported = True, now, 0
+                    self._said(o)
+                    o.last_line_s, o.unreported = now, 0
                     first.append(o)
                 if target == COORDINATOR:
                     if silent_s >= self.coordinator_quiet_s:

@@ -21,6 +21,13 @@ a metadata refresh), and a keyed message's partition is aiokafka's default
 partitioner's choice, remembered per key (murmur2 is pure Python; the keys are
 batch ids, few and repeated).
 
+``stalled_s`` says whether the writes go through: how long writes have been waiting
+with none of them acknowledged (0 while nothing waits). A broker that leaves while it
+leads some partitions stalls the writes to those alone, until its partitions have new
+leaders; a cluster that cannot take a write at all (no broker, fewer in-sync replicas
+than ``min.insync.replicas``) stalls them all, and it grows. The worker's readiness
+reads it (``_readiness``).
+
 ``room`` is the back-pressure: the stages await it after each chunk, and it waits
 while more than a limit of bytes is queued and not yet handed over. A worker
 catching up a backlog otherwise queued its whole changelog (as much as its input,
@@ -34,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -94,6 +102,10 @@ class OrderedProducer:
         self._add: Callable[[Any, bytes | None, bytes | None], Any] | None = None
         #: topic -> its partitions, as last looked up (forgotten at each metadata refresh)
         self._partitions: dict[str, _Partitions] = {}
+        #: messages sent and neither acknowledged nor failed yet, and when the last of them
+        #: was (or, with none waiting, when the first of those now waiting was sent)
+        self._unacknowledged = 0
+        self._progress_at = time.monotonic()
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
@@ -123,8 +135,21 @@ class OrderedProducer:
         """Messages queued and not yet handed to aiokafka."""
         return len(self._queue)
 
+    def stalled_s(self, now: float) -> float:
+        """How long writes have waited with none acknowledged (``time.monotonic`` seconds;
+        0 when nothing waits)."""
+        return now - self._progress_at if self._unacknowledged else 0.0
+
+    def _answered(self) -> None:
+        """A message was acknowledged, or failed: the writes are not stalled."""
+        self._unacknowledged -= 1
+        self._progress_at = time.monotonic()
+
     def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
         """Queue one message (never waits); order per partition is the order of calls."""
+        if not self._unacknowledged:
+            self._progress_at = time.monotonic()
+        self._unacknowledged += 1
         self._queue.append((topic, key, value, partition))
         self.queued_bytes += len(key or b"") + len(value or b"")
         if self._wake is not None:
@@ -206,6 +231,7 @@ class OrderedProducer:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - refused before sending (e.g. too large)
+                    self._answered()
                     self._on_failed(topic, exc)
                     continue
                 future.add_done_callback(lambda f, topic=topic: self._done(topic, f))
@@ -213,6 +239,7 @@ class OrderedProducer:
                 idle.set()
 
     def _done(self, topic: str, future: asyncio.Future) -> None:
+        self._answered()
         if future.cancelled():
             return
         exc = future.exception()

@@ -25,11 +25,11 @@ publishes batches. Three kinds of series:
 
   is the fleet-wide weighted accept rate, and the same with
   ``specmeter_position_accepted_steps_total{position="k"}`` over
-  ``specmeter_position_verify_steps_total`` the fleet's acceptance at draft position k. A
-  new series is shown at 0 on its first scrape and with its value from the next one:
-  Prometheus 2 takes a counter's first sample as its start, so a series born at its
-  value would leave the run's first batches out of ``rate()`` and ``increase()``. At
-  most ``PublishedTotals.max_label_sets`` (16) (algorithm, run_id) pairs are exported.
+  ``specmeter_position_verify_steps_total`` the fleet's acceptance at draft position k.
+  Every scrape shows the totals as they are: a scrape changes nothing (a series that
+  once showed 0 to whichever scrape came first let a ``curl`` take Prometheus' first
+  sample, issue 33). At most ``PublishedTotals.max_label_sets`` (16) (algorithm,
+  run_id) pairs are exported.
 * **The newest batch** of each (run_id, algorithm) this worker published
   (``specmeter_batch_*``; by version age ``specmeter_weight_version_*``), for the
   ``PublishedTotals.latest_label_sets`` (4) most recently published pairs: the batch
@@ -37,11 +37,14 @@ publishes batches. Three kinds of series:
   is the one with the greatest ``specmeter_batch_closed_timestamp_seconds``.
 * **The worker itself**: its stage counters, dead letters by reason, the close
   latency histogram, per owned partition the last event (a timestamp) and the
-  applied offset, and the standard ``process_*`` / ``python_*`` collectors.
+  applied offset, its readiness, how long its writes have stalled, the Kafka
+  endpoints it cannot reach now and its outages, and the standard ``process_*`` /
+  ``python_*`` collectors.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -209,7 +212,11 @@ EXPORTED_METRICS = (
     *(f"{name}_total" for name, _, _ in _WORKER_COUNTERS),
     "specmeter_input_offsets_missing_total",
     "specmeter_dead_letters_total",
-    "specmeter_batches_closed_total",
+    "specmeter_batch_partitions_closed_total",
+    "specmeter_ready",
+    "specmeter_output_stalled_seconds",
+    "specmeter_kafka_unreachable_endpoints",
+    "specmeter_kafka_outages_total",
     "specmeter_open_generations",
     "specmeter_partition_last_event_timestamp_seconds",
     "specmeter_partition_applied_offset",
@@ -248,6 +255,35 @@ def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | No
     return out, accept_rate_by_position(summed)
 
 
+def _kafka(shell: Any) -> Iterator[Any]:
+    """Readiness and what the worker sees of Kafka (for a shell that has them): the
+    outages go here and to the log, not to readiness (``_readiness``)."""
+    outages, output = getattr(shell, "outages", None), getattr(shell, "output", None)
+    if outages is None or output is None:
+        return
+    yield GaugeMetricFamily(
+        "specmeter_ready",
+        "1 while /specmeter/readyz answers ready: the worker serves its partitions and can write.",
+        value=float(shell.readiness().ready),
+    )
+    yield GaugeMetricFamily(
+        "specmeter_output_stalled_seconds",
+        "How long the worker's writes have waited with none acknowledged (0: none waits); readiness drops "
+        "at --ready-write-timeout.",
+        value=output.stalled_s(time.monotonic()),
+    )
+    yield GaugeMetricFamily(
+        "specmeter_kafka_unreachable_endpoints",
+        "Kafka brokers (and the group coordinator) the worker cannot reach now.",
+        value=len(outages.unreachable),
+    )
+    yield CounterMetricFamily(
+        "specmeter_kafka_outages",
+        "Outages of a broker or the group coordinator the worker said in its log since it started.",
+        value=outages.outages_total,
+    )
+
+
 class WorkerCollector:
     """A prometheus_client collector reading the shell at scrape time."""
 
@@ -277,11 +313,15 @@ class WorkerCollector:
             dead.add_metric([reason], n)
         yield dead
         closed = CounterMetricFamily(
-            "specmeter_batches_closed", "Batch partitions closed, by reason.", labels=["reason"]
+            "specmeter_batch_partitions_closed",
+            "Batches closed on one records partition, by reason: a batch with input on 4 partitions counts 4 "
+            "(specmeter_batches_total counts batches).",
+            labels=["reason"],
         )
-        for reason, n in sorted(c.batches_closed.items()):
+        for reason, n in sorted(c.batch_partitions_closed.items()):
             closed.add_metric([reason], n)
         yield closed
+        yield from _kafka(shell)
         yield GaugeMetricFamily(
             "specmeter_open_generations",
             "Distinct generations held in dedup state.",
@@ -334,22 +374,17 @@ class WorkerCollector:
                 slot = SLOTS[i]
                 added, retracted = families[slot.stem]
                 values = [*labels, *([slot.value] if slot.value is not None else [])]
-                shown = i in totals.shown
-                added.add_metric(values, totals.added[i] if shown else 0)
-                retracted.add_metric(values, totals.retracted[i] if shown else 0)
+                added.add_metric(values, totals.added[i])
+                retracted.add_metric(values, totals.retracted[i])
         for labels, totals in published.totals.items():
             for task in sorted(totals.task_added):
-                shown = task in totals.task_shown
                 for i, (stem, _, _) in enumerate(TASK_COUNTERS):
                     added, retracted = families[stem]
-                    added.add_metric([*labels, task], totals.task_added[task][i] if shown else 0)
-                    retracted.add_metric([*labels, task], totals.task_retracted[task][i] if shown else 0)
+                    added.add_metric([*labels, task], totals.task_added[task][i])
+                    retracted.add_metric([*labels, task], totals.task_retracted[task][i])
         for added, retracted in families.values():
             yield added
             yield retracted
-        for totals in published.totals.values():
-            totals.shown |= totals.present
-            totals.task_shown |= totals.task_added.keys()
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:

@@ -616,7 +616,7 @@ class PartitionProcessor:
     # -- closing ----------------------------------------------------------------
     def _close(self, batch: _Batch, reason: str, now_ms: int, effects: Effects) -> None:
         batch.closed, batch.close_reason, batch.closed_at_ms = True, reason, now_ms
-        self.counters.batches_closed[reason] = self.counters.batches_closed.get(reason, 0) + 1
+        self.counters.batch_partitions_closed[reason] = self.counters.batch_partitions_closed.get(reason, 0) + 1
         self._emit(batch, now_ms, effects)
 
     def _emit(self, batch: _Batch, now_ms: int, effects: Effects) -> None:

@@ -1,7 +1,9 @@
-"""``specmeter tail``: follow the metrics topic, as a live table or JSON lines.
+"""``specmeter tail``: follow the metrics topic, as a live table, rows or JSON lines.
 
 Like ``tail`` it starts with what is already there (the last ``last`` messages of
-each partition), then follows. The table fits the terminal (80 columns
+each partition), then follows. Piped, it prints a line per message as it arrives
+(flushed: ``timeout 60 specmeter tail | head`` shows rows at once) and the table when
+it ends, at a limit, Ctrl-C or SIGTERM. The table fits the terminal (80 columns
 included), one row per batch sorted by run and batch (``step-2`` before
 ``step-10``): fixed numeric columns, the rest shared by the batch name (never cut
 below what tells rows apart), the acceptance by draft position (``.81 .62 .40``,
@@ -14,7 +16,11 @@ compact drift view, the accept rate per weight version (``v7 .75 v8 .71``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +41,8 @@ __all__ = [
     "fit_labels",
     "batch_order",
     "run_tail",
+    "RowPrinter",
+    "coverage_text",
 ]
 
 #: (header, content width) of the numeric columns, between "batch" and "c/i/l"
@@ -296,6 +304,24 @@ def _close(m: BatchMetrics) -> str:
     return m.close_reason if m.complete else f"{m.close_reason}!"
 
 
+def coverage_text(metrics: dict[str, Any]) -> str:
+    """The lower of the accept and verify coverage, marked ``a`` or ``v`` when one is
+    lower than the other (``50%v``: half the generations know completion and verify,
+    all of them accepted and proposed). Rounded down, so ``100%`` means every one."""
+    known = {
+        mark: metrics[key]
+        for mark, key in (("a", "spec/accept_count_coverage"), ("v", "spec/verify_count_coverage"))
+        if isinstance(metrics.get(key), (int, float))
+    }
+    if not known:
+        return "-"
+    lowest = min(known.values())
+    text = f"{math.floor(lowest * 100 + 1e-9):.0f}%"
+    if len(known) == 2 and known["a"] != known["v"]:
+        return text + ("a" if known["a"] < known["v"] else "v")
+    return text
+
+
 class _Layout:
     """Column widths of a table ``total`` columns wide, in the order things give way:
     the per-position column goes first, then the per-task column (it only takes what
@@ -341,6 +367,28 @@ def _distinct(fitted: list[str], labels: list[str]) -> bool:
     return len(set(fitted)) == len(set(labels))
 
 
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _cells(m: BatchMetrics) -> dict[str, str]:
+    """A row's fixed cells, by column header."""
+    x = m.metrics
+    return {
+        "rev": str(m.revision),
+        "accept": _ratio(x.get("spec/accept_rate")),
+        "tok/v": _ratio(x.get("spec/tokens_per_verify")),
+        "cov": coverage_text(x),
+        "gens": _count(x.get("spec/unique_generation_count")),
+        "c/i/l": _problems(m),
+        "close": _close(m),
+    }
+
+
+#: what the table's caption and the piped header say the columns are
+LEGEND = "c/i/l conflicting/invalid/late · ! incomplete · cov: lower of accept/verify coverage (a/v: which)"
+
+
 def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
     """The ``rows`` most recently updated batches of ``latest`` (in the order they were
     updated), as a rich Table no wider than ``width``, sorted by run and batch
@@ -357,10 +405,10 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
         pad_edge=False,
         padding=(0, 1, 0, 0),
         expand=False,
-        caption="c/i/l conflicting/invalid/late · ! incomplete · "
-        + ("pos: accept rate by draft position · " if layout.positions else "")
-        + ("task: accept rate by task · " if layout.tasks else "")
-        + "drift: accept rate by version",
+        caption=LEGEND
+        + (" · pos: accept rate by draft position" if layout.positions else "")
+        + (" · task: accept rate by task" if layout.tasks else "")
+        + " · drift: accept rate by version",
     )
     table.add_column("batch", width=layout.batch, no_wrap=True, overflow="ellipsis")
     for name, w in layout.fixed:
@@ -372,16 +420,7 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     table.add_column("drift", width=layout.drift, no_wrap=True, overflow="ellipsis")
 
     for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
-        x = m.metrics
-        cells = {
-            "rev": str(m.revision),
-            "accept": _ratio(x.get("spec/accept_rate")),
-            "tok/v": _ratio(x.get("spec/tokens_per_verify")),
-            "cov": _share(x.get("spec/accept_count_coverage")),
-            "gens": _count(x.get("spec/unique_generation_count")),
-            "c/i/l": _problems(m),
-            "close": _close(m),
-        }
+        cells = _cells(m)
         extra = [positions_text(m.accept_rate_by_position, layout.positions)] if layout.positions else []
         if layout.tasks:
             extra.append(tasks_text(m.by_task, layout.tasks))
@@ -452,12 +491,31 @@ def task_table(results: list[BatchMetrics], width: int = 80, title: str | None =
     return table
 
 
-def _ratio(v: Any) -> str:
-    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
-
-
 def _share(v: Any) -> str:
     return "-" if v is None else f"{v * 100:.0f}%"
+
+
+class RowPrinter:
+    """Rows for a pipe, one line per message as it arrives (``tail … | head``, ``| grep``):
+    a header line first, then the fixed cells of ``metrics_table`` in columns of a
+    width fixed up front (so rows line up without knowing the rows to come), the
+    ``run/batch`` label elided to its column and the drift view in what is left."""
+
+    def __init__(self, width: int) -> None:
+        self.fixed = [*_fixed(width), ("c/i/l", 8), ("close", 8)]
+        cells = sum(w for _, w in self.fixed) + _GAP * (len(self.fixed) + 1)
+        self.label = max(10, min(32, (width - cells) * 2 // 3))
+        self.drift = max(10, width - cells - self.label)
+
+    def _line(self, label: str, cells: dict[str, str], drift: str) -> str:
+        fixed = "  ".join(cells[name].rjust(w) for name, w in self.fixed)
+        return f"{label.ljust(self.label)}  {fixed}  {drift}".rstrip()
+
+    def header(self) -> str:
+        return self._line("batch", {name: name for name, _ in self.fixed}, "drift")
+
+    def row(self, m: BatchMetrics) -> str:
+        return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))
 
 
 def run_tail(
@@ -472,12 +530,19 @@ def run_tail(
     timeout_s: float | None,
     kafka: dict | None = None,
 ) -> int:
-    """Follow ``topic`` until a limit or Ctrl-C; a terminal gets a live table, a pipe the final one."""
+    """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
+    a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
+    at once) and, at the end, the table; ``as_json`` a JSON line per message."""
 
-    def follow(on_metrics: Callable[[BatchMetrics], None]) -> int:
-        try:
-            return asyncio.run(
-                follow_metrics(
+    def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
+        async def until_stopped() -> None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            try:
+                await follow_metrics(
                     broker,
                     topic,
                     on_metrics,
@@ -487,17 +552,35 @@ def run_tail(
                     timeout_s=timeout_s,
                     kafka=kafka,
                 )
-            )
-        except KeyboardInterrupt:  # Ctrl-C is how a tail ends
-            return -1
+            except asyncio.CancelledError:  # SIGTERM ends it as a limit does
+                task.uncancel()
+            finally:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(signal.SIGTERM)
 
-    if as_json:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
+            asyncio.run(until_stopped())
 
-        def emit(m: BatchMetrics) -> None:
-            sys.stdout.buffer.write(encode_metrics(m) + b"\n")
-            sys.stdout.flush()
+    seen = 0
+    try:
+        if as_json:
 
-        return follow(emit)
+            def emit(m: BatchMetrics) -> None:
+                nonlocal seen
+                seen += 1
+                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+                sys.stdout.flush()
+
+            follow(emit)
+            return seen
+        return _follow_table(follow, topic, rows)
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return seen
+
+
+def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
     from rich.console import Console
     from rich.live import Live
 
@@ -517,9 +600,19 @@ def run_tail(
             latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
         )
 
-    if not console.is_terminal:  # piped: no animation, the final table once, ending with a newline
-        follow(keep)
+    if not console.is_terminal:  # piped: a line per message as it comes, then the final table
+        printer = RowPrinter(console.width)
+
+        def line(m: BatchMetrics) -> None:
+            if not seen:
+                print(printer.header())
+            keep(m)
+            print(printer.row(m), flush=True)
+
+        follow(line)
+        print(flush=True)
         console.print(table())
+        sys.stdout.flush()
         return seen
     with Live(table(), refresh_per_second=4, console=console) as live:
 

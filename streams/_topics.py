@@ -35,12 +35,15 @@ __all__ = [
     "TopicSpec",
     "TopicsNotCreated",
     "create_topic",
+    "cleanup_warning",
+    "deletes_by_retention",
     "describe_cluster",
     "ensure_topics",
     "existing_partitions",
     "leader_topic",
     "plan_topics",
     "replication_warning",
+    "topic_configs",
     "worker_topics",
 ]
 
@@ -70,7 +73,9 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
         partitions: what the worker creates it with.
         matched: its partition count must be the worker's ``--partitions`` (the
             records topic and every topic keyed like it).
-        compacted: a state changelog (``cleanup.policy=compact``).
+        compacted: it must keep the newest message of every key for good
+            (``cleanup.policy=compact``): the state changelogs, and the metrics topic
+            (the newest revision of every batch of every run).
         written: the worker produces to it (it then takes the worker's largest message).
         named_by: the flag that gives the worker another one.
     """
@@ -174,7 +179,9 @@ def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
         TopicSpec(name=stage2_log, partitions=n, matched=True, compacted=True, named_by="--app-id"),
         TopicSpec(name=t.records, partitions=n, matched=True, written=False, named_by="--records-topic"),
         TopicSpec(name=t.partials, partitions=n, matched=True, named_by="--partials-topic"),
-        TopicSpec(name=t.metrics, partitions=1, matched=False, named_by="--metrics-topic"),
+        # compacted on (run_id, batch_id): the newest revision of every batch outlives time
+        # retention, so a reader from the beginning gets the whole run (issue 33)
+        TopicSpec(name=t.metrics, partitions=1, matched=False, compacted=True, named_by="--metrics-topic"),
         TopicSpec(name=t.deadletter, partitions=1, matched=False, named_by="--deadletter-topic"),
         TopicSpec(name=leader_topic(settings.app_id), partitions=1, matched=False, named_by="--app-id"),
     ]
@@ -205,6 +212,64 @@ def replication_warning(view: ClusterView, specs: Sequence[TopicSpec]) -> str | 
         f"{listed}; a broker that loses its disk takes their data (input and state) with it: give them "
         f"{target} replicas (kafka-reassign-partitions.sh; docs/operations.md)"
     )
+
+
+#: the settings that say whether a topic deletes messages by time or size
+CLEANUP_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes")
+
+
+def deletes_by_retention(configs: dict[str, str]) -> bool:
+    """Whether a topic with these settings deletes messages by time or size: without
+    ``compact`` in its cleanup.policy always; with ``compact,delete`` unless both
+    retention.ms and retention.bytes are -1 (pure)."""
+    policy = {p.strip() for p in configs.get("cleanup.policy", "delete").split(",")}
+    if "compact" not in policy:
+        return True
+    return "delete" in policy and (configs.get("retention.ms") != "-1" or configs.get("retention.bytes") != "-1")
+
+
+def cleanup_warning(specs: Sequence[TopicSpec], configs: dict[str, dict[str, str]]) -> str | None:
+    """One line when an existing topic the worker keeps compacted deletes by retention
+    (``configs``: each existing topic's ``CLEANUP_CONFIGS``); None when none does."""
+    wrong = [s.name for s in specs if s.compacted and s.name in configs and deletes_by_retention(configs[s.name])]
+    if not wrong:
+        return None
+
+    def shown(name: str) -> str:
+        c = configs[name]
+        return f"{name} (cleanup.policy={c.get('cleanup.policy', '?')}, retention.ms={c.get('retention.ms', '?')})"
+
+    return (
+        f"{len(wrong)} of the worker's topics delete messages by retention where they must keep the newest "
+        f"message of every key for good: {', '.join(map(shown, wrong))}; past retention a worker that restores "
+        "its state, or a reader of the metrics topic from the beginning (consume_metrics(from_beginning=True), "
+        "tail --from-beginning), gets less than the run: set cleanup.policy=compact on each "
+        "(kafka-configs.sh --bootstrap-server HOST:PORT --alter --entity-type topics --entity-name NAME "
+        "--add-config cleanup.policy=compact; docs/operations.md)"
+    )
+
+
+async def topic_configs(admin: Any, names: Sequence[str], keys: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``keys`` of each of ``names`` (existing topics), as the cluster describes them.
+
+    Raises:
+        TopicProblem: the cluster refused to describe one (e.g. no DescribeConfigs right).
+    """
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.errors import for_code
+
+    if not names:
+        return {}
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name, dict.fromkeys(keys)) for name in names]
+    )
+    out: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for code, message, _, name, entries in response.resources:
+            if code:
+                raise TopicProblem(f"describing topic {name!r} failed: {for_code(code).__name__} ({message})")
+            out[name] = {entry[0]: entry[1] for entry in entries if entry[0] in keys}
+    return out
 
 
 async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
@@ -300,12 +365,30 @@ async def _create(admin: Any, specs: Sequence[TopicSpec], settings: WorkerSettin
     )
 
 
+async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
+    """Warn (one line) when an existing topic the worker keeps compacted deletes by
+    retention; a cluster that does not let the worker describe it gets an INFO line."""
+    try:
+        configs = await topic_configs(admin, [s.name for s in existing], CLEANUP_CONFIGS)
+    except Exception as exc:  # noqa: BLE001 - a check the worker can run without
+        log.info(
+            "could not check the cleanup.policy of the worker's compacted topics (%s): grant the worker's "
+            "principal DescribeConfigs on them to have it checked at start (docs/operations.md)",
+            exc,
+        )
+        return
+    warning = cleanup_warning(existing, configs)
+    if warning is not None:
+        log.warning(warning)
+
+
 async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 10.0) -> ClusterView:
     """Check every topic, then create the missing ones; return the cluster's brokers
     and the shape of every topic of the worker.
 
     Logs one warning when a topic has fewer replicas than the cluster has brokers
-    (up to three).
+    (up to three), and one when an existing topic it keeps compacted (the state
+    changelogs, the metrics topic) deletes messages by retention.
 
     Raises:
         TopicMismatch: an existing topic has a partition count the worker cannot
@@ -323,6 +406,7 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
         plan = plan_topics(specs, view, settings.partitions)
         if plan.mismatched:
             raise TopicMismatch(plan, specs)
+        existed = [s for s in specs if s.name in view.topics]
         if plan.create:
             await _create(admin, plan.create, settings)
             # what was just created must be visible, with the right shape (another
@@ -338,6 +422,7 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
         warning = replication_warning(view, specs)
         if warning is not None:
             log.warning(warning)
+        await _check_cleanup(admin, [s for s in existed if s.compacted])
         return view
     finally:
         await admin.close()

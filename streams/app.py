@@ -24,14 +24,23 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, decode_partial, encode_dead_letter, encode_metrics, encode_partial
+from specmeter.schemas import (
+    BatchMetrics,
+    decode_partial,
+    encode_dead_letter,
+    encode_metrics,
+    encode_metrics_key,
+    encode_partial,
+)
 
 from . import _internals
 from ._counters import PublishedTotals, WorkerCounters
+from ._dead_letters import DeadLetterLog
 from ._faults import CrashPoints
 from ._layout import changelog_topics
 from ._outages import Outages
 from ._output import OrderedProducer
+from ._readiness import Readiness, decide
 from ._routes import DeliveryDriver
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
@@ -72,6 +81,10 @@ class StreamShell:
         self.started_at = time.time()
         #: brokers and the group coordinator the worker cannot reach now (fed by worker.py's log filter)
         self.outages = Outages()
+        #: dead letters in the log: the first of a reason, then one line a minute per reason
+        self.dead_letter_log = DeadLetterLog()
+        #: whether the group is rebalancing (Faust's app says; ``build_app`` tells it)
+        self.rebalancing: Callable[[], bool] = lambda: False
         self.crash_points = CrashPoints.from_env()
         #: what is read and applied, restored and caught up (the rules in ``_delivery``)
         self.delivery = DeliveryDriver(settings, self)
@@ -121,6 +134,11 @@ class StreamShell:
         flushed before a partition is given up, at crash points and at shutdown; a
         failure stops the worker."""
         self.output.send(topic, key, value, partition)
+
+    def _send_metrics(self, metrics: BatchMetrics) -> None:
+        """A BatchMetrics to the metrics topic, keyed by its batch's identity (compacted on it)."""
+        key = encode_metrics_key(metrics.run_id, metrics.batch_id)
+        self._send(self.settings.topics.metrics, key, encode_metrics(metrics))
 
     def _on_failed(self, topic: str, exc: BaseException) -> None:
         if self.fatal is not None:
@@ -191,7 +209,7 @@ class StreamShell:
                 self._send(self.stage2_log, key, value, partition)
             self.published.seed(restored.published, time.time())  # for /metrics: counted by their first publisher
             for metrics in restored.published:  # identical repeats: a crash may have lost the original
-                self._send(s.topics.metrics, metrics.batch_id.encode(), encode_metrics(metrics))
+                self._send_metrics(metrics)
 
         return merger, installed
 
@@ -234,17 +252,10 @@ class StreamShell:
         t = self.settings.topics
         for partial in effects.partials:
             self._send(t.partials, partial.batch_id.encode(), encode_partial(partial))
+        now = time.monotonic()
         for letter in effects.dead_letters:
             self._send(t.deadletter, (letter.batch_id or "").encode(), encode_dead_letter(letter))
-            log.warning(
-                "dead-lettered reason=%s partition=%s offset=%s batch=%s run=%s detail=%s",
-                letter.reason,
-                letter.source_partition,
-                letter.source_offset,
-                shorten(letter.batch_id),
-                shorten(letter.run_id),
-                shorten(letter.detail, 300),
-            )
+            self.dead_letter_log.letter(letter, now)
 
     def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
         for key, value in effects.changelog:
@@ -253,7 +264,7 @@ class StreamShell:
 
     def _publish(self, effects: MergeEffects) -> None:
         for metrics in effects.published:
-            self._send(self.settings.topics.metrics, metrics.batch_id.encode(), encode_metrics(metrics))
+            self._send_metrics(metrics)
             self.last_published = metrics
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
@@ -295,6 +306,7 @@ class StreamShell:
             if merger.entries and ledger.timers_run(t.partials, partition):
                 self._apply_merge(merger.tick(now_ms), partition)
         _compact_closed(processors.values(), now_ms)
+        self.dead_letter_log.tick(time.monotonic())
         mergers = self.mergers.values()
         for line in self.wait_reporter.lines(
             self._stage1_waits(now_ms), (w for m in mergers for w in m.waiting(now_ms))
@@ -313,14 +325,26 @@ class StreamShell:
         }
 
     def ready(self) -> bool:
-        """Not rebalancing, and the state of every owned partition restored."""
+        """The state of every owned partition restored."""
         return self.delivery.ledger.ready()
+
+    def readiness(self) -> Readiness:
+        """Whether this worker can do its work now (``_readiness``): it serves its
+        partitions and its writes go through, whatever one broker does."""
+        return decide(
+            serving=not self.rebalancing() and self.ready(),
+            write_stalled_s=self.output.stalled_s(time.monotonic()),
+            write_timeout_s=self.settings.ready_write_timeout_s,
+            no_broker_answers=self.outages.no_broker_answers(),
+            unreachable=self.outages.unreachable,
+        )
 
     async def close(self) -> None:
         """Stop what the shell owns besides Faust (the routes, the restorer, the producer)."""
         await self.delivery.close()
         if self.output.started:
             await self.output.stop()
+        self.dead_letter_log.flush(time.monotonic())
 
 
 #: a closed batch smaller than this (on one partition) is not compacted: it holds little,
@@ -433,6 +457,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         **faust_security_kwargs(settings.security),
     )
     app.boot_strategy = _internals.boot_strategy()(app)
+    shell.rebalancing = lambda: bool(app.rebalancing)
     # the group assigns the topics its consumer subscribes to: the stages' inputs, read by the routes
     for name in inputs:
         app.topics.add(app.topic(name, partitions=settings.partitions, key_type=bytes, value_type=bytes))
@@ -483,6 +508,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 # open batches and merges, each with what it waits for
                 "waiting": shell.waits(),
                 "outages": shell.outages.as_dict(),
+                # what /specmeter/readyz answers, and how long writes have waited unacknowledged
+                "readiness": shell.readiness().as_dict(),
+                "output_stalled_s": round(shell.output.stalled_s(time.monotonic()), 1),
             }
         )
 
@@ -499,10 +527,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/specmeter/readyz")
     async def readyz(self: Any, request: Any) -> Any:
-        """Readiness: partitions assigned, their state recovered, and every broker reachable."""
-        unreachable = shell.outages.unreachable
-        ready = not app.rebalancing and shell.ready() and not unreachable
-        body = {"ready": ready, **({"unreachable": list(unreachable)} if unreachable else {})}
-        return self.json(body, status=200 if ready else 503)
+        """Readiness: it serves its partitions and can write (``_readiness``); one broker
+        away while the others serve is no reason to take the pod out."""
+        readiness = shell.readiness()
+        return self.json(readiness.as_dict(), status=200 if readiness.ready else 503)
 
     return app, shell

@@ -518,6 +518,15 @@ def _topic_options(func):
     help="How long a silent worker keeps its partitions before others take them.",
 )
 @click.option(
+    "--ready-write-timeout",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.ready_write_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="Readiness (/specmeter/readyz) drops when the worker's writes have waited this long with none "
+    "acknowledged, or when no broker answers; one broker away while the others serve leaves it ready.",
+)
+@click.option(
     "--max-open-generations",
     type=click.IntRange(1),
     default=_DEFAULTS.max_open_generations,
@@ -603,6 +612,7 @@ def worker(
     grace: float,
     expired_retention: float,
     session_timeout: float,
+    ready_write_timeout: float,
     max_open_generations: int,
     max_message_bytes: int,
     chunk_bytes: int,
@@ -640,6 +650,7 @@ def worker(
         grace_s=grace,
         expired_retention_s=expired_retention,
         session_timeout_s=session_timeout,
+        ready_write_timeout_s=ready_write_timeout,
         max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes,
         chunk_bytes=chunk_bytes,
@@ -1030,10 +1041,12 @@ def tail(
     """Follow the metrics topic: a live table of the latest batches, or JSON lines.
 
     The table fits the terminal: per batch (run/batch when it names a run) the
-    accept rate, tokens per verify step, accept coverage, unique generations,
+    accept rate, tokens per verify step, coverage (the lower of accept and verify
+    coverage; 50%v: the verify pair is the lower), unique generations,
     conflicting/invalid/late counts, how it closed, and the drift view: the
     accept rate of each weight version (v7 .75 v8 .71), newest kept when they
-    do not all fit. Piped, it prints the final table once.
+    do not all fit. Piped, it prints a line per message as it arrives, then the
+    final table when it ends (a limit, Ctrl-C or SIGTERM).
     """
     from ._tail import run_tail
 

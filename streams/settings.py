@@ -57,6 +57,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             them dedup state, bench/memory.py), twice that with the Python one
             (docs/operations.md, Memory).
         session_timeout_s: how long a silent worker keeps its partitions.
+        ready_write_timeout_s: readiness (``/specmeter/readyz``) drops when the worker's
+            writes have waited this long with none acknowledged (``_readiness``); a
+            broker that leads some partitions and goes away stalls writes for about
+            the cluster's broker session timeout (9 s by default), well below it.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
         max_exported_tasks: task names that get Prometheus counters of their own, per
@@ -83,6 +87,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_message_bytes: int = 8 * 1024 * 1024
     max_open_generations: int = 1_000_000
     session_timeout_s: float = 30.0
+    ready_write_timeout_s: float = 30.0
     commit_interval_s: float = 1.0
     web_enabled: bool = True
     web_host: str = "0.0.0.0"

@@ -56,6 +56,14 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
+def said():
+    """A logger of the test's own, and the (level, message) of every line it says."""
+    from .support.log_lines import private_logger
+
+    return private_logger()
+
+
+@pytest.fixture
 def unique_name():
     """Factory of unique topic/group names, so tests never share state."""
 

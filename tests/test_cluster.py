@@ -5,10 +5,17 @@ rolling restart and a third is SIGKILLed (issue 21.1).
 At replication factor 1 (the worker's topics before issue 21) the lost disk took
 input and state with it: 5 of 24 batches exact. At the cluster's replication
 factor 3 every batch must be exact, and the worker must never need a restart.
+
+Through all of that the worker stays ready: one broker away at a time is no reason
+to take a pod out of service (issue 33: it answered 503 for ~50 s of a ~75 s fault
+window, and a rolling restart of the brokers would have taken every pod out at once);
+it is not ready when it truly cannot write (two brokers of three away: fewer in-sync
+replicas than min.insync.replicas=2).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,6 +25,8 @@ import time
 import pytest
 
 from .support.golden_cases import assert_metrics_equal
+from .support.kafka_helpers import read_topic
+from .support.tools import free_port, get_json
 from .support.worker_harness import Deployment, latest_by_batch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -28,6 +37,58 @@ SESSIONS_PER_BATCH = 200
 RATE = 300
 
 
+class ReadinessProbe:
+    """What Kubernetes' readiness probe would see: /specmeter/readyz twice a second."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.answers: list[tuple[float, int, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                status, body = get_json(self.port, "/specmeter/readyz")
+            except OSError as exc:  # the page did not answer at all: as unready as it gets
+                status, body = 0, {"error": repr(exc)}
+            self.answers.append((time.monotonic(), status, body))
+
+    def start(self) -> ReadinessProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def unready(self, since: float) -> list[tuple[float, int, dict]]:
+        return [a for a in self.answers if a[0] >= since and a[1] != 200]
+
+
+def _wait_ready_over_http(port: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if get_json(port, "/specmeter/readyz")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("the worker never answered ready")
+
+
+def _clean_up(request, cluster, d: Deployment, probe: ReadinessProbe, *shown: object) -> None:
+    """After a test: the probe stopped, the deployment gone, every broker up again for
+    the next test; what it saw printed when it failed."""
+    probe.stop()
+    d.close()
+    cluster.start()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(*shown, probe.answers[-30:], d.log_tail(), cluster.log_tails())
+
+
 @pytest.mark.timeout(900)
 def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mid_stream(
     kafka_cluster, tmp_path, request
@@ -35,10 +96,14 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
     cluster = kafka_cluster
     d = Deployment(cluster.bootstrap, batch_timeout_s=120.0, grace_s=300.0, session_timeout_s=10.0)
     # the worker creates every topic (records included) at the cluster's replication factor
-    worker = d.start_worker()
+    port = free_port()
+    worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")
     faults: list[str] = []
+    probe = ReadinessProbe(port)
     try:
         d.wait_ready(worker, timeout_s=120)
+        _wait_ready_over_http(port)
+        probe.start()
         expect = tmp_path / "expect.jsonl"
         loadgen = subprocess.Popen(
             [
@@ -68,7 +133,11 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
         )
 
         def chaos() -> None:
+            # mid-stream: once loadgen publishes (a loaded machine may take seconds to start it,
+            # and a broker killed under a starting publisher fails its start, not the worker)
+            asyncio.run(read_topic(cluster.bootstrap, d.topics.records, until=bool, timeout_s=120))
             time.sleep(8)
+            faults.append(f"first fault at {time.monotonic():.0f}")
             cluster.kill(2)  # a crash mid-stream
             faults.append(f"killed 2 at {time.monotonic():.0f}")
             time.sleep(6)
@@ -90,7 +159,7 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
         _, err = loadgen.communicate(timeout=600)
         fault.join(120)
         assert loadgen.returncode == 0, err[-3000:]
-        assert len(faults) == 5, faults
+        assert len(faults) == 6, faults
         assert worker.poll() is None, "the worker was not supposed to need a restart"
 
         expected = {m["batch_id"]: m for m in map(json.loads, expect.read_text().splitlines())}
@@ -111,9 +180,77 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
             assert got.accept_histogram == want["accept_histogram"], batch_id
             assert_metrics_equal(got.metrics, want["metrics"], batch_id)
         assert worker.poll() is None, "the worker was alive throughout"
+        # ready throughout: one broker away at a time, and the worker served and wrote
+        probe.stop()
+        first_fault = float(faults[0].rsplit(" ", 1)[1])
+        assert [a for a in probe.answers if a[0] >= first_fault], "the probe asked during the faults"
+        assert not probe.unready(since=first_fault - 1), probe.unready(since=first_fault - 1)[:10]
     finally:
-        d.close()
-        cluster.start()  # every broker up again for the next test
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(faults, d.log_tail(), cluster.log_tails())
+        _clean_up(request, cluster, d, probe, faults)
+
+
+@pytest.mark.timeout(600)
+def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_cluster, request):
+    """Two brokers of three away: every partition is left with one in-sync replica, fewer
+    than min.insync.replicas=2, and the cluster refuses every write. A worker with a batch
+    to close then truly cannot do its work: not ready, saying why, and ready again (the
+    batch exact) once the brokers are back."""
+    from specmeter.producers import Publisher, PublisherSettings
+    from specmeter.schemas import GenerationRecord
+
+    cluster = kafka_cluster
+    d = Deployment(cluster.bootstrap, batch_timeout_s=15.0, grace_s=300.0, session_timeout_s=30.0)
+    port = free_port()
+    worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1", "--ready-write-timeout", "10")
+    probe = ReadinessProbe(port)
+    stopped: list[int] = []
+    try:
+        d.wait_ready(worker, timeout_s=120)
+        _wait_ready_over_http(port)
+
+        async def publish() -> None:  # records of a batch whose markers never come: it closes by timeout
+            settings = PublisherSettings(bootstrap_servers=cluster.bootstrap, topic=d.topics.records, producer_id="p")
+            async with Publisher(settings) as publisher:
+                for i in range(40):
+                    publisher.publish_nowait(
+                        GenerationRecord(
+                            batch_id="stall-1", session_id=f"s{i}", generation_id="g", accepted=1, proposed=2
+                        )
+                    )
+
+        asyncio.run(publish())
+        deadline = time.monotonic() + 60
+        while not [
+            b for b in get_json(port, "/specmeter/stats")[1]["waiting"]["batches"] if b["batch_id"] == "stall-1"
+        ]:
+            assert time.monotonic() < deadline, "the worker never read the batch"
+            time.sleep(0.5)
+        probe.start()
+        for broker in (2, 3):  # before the batch's timeout: its close is a write the cluster refuses
+            cluster.kill(broker)
+            stopped.append(broker)
+        down = time.monotonic()
+        deadline = down + 90
+        while not probe.unready(since=down) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        unready = probe.unready(since=down)
+        assert unready, f"ready throughout, though no write went through: {probe.answers[-5:]}"
+        status, body = unready[0][1:]
+        assert status == 503 and body["reason"].startswith("writes unacknowledged for"), body
+        stats = get_json(port, "/specmeter/stats")[1]
+        assert stats["output_stalled_s"] >= 10 and stats["readiness"]["ready"] is False, stats["readiness"]
+
+        for broker in stopped:
+            cluster.start_broker(broker)
+        stopped.clear()
+        back = time.monotonic()
+        deadline = back + 120
+        while probe.answers[-1][1] != 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert probe.answers[-1][1] == 200, probe.answers[-5:]
+        published = d.metrics(until=lambda ms: any(m.batch_id == "stall-1" for m in ms), timeout_s=120)
+        [batch] = [m for m in published if m.batch_id == "stall-1"][-1:]
+        assert batch.record_count == 40 and batch.metrics["spec/unique_generation_count"] == 40, batch
+        assert worker.poll() is None, "no restart needed"
+    finally:
+        _clean_up(request, cluster, d, probe)

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics, encode_metrics_key
 from specmeter.streams import consume_metrics, consume_metrics_sync, metrics_scalars
 
 
@@ -44,7 +44,8 @@ async def publish(bootstrap: str, topic: str, items: list[BatchMetrics | bytes])
             if isinstance(item, bytes):
                 await producer.send_and_wait(topic, item, key=b"junk")
             else:
-                await producer.send_and_wait(topic, encode_metrics(item), key=item.batch_id.encode())
+                key = encode_metrics_key(item.run_id, item.batch_id)  # as the worker keys it
+                await producer.send_and_wait(topic, encode_metrics(item), key=key)
     finally:
         await producer.stop()
 

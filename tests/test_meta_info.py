@@ -191,6 +191,24 @@ def test_missing_request_id_says_what_to_do():
         record_from_meta_info({"completion_tokens": 3}, batch_id="b", session_id="s")
 
 
+@pytest.mark.parametrize(
+    ("meta_info", "found"),
+    [({"completion_tokens": 3}, "has no 'id' key"), ({"id": 7}, "has 'id' = 7, not a non-empty string")],
+)
+def test_a_missing_or_unusable_request_id_names_what_was_found_and_the_call_to_make(meta_info, found):
+    """Issue 33: the README's snippet raised "no usable 'id'" on a meta_info without
+    SGLang's request id, without saying what it had found or which argument of which
+    call to pass."""
+    with pytest.raises(ValueError) as raised:
+        record_from_meta_info(meta_info, batch_id="b", session_id="s")
+    message = str(raised.value)
+    assert found in message and "record_from_meta_info(..., generation_id=ID)" in message, message
+    assert "stays the same" in message, "the id must be stable across redeliveries: say so"
+    with pytest.raises(ValueError, match=r"record_from_attempts\(\.\.\., generation_id=ID\)"):
+        record_from_attempts([meta_info], batch_id="b", session_id="s")
+    assert record_from_meta_info(meta_info, batch_id="b", session_id="s", generation_id="g").generation_id == "g"
+
+
 def test_dump_lines_of_sglang_outputs_carry_version_and_run():
     import json
 

@@ -6,20 +6,17 @@ are folded, and nothing of the input or output is skipped."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import msgspec
 import pytest
 
 from specmeter.streams._outages import COORDINATOR, OutageLogFilter, Outages, classify
 
-from .support.tools import free_port
+from .support.tools import free_port, get_json
 
 # -- which lines are outage lines (the texts aiokafka 0.14 logs) ----------------------
 
@@ -80,25 +77,6 @@ def test_other_lines_are_not_outages(line):
 
 
 # -- the decisions, on a clock the test moves ---------------------------------------------
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[tuple[int, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.levelno, record.getMessage()))
-
-
-@pytest.fixture
-def said():
-    logger = logging.getLogger(f"test-outages-{time.monotonic_ns()}")
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG)
-    lines = Lines()
-    logger.addHandler(lines)
-    return logger, lines.lines
 
 
 def test_one_warning_then_a_reminder_a_minute_then_back(said):
@@ -218,6 +196,8 @@ def test_a_coordinator_found_again_within_seconds_is_not_logged(said):
     assert outages.unreachable == (COORDINATOR,) and lines == []
     outages.found_coordinator("1", 1.5)
     assert outages.unreachable == () and lines == []
+    # and it is no outage: a healthy worker on a fresh cluster starts with none (issue 33)
+    assert outages.as_dict(now=2.0)["outages_total"] == 0
     # one that lasts is said, once, and so is its end
     outages.error(COORDINATOR, "GroupCoordinatorNotAvailableError", 10.0)
     for t in range(11, 20):
@@ -227,6 +207,7 @@ def test_a_coordinator_found_again_within_seconds_is_not_logged(said):
     assert lines[0][1].startswith("Kafka group coordinator unavailable: GroupCoordinatorNotAvailableError")
     outages.found_coordinator("3", 21.0)
     assert lines[-1] == (logging.INFO, "Kafka group coordinator is back (broker 3) after 11 s (10 errors folded)")
+    assert outages.as_dict(now=22.0)["outages_total"] == 1
 
 
 def test_the_coordinator_on_a_broker_that_is_away_is_that_brokers_outage(said):
@@ -294,15 +275,62 @@ def test_lines_from_many_threads_are_counted_once_each(said):
     assert len([1 for level, _ in lines if level == logging.WARNING]) == 1
 
 
+# -- readiness: serving and writing, whatever one broker does (issue 33) ------------------
+
+
+def test_one_broker_of_three_away_is_no_reason_to_be_unready_all_of_them_is():
+    outages = Outages(logger=logging.getLogger("test-outages-quiet"))
+    outages.learn_brokers({1: "127.0.0.1:9091", 2: "127.0.0.1:9092", 3: "127.0.0.1:9093"})
+    assert not outages.no_broker_answers()
+    outages.error("broker 2", "Unable connect to node with id 2", 0.0)
+    outages.error(COORDINATOR, "Group Coordinator Request failed: GroupCoordinatorNotAvailableError", 0.0)
+    assert not outages.no_broker_answers(), "two brokers serve"
+    outages.error("broker 1", "Unable connect to node with id 1", 0.0)
+    outages.error("broker at 127.0.0.1:9093", "Unable connect", 0.0, "127.0.0.1:9093")
+    assert outages.no_broker_answers(), "none answers"
+    outages.tick(10.0, reachable=["broker 1"])
+    assert not outages.no_broker_answers(), "broker 1 is back"
+
+
+def test_a_broker_taken_out_of_the_cluster_is_not_waited_for():
+    outages = Outages(logger=logging.getLogger("test-outages-quiet"), forget_silent_s=300)
+    outages.learn_brokers({1: "127.0.0.1:9091", 2: "127.0.0.1:9092"})
+    outages.error("broker 2", "Unable connect to node with id 2", 0.0)
+    outages.tick(300.0)  # nothing asked for it for five minutes: it left the cluster
+    outages.error("broker 1", "Unable connect to node with id 1", 301.0)
+    assert outages.no_broker_answers()
+
+
+@pytest.mark.parametrize(
+    ("serving", "stalled_s", "no_broker", "ready", "reason"),
+    [
+        (True, 0.0, False, True, None),
+        (True, 29.9, False, True, None),  # a leader's loss stalls its partitions' writes for seconds
+        (True, 30.0, False, False, "writes unacknowledged for 30 s"),
+        (True, 0.0, True, False, "no Kafka broker answers"),
+        (False, 0.0, False, False, "partitions being assigned or their state restored"),
+    ],
+)
+def test_readiness_is_serving_and_writing(serving, stalled_s, no_broker, ready, reason):
+    from specmeter.streams._readiness import decide
+
+    answer = decide(
+        serving=serving,
+        write_stalled_s=stalled_s,
+        write_timeout_s=30.0,
+        no_broker_answers=no_broker,
+        unreachable=("broker 2",),
+    )
+    assert answer.ready is ready
+    assert (answer.reason or "").startswith(reason or ""), answer.reason
+    body = answer.as_dict()
+    assert body["unreachable"] == ["broker 2"], "what is away is said, ready or not"
+    assert decide(serving=True, write_stalled_s=0, write_timeout_s=30, no_broker_answers=False).as_dict() == {
+        "ready": True
+    }
+
+
 # -- a real worker, a broker stopped for a while -----------------------------------------
-
-
-def _get(port: int, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())
 
 
 async def _publish_around(events, settings, pause_at: int, outage) -> None:
@@ -378,8 +406,8 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, private_broker.stop)
             await asyncio.sleep(6.0)
-            seen["stats"] = await loop.run_in_executor(None, _get, port, "/specmeter/stats")
-            seen["ready"] = await loop.run_in_executor(None, _get, port, "/specmeter/readyz")
+            seen["stats"] = await loop.run_in_executor(None, get_json, port, "/specmeter/stats")
+            seen["ready"] = await loop.run_in_executor(None, get_json, port, "/specmeter/readyz")
             await asyncio.sleep(6.0)
             await loop.run_in_executor(None, private_broker.start)
 
@@ -397,7 +425,10 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         assert outage_seen["errors_folded"] > 10 and outage_seen["for_s"] >= 3, outage_seen
         assert outage_seen["address"] == bootstrap
         status, ready = seen["ready"]
+        # its only broker away: no broker answers, so not ready (one of three away leaves
+        # it ready: tests/test_cluster.py)
         assert status == 503 and "broker 1" in ready["unreachable"], ready
+        assert ready["reason"] == "no Kafka broker answers", ready
 
         # the log: one warning for the broker, none of aiokafka's error lines, and a line when it was back
         back = re.compile(r"\[INFO\] Kafka broker 1 \(.*\) is back after \d+ s \(\d+ errors folded\)")
@@ -405,7 +436,7 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         while not back.search(d.logs[0].read_text(errors="replace")) and time.monotonic() < deadline:
             time.sleep(0.5)
         log = d.logs[0].read_text(errors="replace")
-        seen["after"] = _get(port, "/specmeter/stats")[1]["outages"]
+        seen["after"] = get_json(port, "/specmeter/stats")[1]["outages"]
         warnings = re.findall(r"\[WARNING\] (Kafka .*)", log)
         assert [w for w in warnings if w.startswith("Kafka broker 1 (")] and len(warnings) <= 3, warnings
         assert sum("unreachable" in w and "still" not in w for w in warnings) == 1, warnings
@@ -413,7 +444,7 @@ def test_a_stopped_broker_is_one_warning_in_the_log_and_on_stats_and_nothing_is_
         assert not errors, errors[:20]
         assert back.search(log), seen
         assert seen["after"]["unreachable"] == [] and seen["after"]["errors_folded_total"] > 10, seen
-        assert _get(port, "/specmeter/readyz")[0] == 200
+        assert get_json(port, "/specmeter/readyz")[0] == 200
     finally:
         d.close()
         report = getattr(request.node, "rep_call", None)

@@ -9,6 +9,7 @@ per partition, and say when Kafka refuses a message.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -31,6 +32,26 @@ def test_a_chunk_is_bounded_by_bytes_and_never_empty(sizes, max_bytes, first):
     messages = [(offset, b"x" * size) for offset, size in enumerate(sizes)]
     chunk, rest = split_chunk(messages, max_bytes)
     assert chunk == messages[:first] and rest == messages[first:]
+
+
+@pytest.mark.kafka
+def test_writes_are_stalled_from_the_first_unacknowledged_one_until_kafka_answers(kafka_bootstrap, unique_name):
+    """What readiness reads (issue 33): how long writes have waited with none acknowledged."""
+    topic = unique_name("out-stall")
+    asyncio.run(create_topic(kafka_bootstrap, topic, 1))
+
+    async def run() -> None:
+        out = OrderedProducer(on_failed=lambda topic, exc: None, bootstrap_servers=kafka_bootstrap, acks="all")
+        assert out.stalled_s(time.monotonic() + 100) == 0.0, "nothing waits"
+        out.send(topic, b"k", b"v")  # queued: nothing takes it before the producer connects
+        await asyncio.sleep(0.3)
+        assert out.stalled_s(time.monotonic()) >= 0.3
+        await out.start()
+        await out.flush()
+        assert out.stalled_s(time.monotonic() + 100) == 0.0, "acknowledged: nothing waits any more"
+        await out.stop()
+
+    asyncio.run(run())
 
 
 @pytest.mark.kafka

@@ -307,7 +307,6 @@ def test_exposition_has_counters_the_newest_batch_by_version_age_and_standard_co
     totals.observe(batch("b2", accepted=5, proposed=6, closed_at=2.0), 2.0)
     totals.observe(batch("b3", accepted=7, proposed=8, run_id=None, closed_at=3.0), 3.0)
     shell = _shell(totals)
-    render(shell)  # the first scrape shows new series at 0 (see the tests below)
     body = render(shell)
     families = _families(body)
     accepted = _values(families, "specmeter_paired_accepted_tokens", "algorithm", "run_id")
@@ -359,6 +358,17 @@ def test_exposition_has_counters_the_newest_batch_by_version_age_and_standard_co
         pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")
     check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+
+def test_closes_per_partition_are_named_as_batch_partitions():
+    """Issue 33: a batch closes once on each records partition, and the counter of those
+    closes was named specmeter_batches_closed_total, as if it counted batches."""
+    shell = _shell(PublishedTotals())
+    shell.counters.batch_partitions_closed.update({"markers": 8, "timeout": 1})
+    families = _families(render(shell))
+    assert _values(families, "specmeter_batch_partitions_closed", "reason") == {("markers",): 8.0, ("timeout",): 1.0}
+    assert "specmeter_batches_closed" not in families
+    assert "batch" in families["specmeter_batch_partitions_closed"].documentation
 
 
 def test_a_late_revision_of_an_older_batch_does_not_replace_the_newest():
@@ -455,9 +465,9 @@ def test_the_series_do_not_grow_with_the_batches_published():
     assert len(seen[1]) < 300, len(seen[1])
 
 
-def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_batches():
-    """Prometheus 2 takes a counter's first sample as its start: born at 3, the first
-    batch would never be in rate() or increase()."""
+def test_every_scrape_shows_the_totals_as_they_are_the_first_one_too():
+    """Issue 33: the first scrape showed every new series at 0 and the second its total,
+    so a curl while debugging saw zeros and took the zero Prometheus was meant to see."""
     totals = PublishedTotals()
     totals.observe(batch("b1", accepted=3), 1.0)
     shell = _shell(totals)
@@ -468,7 +478,12 @@ def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_ba
             [s.value for s in families["specmeter_paired_accepted_tokens"].samples if s.name.endswith("_total")]
         )
         totals.observe(batch("b2", accepted=4), 2.0)
-    assert scrapes == [[0.0], [7.0]]
+    assert scrapes == [[3.0], [7.0]]
+
+    def specmeter(body: bytes) -> dict:
+        return {name: f for name, f in _families(body).items() if name.startswith("specmeter_")}
+
+    assert specmeter(render(shell)) == specmeter(render(shell)), "a scrape changes nothing"
     totals.observe(batch("b3", accepted=5, run_id="run-b"), 3.0)
     families = _families(render(shell))
     by_run = {
@@ -476,16 +491,15 @@ def test_a_new_label_set_is_zero_on_its_first_scrape_so_rate_counts_the_first_ba
         for s in families["specmeter_paired_accepted_tokens"].samples
         if s.name.endswith("_total")
     }
-    assert by_run == {"run-a": 7.0, "run-b": 0.0}
+    assert by_run == {"run-a": 7.0, "run-b": 5.0}
 
 
-def test_a_new_position_or_version_age_is_zero_on_its_first_scrape_too():
+def test_a_new_position_or_version_age_shows_its_total_from_its_first_scrape_too():
     """The same for a series that appears later in a label set's life: a longer histogram
     (a new draft position) or an older version age."""
     totals = PublishedTotals()
     totals.observe(batch("b1", histogram=[1, 1, 1]), 1.0)
     shell = _shell(totals)
-    render(shell)
     families = _families(render(shell))
     assert _values(families, "specmeter_position_accepted_steps", "position") == {("1",): 2.0, ("2",): 1.0}
     totals.observe(batch("b2", histogram=[0, 0, 0, 2], by_weight_version=versions(("v1", 3, 4, None))), 2.0)
@@ -493,13 +507,10 @@ def test_a_new_position_or_version_age_is_zero_on_its_first_scrape_too():
     assert _values(families, "specmeter_position_accepted_steps", "position") == {
         ("1",): 4.0,
         ("2",): 3.0,
-        ("3",): 0.0,  # born now: shown at 0 once
+        ("3",): 2.0,  # born now, with its total
     }
     ages = _values(families, "specmeter_version_age_paired_accepted_tokens", "version_age")
-    assert ages == {("unknown",): 3.0, ("0",): 0.0}
-    families = _families(render(shell))
-    assert _values(families, "specmeter_position_accepted_steps", "position")[("3",)] == 2.0
-    assert _values(families, "specmeter_version_age_paired_accepted_tokens", "version_age")[("0",)] == 3.0
+    assert ages == {("unknown",): 3.0, ("0",): 3.0}
 
 
 # -- per-task counters and the inconsistent-generation counter (issue 31) ---------------------
@@ -630,15 +641,15 @@ def test_task_counters_equal_the_sum_over_the_latest_revisions(publications, wor
     )
 
 
-def test_task_series_are_exported_bounded_and_zero_on_their_first_scrape():
+def test_task_series_are_exported_bounded_and_with_their_totals_from_their_first_scrape():
     """A run of 200 steps, each with new task names, exports the same series after step 200
     as after step 3: two named tasks (the bound), "(other)" and "(unknown)"; a task label
-    is shown at 0 on its first scrape."""
+    shows its total from its first scrape on, as every series (issue 33)."""
     totals = PublishedTotals(max_tasks=2)
     shell = _shell(totals)
     totals.observe(with_tasks("step-0", 0, ("t0", 3, 4, 5, 2)), 0.0)
     families = _families(render(shell))
-    assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {("t0",): 0.0}
+    assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {("t0",): 3.0}
     families = _families(render(shell))
     assert _values(families, "specmeter_task_paired_accepted_tokens", "task") == {("t0",): 3.0}
     assert _values(families, "specmeter_task_paired_verify_steps", "algorithm", "run_id", "task") == {

@@ -8,14 +8,18 @@ import asyncio
 import io
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import msgspec
 import pytest
 from rich.console import Console
 
-from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics, encode_metrics_key
 from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text, tasks_text
 
 
@@ -122,6 +126,23 @@ def test_rows_keep_the_latest_batches():
     assert "step-00029" in text and "step-00025" in text and "step-00024" not in text
 
 
+@pytest.mark.parametrize(
+    ("accept", "verify", "shown"),
+    [(1.0, 0.5, "50%v"), (0.25, 1.0, "25%a"), (1.0, 1.0, "100%"), (0.999, 1.0, "99%a"), (None, None, "-")],
+)
+def test_coverage_is_the_lower_of_accept_and_verify_and_says_which(accept, verify, shown):
+    """Issue 33: a batch with verify coverage 0.5 showed 100 % (accept coverage alone),
+    while its tokens per verify step covered half the batch."""
+    metrics = {} if accept is None else {"spec/accept_count_coverage": accept, "spec/verify_count_coverage": verify}
+    m = msgspec.structs.replace(batch("step-1"), metrics={**batch("step-1").metrics, **metrics})
+    if accept is None:
+        m = msgspec.structs.replace(m, metrics={})
+    row = next(line for line in render(metrics_table({1: m}, 5, 100), 100) if line.startswith("step-1"))
+    assert f" {shown} " in row, row
+    if shown != "100%":
+        assert "100%" not in row, row
+
+
 # -- against the real broker ------------------------------------------------------
 
 
@@ -143,7 +164,7 @@ async def _publish(bootstrap: str, topic: str, messages: list[BatchMetrics]) -> 
     await producer.start()
     try:
         for m in messages:
-            await producer.send_and_wait(topic, encode_metrics(m), key=m.batch_id.encode())
+            await producer.send_and_wait(topic, encode_metrics(m), key=encode_metrics_key(m.run_id, m.batch_id))
     finally:
         await producer.stop()
 
@@ -184,8 +205,77 @@ def test_piped_table_fits_80_columns_and_ends_with_a_newline(kafka_bootstrap, me
     assert proc.stdout.endswith("\n")
     lines = proc.stdout.splitlines()
     assert max(map(len, lines)) <= 80, proc.stdout
-    assert "run-a/step-00014" in proc.stdout and "v11 .60 v12 .50" in proc.stdout
-    assert "step-00010" not in proc.stdout, "--rows 4 shows the latest four"
+    rows, table = proc.stdout.split("specmeter tail ", 1)  # a line per message, then the table
+    assert [line.split()[0] for line in rows.splitlines()[1:] if line.strip()] == [
+        f"run-a/step-{i:05d}" for i in range(5, 15)
+    ], rows
+    assert "run-a/step-00014" in table and "v11 .60 v12 .50" in table
+    assert "step-00010" not in table, "--rows 4 shows the latest four"
+
+
+def _lines_of(proc: subprocess.Popen) -> queue.Queue:
+    """Each line of ``proc``'s stdout as it is written (None at its end)."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _take(lines: queue.Queue, n: int, timeout_s: float) -> list[str]:
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            lines.put(None)  # the end stays the end for the next caller
+            break
+        got.append(line)
+    return got
+
+
+@pytest.mark.kafka
+def test_piped_rows_come_as_batches_arrive_and_sigterm_still_prints_the_table(kafka_bootstrap, metrics_topic):
+    """Issue 33: `timeout 10 specmeter tail ... | head` printed nothing: piped, the
+    table came only at the end, and SIGTERM (what `timeout` sends) printed none."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    tail = ["tail", "--broker", kafka_bootstrap, "--topic", metrics_topic, "--last", "3"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "specmeter.streams.cli", *tail],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        _follow_until_sigterm(proc, kafka_bootstrap, metrics_topic)
+
+
+def _follow_until_sigterm(proc: subprocess.Popen, kafka_bootstrap: str, metrics_topic: str) -> None:
+    lines = _lines_of(proc)
+    try:
+        first = _take(lines, 4, timeout_s=60)
+        assert proc.poll() is None, "still following"
+        assert first[0].split()[:2] == ["batch", "rev"], first
+        assert [line.split()[0] for line in first[1:]] == [f"run-a/step-{i:05d}" for i in (12, 13, 14)], first
+        asyncio.run(_publish(kafka_bootstrap, metrics_topic, [batch("step-00099", run_id="run-a")]))
+        assert _take(lines, 1, timeout_s=30)[0].split()[0] == "run-a/step-00099", "a new batch, as it arrives"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        rest = "\n".join(_take(lines, 1000, timeout_s=10))
+        assert "specmeter tail " in rest and "latest 4 batches" in rest, rest
+        assert "run-a/step-00099" in rest.split("specmeter tail ", 1)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        _take(lines, 10_000, timeout_s=10)  # the reader is done with the pipe before it is closed
 
 
 # -- issue 24, point 6: what tells rows apart is never cut -------------------------------

@@ -13,12 +13,16 @@ import msgspec
 import pytest
 
 from specmeter.streams._topics import (
+    CLEANUP_CONFIGS,
     ClusterView,
     TopicMismatch,
     TopicShape,
+    cleanup_warning,
+    deletes_by_retention,
     ensure_topics,
     plan_topics,
     replication_warning,
+    topic_configs,
     worker_topics,
 )
 from specmeter.streams.settings import TopicNames, WorkerSettings
@@ -110,6 +114,41 @@ def test_replication_warning_compares_replicas_with_brokers_up_to_three(brokers,
         assert f"{settings.app_id}-stage1-state-changelog ({replicas})" in warning
         # state topics are named first
         assert warning.index("stage1-state-changelog") < warning.index(settings.topics.records)
+
+
+@pytest.mark.parametrize(
+    ("configs", "deletes"),
+    [
+        ({"cleanup.policy": "compact", "retention.ms": "86400000", "retention.bytes": "-1"}, False),
+        ({"cleanup.policy": "delete", "retention.ms": "604800000", "retention.bytes": "-1"}, True),
+        ({"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, True),
+        ({"cleanup.policy": "compact,delete", "retention.ms": "604800000", "retention.bytes": "-1"}, True),
+        ({"cleanup.policy": "delete,compact", "retention.ms": "-1", "retention.bytes": "-1"}, False),
+        ({"cleanup.policy": "compact, delete", "retention.ms": "-1", "retention.bytes": "1073741824"}, True),
+    ],
+)
+def test_what_deletes_by_retention(configs, deletes):
+    assert deletes_by_retention(configs) is deletes
+
+
+def test_the_metrics_topic_is_kept_compacted_and_a_deleting_one_is_one_line_saying_what_to_set():
+    """Issue 33: the metrics topic kept the broker's default retention, and nothing said so."""
+    settings = _settings()
+    specs = worker_topics(settings)
+    assert {s.name for s in specs if s.compacted} == {
+        settings.topics.metrics,
+        f"{settings.app_id}-stage1-state-changelog",
+        f"{settings.app_id}-stage2-state-changelog",
+    }
+    compact = {"cleanup.policy": "compact", "retention.ms": "604800000", "retention.bytes": "-1"}
+    configs = {s.name: compact for s in specs if s.compacted}
+    assert cleanup_warning(specs, configs) is None
+    configs[settings.topics.metrics] = {"cleanup.policy": "delete", "retention.ms": "86400000", "retention.bytes": "-1"}
+    warning = cleanup_warning(specs, configs)
+    assert warning is not None and "\n" not in warning
+    assert f"{settings.topics.metrics} (cleanup.policy=delete, retention.ms=86400000)" in warning, warning
+    assert warning.startswith("1 of the worker's topics delete messages by retention")
+    assert "--add-config cleanup.policy=compact" in warning and "consume_metrics(from_beginning=True)" in warning
 
 
 def test_replication_factor_defaults_to_the_clusters():
@@ -232,6 +271,41 @@ def test_topics_that_disagree_are_all_named_and_nothing_is_created(kafka_bootstr
     with pytest.raises(TopicMismatch):  # the library refuses before creating, too
         asyncio.run(ensure_topics(settings))
     assert set(asyncio.run(_existing(kafka_bootstrap, names))) == {settings.topics.records, settings.topics.partials}
+
+
+def _configs(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def read() -> dict[str, dict[str, str]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return await topic_configs(admin, names, CLEANUP_CONFIGS)
+        finally:
+            await admin.close()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.kafka
+def test_the_metrics_topic_is_created_compacted_and_an_existing_deleting_one_is_warned_about(kafka_bootstrap, caplog):
+    settings = _settings(kafka_bootstrap, partitions=2)
+    with caplog.at_level(logging.WARNING, logger="specmeter.topics"):
+        asyncio.run(ensure_topics(settings))
+    assert _configs(kafka_bootstrap, [settings.topics.metrics])[settings.topics.metrics]["cleanup.policy"] == "compact"
+    assert not [r for r in caplog.records if r.name == "specmeter.topics"], caplog.text
+
+    # a metrics topic that an administrator (or a worker before issue 33) made with the default policy
+    other = _settings(kafka_bootstrap, partitions=2)
+    asyncio.run(create_topic(kafka_bootstrap, other.topics.metrics, 1))
+    assert _visible(kafka_bootstrap, [other.topics.metrics]), "the broker knows the topic before the worker looks"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specmeter.topics"):
+        asyncio.run(ensure_topics(other))
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "specmeter.topics"]
+    assert warning.startswith("1 of the worker's topics delete messages by retention where they must keep"), warning
+    assert f"{other.topics.metrics} (cleanup.policy=delete, retention.ms=" in warning
+    assert "--add-config cleanup.policy=compact" in warning
 
 
 # -- against a three-broker cluster ---------------------------------------------------

@@ -28,6 +28,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def get_json(port: int, path: str) -> tuple[int, dict]:
+    """(status, JSON body) of a GET on a worker's web page at 127.0.0.1, 503 and the like included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
 def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
     """This shell's environment without its KAFKA_*/SPECMETER_* settings, then ``env``."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "SPECMETER_"))}
