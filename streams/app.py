@@ -19,6 +19,8 @@ import contextlib
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Generator, Iterable
 from typing import Any
@@ -47,6 +49,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _exit_now(fatal: str) -> None:
+    """End the process at once (a stop after a failed write that did not end in time)."""
+    print(f"specmeter worker: {fatal}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def _rss_bytes() -> int | None:
     """This process's resident memory now (Linux), None elsewhere."""
     try:
@@ -59,6 +67,9 @@ def _rss_bytes() -> int | None:
 class StreamShell:
     """The stages of one worker process, their state writes and outputs (the ``StageHooks``
     of the delivery driver)."""
+
+    #: after a write failed for good, the graceful stop's limit: the process then ends
+    FATAL_STOP_S = 20.0
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
@@ -143,7 +154,13 @@ class StreamShell:
             f"state and outputs are restored from the changelog"
         )
         log.critical("%s", self.fatal)
-        os.kill(os.getpid(), signal.SIGTERM)  # a graceful stop; run_worker exits non-zero
+        # a stop that leaves the groups (the other workers take the partitions at once);
+        # run_worker exits non-zero. Nothing is written meanwhile, and should the stop not
+        # end in time (a broker away), the process ends anyway
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = threading.Timer(self.FATAL_STOP_S, _exit_now, args=(self.fatal,))
+        deadline.daemon = True  # a stop that ends in time is not held up by it
+        deadline.start()
 
     async def flush_output(self) -> None:
         """Wait for every write sent so far (nothing to wait for before the producer started)."""
