@@ -104,12 +104,16 @@ def start_workers(
     *,
     name: str | None = None,
     web_port: int | None = None,
+    web_ports: list[int] | None = None,
+    first: int = 0,
     extra: tuple[str, ...] = (),
 ) -> tuple[str, list]:
-    """Start worker processes of a fresh app; returns (app name, processes).
+    """Start worker processes of a fresh app (or more of app ``name``); returns (app name,
+    processes).
 
-    ``web_port``: serve the (first) worker's web pages there instead of none;
-    ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``)."""
+    ``web_port``: serve the (first) worker's web pages there instead of none; ``web_ports``:
+    one port per worker; ``first``: the number of the first worker's log (workers already
+    started); ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``)."""
     name = name or f"bench-{uuid.uuid4().hex[:8]}"
     topics = [
         "--records-topic",
@@ -122,12 +126,13 @@ def start_workers(
         f"{name}.deadletter",
     ]
     procs: list[subprocess.Popen] = []
-    for _ in range(workers):
-        web = ["--web-port", str(web_port), "--web-host", "127.0.0.1"] if web_port and not procs else ["--no-web"]
+    for i in range(workers):
+        port = web_ports[i] if web_ports else web_port if not procs else None
+        web = ["--web-port", str(port), "--web-host", "127.0.0.1"] if port else ["--no-web"]
         flags = ["--partitions", str(partitions), "--batch-timeout", "120", *web, "--log-level", "info"]
         command = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name]
         command += [*topics, *flags, "--data-dir", tempfile.mkdtemp(prefix="bench-"), *extra]
-        with open(worker_logs(name, workers)[len(procs)], "wb") as log:  # the worker keeps its own descriptor
+        with open(worker_logs(name, first + workers)[first + len(procs)], "wb") as log:  # the worker keeps its own
             procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     return name, procs
 
@@ -135,9 +140,8 @@ def start_workers(
 def app_topics(name: str) -> list[str]:
     """The topics ``start_workers`` names and the worker creates for app ``name``."""
     from specmeter.streams._layout import changelog_topics
-    from specmeter.streams._topics import leader_topic
 
-    return [f"{name}.partials", f"{name}.metrics", f"{name}.deadletter", *changelog_topics(name), leader_topic(name)]
+    return [f"{name}.partials", f"{name}.metrics", f"{name}.deadletter", *changelog_topics(name)]
 
 
 def worker_logs(name: str, workers: int) -> list[str]:

@@ -6,30 +6,19 @@ the pinned release changes what it relies on. ``check_pins`` runs when the worke
 starts, so a worker on another release stops with one line saying what to update
 instead of misbehaving.
 
-What Faust does for the worker, and what it no longer does:
-
-* it runs the consumer group (membership, the assignor, rebalances) and tells the
-  worker about assignments through its public ``on_partitions_assigned`` /
-  ``on_partitions_revoked`` signals; the app's lifecycle, its timers and its web
-  server;
-* it never delivers the input, nor fetches it: its consumer stays subscribed to the
-  records and partials topics (that is how the group assigns them) but every assigned
-  partition of theirs is paused in it, and in the aiokafka consumer under it, right
-  after Faust resumes them (``TablelessManager``, ``stop_fetching`` below); each stage
-  reads its input through its own route (``_routes``);
-* it commits nothing of the input (it commits only what it delivered and someone
-  acked); the worker's checkpoints are committed through ``commit_offsets`` below,
-  the one committer, for the group's lag;
-* it writes nothing: its producer is not started (``boot_strategy``); every state
-  write and output goes through the worker's ordered producer (``_output``);
-* its tables, table recovery, agents and ``/router/`` and ``/table/`` pages are not used.
+What Faust does for the worker, and what it no longer does: it runs the app's
+lifecycle (start, signals, stop), its timers and its web server, and nothing that
+talks to Kafka (``boot_strategy``): no consumer (each stage's route is a member of
+its own consumer group, ``_routes``), no producer (every state write and output goes
+through the worker's ordered producer, ``_output``), no tables, agents or pages of
+its own. No private member of Faust is used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 __all__ = [
@@ -37,12 +26,10 @@ __all__ = [
     "AIOKAFKA_PINNED",
     "boot_strategy",
     "check_pins",
-    "commit_offsets",
     "message_appender",
     "metadata_without_auto_create",
-    "stop_fetching",
     "set_fetch_wait",
-    "table_manager",
+    "stop_without_sending",
 ]
 
 log = logging.getLogger("specmeter.worker")
@@ -52,103 +39,39 @@ FAUST_PINNED = "0.15.3"
 #: the aiokafka release whose internals are used below (pyproject bounds it to 0.14.x)
 AIOKAFKA_PINNED = "0.14.0"
 
-#: private members of Faust's ``TableManager`` that ``TablelessManager.on_start`` calls
-_TABLE_MANAGER_NEEDS = ("_update_channels", "recovery", "should_stop", "on_actives_ready")
 
-
-def check_pins(table_manager_class: type | None = None) -> None:
-    """Fail at start-up, saying what to update, when the installed Faust or aiokafka
-    lacks a private member used here."""
+def check_pins() -> None:
+    """Fail at start-up, saying what to update, when the installed aiokafka lacks a
+    private member used here."""
     import faust
     from aiokafka.admin import AIOKafkaAdminClient
-    from faust.tables import TableManager
-    from faust.transport.consumer import Consumer
 
-    manager = table_manager_class or TableManager
-    missing = [f"TableManager.{name}" for name in _TABLE_MANAGER_NEEDS if not hasattr(manager, name)]
-    if table_manager_class is None:
-        if not hasattr(Consumer, "_commit"):
-            missing.append("Consumer._commit")
-        if not hasattr(AIOKafkaAdminClient, "_send_request"):
-            missing.append("AIOKafkaAdminClient._send_request")
-        if "self._fetch_max_wait_ms" not in _fetcher_source():
-            missing.append("Fetcher._fetch_max_wait_ms")
-        missing += _producer_missing()
-        from faust.transport.consumer import ThreadDelegateConsumer
-        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-        if "_thread" not in ThreadDelegateConsumer.__annotations__:
-            missing.append("ThreadDelegateConsumer._thread")
-        if not hasattr(AIOKafkaConsumerThread, "_ensure_consumer"):
-            missing.append("AIOKafkaConsumerThread._ensure_consumer")
+    missing = []
+    if not hasattr(AIOKafkaAdminClient, "_send_request"):
+        missing.append("AIOKafkaAdminClient._send_request")
+    if "self._fetch_max_wait_ms" not in _fetcher_source():
+        missing.append("Fetcher._fetch_max_wait_ms")
+    missing += _producer_missing()
     if missing:
         raise RuntimeError(
-            f"faust-streaming {getattr(faust, '__version__', '?')}: {', '.join(missing)} missing; "
-            f"specmeter's streams/_internals.py is written against faust-streaming {FAUST_PINNED} and "
-            f"aiokafka {AIOKAFKA_PINNED} and must be updated for this release"
+            f"{', '.join(missing)} missing; specmeter's streams/_internals.py is written against "
+            f"aiokafka {AIOKAFKA_PINNED} (and faust-streaming {FAUST_PINNED}, {getattr(faust, '__version__', '?')} "
+            f"installed) and must be updated for this release"
         )
 
 
-def table_manager(on_streams_resumed: Callable[[], None]) -> type:
-    """Faust's table manager without its start-up pause, calling ``on_streams_resumed``
-    right after every rebalance's ``Recovery._resume_streams`` resumed the partitions.
-
-    Why private: ``TableManager.on_start`` sleeps 1 s for tables to register before
-    subscribing (no setting removes it); specmeter has no Faust tables, so the copy
-    calls the private ``_update_channels`` at once. And ``on_actives_ready`` is the one
-    hook Faust calls after it resumed the assigned partitions (the order of the private
-    ``Recovery._resume_streams``): the first moment their delivery can be paused for good.
-    """
-    from faust.tables import TableManager
-
-    check_pins(TableManager)
-
-    class TablelessManager(TableManager):
-        logger = logging.getLogger("faust.tables")  # its start-up lines are Faust's, quiet like them
-
-        async def on_start(self) -> None:
-            if not self.should_stop:
-                await self._update_channels()
-                await self.recovery.start()
-
-        def on_actives_ready(self) -> None:
-            super().on_actives_ready()
-            try:
-                on_streams_resumed()
-            except Exception:  # inside Faust's recovery: never fail it
-                log.exception("after a rebalance: pausing Faust's delivery of the input failed")
-
-    return TablelessManager
-
-
 def boot_strategy() -> type:
-    """Faust's services less its producer (the worker writes through its own, ``_output``)
-    and its sensors.
-    Public API (``App.BootStrategy``, a documented customisation); here beside the rest
-    of what tells Faust what not to do."""
+    """Faust's services less every Kafka client of its own (consumer, producer, tables) and
+    its sensors: the app's lifecycle, timers and web server are what the worker uses.
+    Public API (``App.BootStrategy``, a documented customisation)."""
     from faust.app.base import BootStrategy
 
-    class WithoutProducer(BootStrategy):
+    class LifecycleTimersWeb(BootStrategy):
+        enable_kafka_consumer = False
         enable_kafka_producer = False
         enable_sensors = False  # Faust's monitor counts what Faust delivers: nothing
 
-    return WithoutProducer
-
-
-async def commit_offsets(app: Any, offsets: Mapping[tuple[str, int], int]) -> bool:
-    """Commit ``offsets`` ((topic, partition) -> next offset to read) for the worker's
-    consumer group, through the group member Faust runs.
-
-    Why private: Faust's public ``Consumer.commit`` commits what its own delivery
-    handed out and was acked; the worker reads its input itself, so it passes its
-    checkpoints to the ``_commit`` behind it. Nothing else commits these topics."""
-    consumer = app.consumer
-    if consumer is None or not offsets:
-        return False
-    from faust.types import TP
-
-    tps = {TP(topic, partition): offset for (topic, partition), offset in offsets.items()}
-    return bool(await consumer._commit(tps))
+    return LifecycleTimersWeb
 
 
 async def metadata_without_auto_create(admin: Any, names: Iterable[str]) -> dict[str, Any]:
@@ -183,6 +106,18 @@ def message_appender(producer: Any) -> Callable[[Any, bytes | None, bytes | None
     return add
 
 
+async def stop_without_sending(producer: Any) -> None:
+    """Close an aiokafka producer without sending what it still holds.
+
+    Why private: ``AIOKafkaProducer.stop`` first waits for its accumulator to drain (and an
+    idempotent producer retries without end while Kafka is away); after a refused write
+    the worker must send nothing more (``_output``: fail fast). Its sender task, cancelled
+    first (``Sender.close``), leaves ``stop`` nothing that could send: it closes the
+    connections and marks the producer closed."""
+    await producer._sender.close()
+    await producer.stop()
+
+
 def _producer_missing() -> list[str]:
     import inspect
 
@@ -192,7 +127,7 @@ def _producer_missing() -> list[str]:
     source = inspect.getsource(AIOKafkaProducer.__init__)
     missing = [
         f"AIOKafkaProducer.{name}"
-        for name in ("_message_accumulator", "_request_timeout_ms")
+        for name in ("_message_accumulator", "_request_timeout_ms", "_sender")
         if f"self.{name} = " not in source
     ]
     parameters = list(inspect.signature(MessageAccumulator.add_message).parameters)
@@ -220,26 +155,3 @@ def set_fetch_wait(consumer: Any, wait_ms: int) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None:
         fetcher._fetch_max_wait_ms = wait_ms
-
-
-async def stop_fetching(app: Any, partitions: Iterable[Any]) -> None:
-    """Pause ``partitions`` in the aiokafka consumer under Faust's, in its own thread.
-
-    Why private: Faust's public ``pause_partitions`` only stops handing the partitions'
-    messages over; the aiokafka consumer in Faust's consumer thread still fetches every
-    assigned partition (one prefetch each, and a long-poll of all of them every 1.5 s)
-    and resets their offsets, for input the worker reads through its own routes. The
-    pause holds until the next assignment, which Faust follows by resuming partitions:
-    the worker pauses again after each (``table_manager``'s hook)."""
-    from aiokafka.structs import TopicPartition
-
-    thread = app.consumer._thread
-    wanted = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-
-    async def pause() -> None:
-        consumer = thread._ensure_consumer()
-        assigned = consumer.assignment()
-        consumer.pause(*[tp for tp in wanted if tp in assigned])
-
-    if wanted:
-        await thread.call_thread(pause)

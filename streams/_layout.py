@@ -50,6 +50,7 @@ from specmeter.schemas import BatchMarker, PartialAggregate
 
 __all__ = [
     "BatchKey",
+    "KeyPart",
     "BatchDelta",
     "BatchStatus",
     "Checkpoint",
@@ -89,6 +90,9 @@ __all__ = [
 
 #: a batch's identity: (run_id, batch_id), run_id None for the default run
 BatchKey = tuple[str | None, str]
+#: the first part of a key: the input partition, tagged with its owner's epoch once a
+#: worker took it over (``_ownership.owner_key_part``: ``"3@1234"``; a bare 3 untagged)
+KeyPart = int | str
 
 _SEP = "\x1f"
 
@@ -106,32 +110,32 @@ def _batch_part(kind: str, key: BatchKey) -> str:
     return f"{kind.upper()}{_SEP}{len(run_id)}:{run_id}{batch_id}"
 
 
-def state_key_prefix(partition: int) -> bytes:
+def state_key_prefix(partition: KeyPart) -> bytes:
     """Every stage-1 key of a records partition starts with this."""
     return f"{partition}{_SEP}".encode()
 
 
-def delta_key(partition: int, key: BatchKey, last_offset: int) -> bytes:
+def delta_key(partition: KeyPart, key: BatchKey, last_offset: int) -> bytes:
     return f"{partition}{_SEP}{_batch_part('d', key)}{_SEP}{last_offset:020d}".encode()
 
 
-def status_key(partition: int, key: BatchKey) -> bytes:
+def status_key(partition: KeyPart, key: BatchKey) -> bytes:
     return f"{partition}{_SEP}{_batch_part('s', key)}".encode()
 
 
-def overflow_key(partition: int, key: BatchKey) -> bytes:
+def overflow_key(partition: KeyPart, key: BatchKey) -> bytes:
     return f"{partition}{_SEP}{_batch_part('o', key)}".encode()
 
 
-def checkpoint_key(partition: int) -> bytes:
+def checkpoint_key(partition: KeyPart) -> bytes:
     return f"{partition}{_SEP}c".encode()
 
 
-def expired_key(partition: int, at_ms: int) -> bytes:
+def expired_key(partition: KeyPart, at_ms: int) -> bytes:
     return f"{partition}{_SEP}x{_SEP}{at_ms:020d}".encode()
 
 
-def overflowed_key(partition: int, last_offset: int) -> bytes:
+def overflowed_key(partition: KeyPart, last_offset: int) -> bytes:
     return f"{partition}{_SEP}y{_SEP}{last_offset:020d}".encode()
 
 
@@ -140,26 +144,26 @@ def key_number(key: bytes) -> int:
     return int(key.rsplit(_SEP.encode(), 1)[1])
 
 
-def merge_key(partition: int, key: BatchKey) -> bytes:
+def merge_key(partition: KeyPart, key: BatchKey) -> bytes:
     return f"{partition}{_SEP}{_batch_part('m', key)}".encode()
 
 
-def merge_key_prefixes(partition: int) -> tuple[bytes, bytes]:
+def merge_key_prefixes(partition: KeyPart) -> tuple[bytes, bytes]:
     """The prefixes of a partials partition's merge entries (default run, named runs)."""
     return f"{partition}{_SEP}m{_SEP}".encode(), f"{partition}{_SEP}M{_SEP}".encode()
 
 
-def merge_partial_key(partition: int, key: BatchKey, source_partition: int) -> bytes:
+def merge_partial_key(partition: KeyPart, key: BatchKey, source_partition: int) -> bytes:
     """Where stage 2 keeps one records partition's latest partial of a batch."""
     return f"{partition}{_SEP}{_batch_part('p', key)}{_SEP}{source_partition:010d}".encode()
 
 
-def merge_partial_prefixes(partition: int) -> tuple[bytes, bytes]:
+def merge_partial_prefixes(partition: KeyPart) -> tuple[bytes, bytes]:
     """The prefixes of a partials partition's kept partials (default run, named runs)."""
     return f"{partition}{_SEP}p{_SEP}".encode(), f"{partition}{_SEP}P{_SEP}".encode()
 
 
-def stage2_checkpoint_key(partition: int) -> bytes:
+def stage2_checkpoint_key(partition: KeyPart) -> bytes:
     return f"{partition}{_SEP}k".encode()
 
 

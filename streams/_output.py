@@ -10,9 +10,16 @@ partition's 1 MiB batch is full), so the order per partition is the order of
 ``send`` and a message waits at most for the request in flight.
 
 ``flush`` returns when everything sent before it is acknowledged; the shell
-calls it where it relied on Faust's flush: before a partition is given up, at
-crash points and at shutdown. A message Kafka refuses after the producer's own
-retries goes to ``on_failed`` (the worker stops: an output is never skipped).
+calls it before a partition is given up, at crash points and at shutdown. A message
+may name ``on_ack``, called with the offset Kafka gave it (``_writes`` checks that an
+owner's changelog writes land where it expects them).
+
+**Fail fast.** The first message Kafka refuses after the producer's own retries
+(``request_timeout_ms``: an outage longer than that is a refusal too) stops the
+producer for good: nothing queued after it, nor sent later, is handed to Kafka, and
+``on_failed`` is told once (the worker then exits without flushing). A checkpoint, a
+partial or a publication must never become durable after a write it follows was lost:
+its successor then resumes from the last state that is whole.
 
 Each message goes into aiokafka's batch for its partition without ``send``, which
 built a set of all the topic's partitions for every message (``_internals.
@@ -82,6 +89,9 @@ class _Partitions:
 
 log = logging.getLogger("specmeter.output")
 
+#: called with the offset Kafka gave a message
+OnAck = Callable[[int], None]
+
 
 class OrderedProducer:
     """One aiokafka producer fed by one task from one queue (see the module docstring)."""
@@ -90,7 +100,14 @@ class OrderedProducer:
         self._kafka = kafka
         self._max_request_size: int = kafka.get("max_request_size", 1_048_576)
         self._on_failed = on_failed
-        self._queue: collections.deque[tuple[str, bytes | None, bytes | None, int | None]] = collections.deque()
+        self._queue: collections.deque[tuple[str, bytes | None, bytes | None, int | None, OnAck | None]] = (
+            collections.deque()
+        )
+        #: the first refusal: nothing is handed to Kafka after it
+        self.failed: BaseException | None = None
+        #: messages handed to aiokafka and not acknowledged yet: number -> when (monotonic)
+        self._unacked: dict[int, float] = {}
+        self._handed = 0
         self._producer: Any = None
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -145,12 +162,22 @@ class OrderedProducer:
         self._unacknowledged -= 1
         self._progress_at = time.monotonic()
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> None:
-        """Queue one message (never waits); order per partition is the order of calls."""
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        on_ack: OnAck | None = None,
+    ) -> None:
+        """Queue one message (never waits); order per partition is the order of calls.
+        Dropped once the producer failed (the worker is stopping without a flush)."""
+        if self.failed is not None:
+            return
         if not self._unacknowledged:
             self._progress_at = time.monotonic()
         self._unacknowledged += 1
-        self._queue.append((topic, key, value, partition))
+        self._queue.append((topic, key, value, partition, on_ack))
         self.queued_bytes += len(key or b"") + len(value or b"")
         if self._wake is not None:
             self._idle.clear()  # type: ignore[union-attr]
@@ -169,14 +196,22 @@ class OrderedProducer:
 
     async def flush(self) -> None:
         """Wait until every message sent so far is acknowledged (or has failed)."""
-        if self._producer is None:
+        if self._producer is None or self.failed is not None:
             return
         await self._idle.wait()  # type: ignore[union-attr]
         await self._producer.flush()
 
     async def stop(self) -> None:
-        """Flush, then close the connection. Idempotent."""
+        """Flush, then close the connection (after a failure: close it, flushing nothing).
+        Idempotent."""
         if self._producer is None:
+            return
+        if self.failed is not None:
+            if self._task is not None:
+                self._task.cancel()
+            self._producer.client.cluster.remove_listener(self._forget_partitions)
+            await _internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
+            self._producer = None
             return
         try:
             await self.flush()
@@ -205,11 +240,11 @@ class OrderedProducer:
         no_headers: list[tuple[str, bytes]] = []
         queue, wake, idle, add = self._queue, self._wake, self._idle, self._add
         assert wake is not None and idle is not None and add is not None
-        while True:
+        while self.failed is None:
             await wake.wait()
             wake.clear()
-            while queue:
-                topic, key, value, partition = queue.popleft()
+            while queue and self.failed is None:
+                topic, key, value, partition, on_ack = queue.popleft()
                 self.queued_bytes -= len(key or b"") + len(value or b"")
                 if self._room is not None and self.queued_bytes <= self._room_at:
                     self._room.set()
@@ -232,16 +267,45 @@ class OrderedProducer:
                     raise
                 except Exception as exc:  # noqa: BLE001 - refused before sending (e.g. too large)
                     self._answered()
-                    self._on_failed(topic, exc)
-                    continue
-                future.add_done_callback(lambda f, topic=topic: self._done(topic, f))
+                    self.fail(topic, exc)
+                    break
+                self._handed += 1
+                self._unacked[self._handed] = time.monotonic()
+                future.add_done_callback(
+                    lambda f, topic=topic, on_ack=on_ack, n=self._handed: self._done(topic, f, on_ack, n)
+                )
             if not queue:
                 idle.set()
 
-    def _done(self, topic: str, future: asyncio.Future) -> None:
+    def unacked_for_s(self) -> float:
+        """How long the oldest message handed to Kafka has waited for its acknowledgement (0:
+        none waits). The idempotent producer retries through an outage without end: the
+        worker stops when this passes its delivery timeout."""
+        if not self._unacked:
+            return 0.0
+        return time.monotonic() - min(self._unacked.values())
+
+    def _done(self, topic: str, future: asyncio.Future, on_ack: OnAck | None, n: int) -> None:
         self._answered()
+        self._unacked.pop(n, None)
         if future.cancelled():
             return
         exc = future.exception()
         if exc is not None:
-            self._on_failed(topic, exc)
+            self.fail(topic, exc)
+        elif on_ack is not None and self.failed is None:
+            on_ack(future.result().offset)
+
+    def fail(self, topic: str, exc: BaseException) -> None:
+        """The first refusal (or a write past its delivery time): stop handing anything over,
+        drop what is queued, say it once (``on_failed``)."""
+        if self.failed is not None:
+            return
+        self.failed = exc
+        self._queue.clear()
+        self.queued_bytes = 0
+        if self._room is not None:
+            self._room.set()
+        if self._idle is not None:
+            self._idle.set()
+        self._on_failed(topic, exc)

@@ -1,15 +1,22 @@
 """The I/O that carries out the delivery rules of ``_delivery``: one route per stage.
 
-A worker holds a fixed set of Kafka clients, whatever its partition count: Faust's
-group consumer (membership only, ``_internals``), the ordered producer (``_output``),
-one ``InputRoute`` per stage (a consumer without a group that reads every owned
-partition of that stage's input from its checkpoint) and, while partitions are being
-restored, one ``ChangelogReader`` (closed again when the restores are done).
+A worker holds a fixed set of Kafka clients, whatever its partition count: one
+``InputRoute`` per stage, the ordered producer (``_output``) and, while partitions are
+being taken over, one ``ChangelogReader`` (closed again when the restores are done).
 
-The ``DeliveryDriver`` follows Faust's public assignment signals into the ledger,
-restores newly assigned partitions (all of a rebalance's together, through one
-reader), installs their states and lets the routes read them; it commits the
-checkpoints for the group's lag.
+**Each route's consumer is a member of its stage's consumer group** (``<app-id>-stage1``
+over the records topic, ``<app-id>-stage2`` over the partials topic), as aiokafka means
+a consumer to be: the group assigns it partitions (``_assignor``: sticky, so a rebalance
+moves only what must move), and it polls for as long as the route makes progress. A
+route that stops making progress for ``max_poll_interval`` leaves its group, whose
+other members take its partitions over: the liveness ``max.poll.interval`` exists for.
+
+The ``DeliveryDriver`` follows the routes' rebalance callbacks into the ledger: a
+revoked partition's state is suspended; a partition assigned again keeps it when its
+changelog did not move; any other is taken over (``_ownership``: the group's generation
+checked by a commit, a takeover record, the changelog read up to it) and restored in
+steps that yield, so that heartbeats, probes and the other partitions go on. It commits
+the checkpoints for the group's lag.
 """
 
 from __future__ import annotations
@@ -18,16 +25,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, Protocol
 
+from ._assignor import StickyAssignor
 from ._delivery import Checkpointed, Claim, Ledger, TopicPartition
 from ._internals import set_fetch_wait
+from ._output import OrderedProducer
+from ._ownership import ChangelogView, ValidState
+from ._writes import OwnedWrites
 from .settings import WorkerSettings
 
 __all__ = ["ChangelogReader", "DeliveryDriver", "InputRoute", "StageHooks"]
 
 log = logging.getLogger("specmeter.worker")
+
+#: a stage state restored, and what to do once it is installed
+Restored = tuple[Checkpointed, Callable[[], None]]
 
 
 class StageHooks(Protocol):
@@ -37,10 +51,11 @@ class StageHooks(Protocol):
         """The changelog topic of a stage's input topic."""
         ...
 
-    def build(
-        self, topic: str, partition: int, entries: list[tuple[bytes, bytes]]
-    ) -> tuple[Checkpointed, Callable[[], None]]:
-        """A partition's state restored from its changelog entries, and what to do once installed."""
+    def restorer(
+        self, topic: str, partition: int, state: ValidState, epoch: int | None
+    ) -> Generator[None, None, Restored]:
+        """A partition's state restored from its changelog's valid state, in steps (it
+        yields between them), and what to do once it is installed (its first writes)."""
         ...
 
     async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, bytes]]) -> None:
@@ -53,13 +68,12 @@ class StageHooks(Protocol):
 
 
 def _consumer(broker: str, kafka: Mapping[str, Any], **options: Any) -> Any:
-    """A consumer of the worker's own: no group (positions are the checkpoints), nothing
-    committed; it reads assigned partitions of topics the worker created."""
+    """A consumer of the worker's own: a group member (a route) or none (the changelog
+    reader); nothing is committed unless it says so."""
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(
         bootstrap_servers=broker,
-        group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         **options,
@@ -78,67 +92,116 @@ def split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list
 
 
 class ChangelogReader:
-    """Reads whole changelog partitions for restores: all of a round's partitions through
-    one consumer at once, each yielded as soon as it is read to the end it had when the
-    round began (latest value per key; tombstones remove keys)."""
+    """Reads changelog partitions: whole, for takeovers (all of a round's partitions
+    through one consumer at once), and ranges, for a writer's check of skipped offsets."""
+
+    #: a read that gets nothing new for this long fails (and is tried again): the limit
+    #: grows with the state to read, never cuts a large restore that makes progress
+    STALL_S = 60.0
+    #: yield to the event loop after this many records of one fetch
+    YIELD_EVERY = 5_000
 
     def __init__(self, new_consumer: Callable[..., Any]) -> None:
         self.new_consumer = new_consumer
 
     async def read(
-        self, changelogs: list[TopicPartition], inputs: list[TopicPartition], *, timeout_s: float = 300.0
-    ) -> tuple[dict[TopicPartition, int], list[tuple[TopicPartition, list[tuple[bytes, bytes]]]]]:
-        """The log ends of ``inputs`` now, and every changelog partition's live entries."""
+        self, changelogs: Mapping[TopicPartition, int], inputs: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, ChangelogView]]:
+        """The log ends of ``inputs`` now, and each changelog partition read from its start
+        up to (not including) the end offset given for it."""
         from aiokafka.structs import TopicPartition as TP
 
-        consumer = self.new_consumer(max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_wait_ms=20)
+        consumer = self.new_consumer(group_id=None, max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_wait_ms=20)
         await consumer.start()
         try:
             input_ends = await consumer.end_offsets([TP(t, p) for t, p in inputs]) if inputs else {}
-            tps = [TP(t, p) for t, p in changelogs]
-            ends = await consumer.end_offsets(tps)
-            starts = await consumer.beginning_offsets(tps)
-            live: dict[TP, dict[bytes, bytes]] = {tp: {} for tp in tps}
-            reading = {tp for tp in tps if ends[tp] > starts[tp]}
-            out: list[tuple[TopicPartition, list[tuple[bytes, bytes]]]] = [
-                ((tp.topic, tp.partition), []) for tp in tps if tp not in reading
-            ]
+            tps = {TP(t, p): end for (t, p), end in changelogs.items()}
+            starts = await consumer.beginning_offsets(list(tps))
+            views = {tp: ChangelogView() for tp in tps}
+            reading = {tp for tp, end in tps.items() if end > starts[tp]}
             if reading:
                 consumer.assign(sorted(reading))
                 await consumer.seek_to_beginning(*reading)
-            deadline = asyncio.get_running_loop().time() + timeout_s
+            progress_at = time.monotonic()
             while reading:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise TimeoutError(f"reading changelogs took over {timeout_s:.0f} s (still {sorted(reading)})")
+                if time.monotonic() - progress_at > self.STALL_S:
+                    raise TimeoutError(
+                        f"reading changelogs got nothing new for {self.STALL_S:.0f} s: {sorted(reading)}"
+                    )
                 fetched = await consumer.getmany(*reading, timeout_ms=500)
                 for tp, messages in fetched.items():
-                    entries = live[tp]
-                    for m in messages:
-                        if m.offset >= ends[tp]:
+                    if messages:
+                        progress_at = time.monotonic()
+                    view, end = views[tp], tps[tp]
+                    for i, m in enumerate(messages):
+                        if m.offset >= end:
                             break
-                        if m.value is None:
-                            entries.pop(m.key, None)
-                        else:
-                            entries[m.key] = m.value
+                        view.add(m.offset, m.key, m.value)
+                        if i % self.YIELD_EVERY == self.YIELD_EVERY - 1:
+                            await asyncio.sleep(0)
                 for tp in list(reading):
-                    if await consumer.position(tp) >= ends[tp]:
+                    if await consumer.position(tp) >= tps[tp]:
                         reading.discard(tp)
                         consumer.pause(tp)
-                        out.append(((tp.topic, tp.partition), list(live.pop(tp).items())))
-            return {(tp.topic, tp.partition): end for tp, end in input_ends.items()}, out
+            return (
+                {(tp.topic, tp.partition): end for tp, end in input_ends.items()},
+                {(tp.topic, tp.partition): view for tp, view in views.items()},
+            )
+        finally:
+            await consumer.stop()
+
+    async def read_range(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records of a changelog partition in [start, end) that the log still holds."""
+        from aiokafka.structs import TopicPartition as TP
+
+        tp = TP(topic, partition)
+        consumer = self.new_consumer(group_id=None, fetch_max_wait_ms=20)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            out: list[tuple[int, bytes | None, bytes | None]] = []
+            progress_at = time.monotonic()
+            while await consumer.position(tp) < end:
+                if time.monotonic() - progress_at > self.STALL_S:
+                    raise TimeoutError(f"reading {topic}[{partition}] offsets {start}-{end - 1} got nowhere")
+                fetched = await consumer.getmany(tp, timeout_ms=500)
+                for m in fetched.get(tp, ()):
+                    progress_at = time.monotonic()
+                    if m.offset < end:
+                        out.append((m.offset, m.key, m.value))
+            return out
         finally:
             await consumer.stop()
 
 
+def _rebalance_listener(route: InputRoute) -> Any:
+    """aiokafka's ``ConsumerRebalanceListener`` of one route (awaited during a rejoin)."""
+    from aiokafka.abc import ConsumerRebalanceListener
+
+    class Rebalance(ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            await route.driver.revoked(route.topic, [tp.partition for tp in revoked])
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            route.driver.assigned(route.topic, [tp.partition for tp in assigned])
+
+    return Rebalance()
+
+
 class InputRoute:
-    """One stage's input: a consumer that reads every owned, restored partition of the
-    topic from its checkpoint, and hands what the ledger admits to the stage.
+    """One stage's input: a consumer in the stage's group that reads every owned, restored
+    partition of the topic from its checkpoint, and hands what the ledger admits to the stage.
 
     Everything fetched is applied in chunks of at most ``chunk_bytes`` per partition,
     round robin between partitions: a fetched marker waits behind at most one chunk
-    of each partition, never behind a whole backlog. A catch-up after a restore is
-    this same reading, from the restored checkpoint: the ledger holds the partition's
-    timers until the route reaches the log end it had at install.
+    of each partition, never behind a whole backlog. A partition whose last chunk's
+    writes are not acknowledged yet waits (``OwnedWrites.busy``) while the others go on.
+    A catch-up after a restore is this same reading, from the restored checkpoint: the
+    ledger holds the partition's timers until the route reaches the log end it had at
+    install.
 
     After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
     ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
@@ -149,93 +212,177 @@ class InputRoute:
     IDLE_AFTER_S = 5.0
     IDLE_FETCH_WAIT_MS = 5000
 
-    def __init__(self, driver: DeliveryDriver, topic: str, *, chunk_bytes: int, fetch_options: Mapping[str, Any]):
+    def __init__(
+        self,
+        driver: DeliveryDriver,
+        topic: str,
+        group_id: str,
+        *,
+        chunk_bytes: int,
+        fetch_options: Mapping[str, Any],
+        group_options: Mapping[str, Any],
+    ):
         self.driver = driver
         self.topic = topic
+        self.group_id = group_id
         self.chunk_bytes = chunk_bytes
         self.fetch_options = fetch_options
+        self.group_options = group_options
         self.busy_fetch_wait_ms: int = fetch_options.get("fetch_max_wait_ms", 500)
         #: the fetch wait in force (the busy one, or ``IDLE_FETCH_WAIT_MS`` while idle)
         self.fetch_wait_ms = self.busy_fetch_wait_ms
         #: partition -> the state its consumer position was set for
         self._following: dict[int, Checkpointed] = {}
+        self.consumer: Any = None
+        self._committed: dict[TopicPartition, int] = {}
+        self._committed_at = 0.0
+        self._commit_failures = 0
+        #: the route stops applying input (the worker is stopping)
+        self.stopping = False
 
     async def run(self) -> None:
-        """Read until cancelled; after an error (a broker away for a while), again from the
-        checkpoints with a fresh consumer, ``RETRY_S`` later (said once per outage)."""
-        failures, last_failure = 0, 0.0
-        while True:
-            self._following = {}
-            try:
-                await self._read()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - logged, retried: the route must not die
-                if time.monotonic() - last_failure > 60:
-                    failures = 0  # a new outage, not the same one going on
-                failures, last_failure = failures + 1, time.monotonic()
-                (log.warning if failures == 1 else log.debug)(
-                    "route of %s: reading failed (%r); trying again every %.0f s", self.topic, exc, self.driver.RETRY_S
-                )
-                await asyncio.sleep(self.driver.RETRY_S)
+        """Join the group and read until cancelled; errors are said once and retried."""
+        driver = self.driver
+        consumer = driver.new_consumer(
+            group_id=self.group_id,
+            partition_assignment_strategy=(StickyAssignor(),),
+            **self.group_options,
+            **self.fetch_options,
+        )
+        try:
+            consumer.subscribe([self.topic], listener=_rebalance_listener(self))
+            await _retrying(f"route of {self.topic}: joining its group", consumer.start, driver.RETRY_S)
+            self.consumer = consumer
+            await self._read(consumer)
+        finally:
+            self.consumer = None
+            with contextlib.suppress(Exception):
+                await consumer.stop()  # leaves the group: its partitions move at once
 
-    async def _read(self) -> None:
+    async def _read(self, consumer: Any) -> None:
         from aiokafka.structs import TopicPartition as TP
 
         driver, ledger, topic = self.driver, self.driver.ledger, self.topic
-        consumer = driver.new_consumer(**self.fetch_options)
-        try:
-            await consumer.start()
-            self.fetch_wait_ms = self.busy_fetch_wait_ms
-            last_input = time.monotonic()
-            while True:
-                self._refollow(consumer)
-                if not self._following:
-                    await driver.assignment_changed.wait()
-                    continue
-                epoch = ledger.epoch
-                # a short wait here whatever the broker holds a fetch for: a partition newly
+        last_input = time.monotonic()
+        failures = 0
+        while True:
+            self._refollow(consumer)
+            try:
+                # a short wait whatever the broker holds a fetch for: a partition newly
                 # restored (or revoked) is followed at the next turn
                 fetched = await consumer.getmany(timeout_ms=200)
-                pending: dict[int, list[tuple[int, bytes]]] = {}
-                for tp, messages in fetched.items():
-                    if messages:
-                        pending[tp.partition] = [(m.offset, m.value) for m in messages]
-                if pending:
-                    last_input = time.monotonic()
-                self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
-                while pending:
-                    for partition in list(pending):
-                        claim = Claim(topic, partition, epoch, self._following.get(partition))
-                        if claim.state is None or not ledger.holds(claim):
-                            del pending[partition]  # read again from the checkpoint once ours
-                            continue
-                        admitted = ledger.admit(claim, pending.pop(partition))
-                        if admitted.gap is not None:
-                            log.warning(
-                                "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
-                                "compaction); read on from %d",
-                                topic,
-                                partition,
-                                admitted.gap[0],
-                                admitted.gap[1] - 1,
-                                admitted.gap[1],
-                            )
-                        if not admitted.messages:
-                            continue
-                        chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
-                        if rest:
-                            pending[partition] = rest
-                        await driver.apply(claim, chunk)
-                    await asyncio.sleep(0)  # the other stage and the producer between rounds
-                for partition, end in ledger.catching_up(topic).items() if ledger.any_catching_up else ():
-                    held = ledger.claim(topic, partition)
-                    if held is not None and self._following.get(partition) is held.state:
-                        position = await consumer.position(TP(topic, partition))
-                        if ledger.reached(held, position):
-                            driver.caught_up(held, end)
-        finally:
-            await consumer.stop()
+            except Exception as exc:  # noqa: BLE001 - said once, retried: the route must not die
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "route of %s: reading failed (%r); trying again every %.0f s", topic, exc, driver.RETRY_S
+                )
+                await asyncio.sleep(driver.RETRY_S)
+                continue
+            failures = 0
+            pending: dict[int, list[tuple[int, bytes]]] = {}
+            for tp, messages in fetched.items():
+                if messages:
+                    pending[tp.partition] = [(m.offset, m.value) for m in messages]
+            if pending:
+                last_input = time.monotonic()
+            self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
+            await self._apply(pending)
+            for partition, end in ledger.catching_up(topic).items() if ledger.any_catching_up else ():
+                held = ledger.claim(topic, partition)
+                if held is not None and self._following.get(partition) is held.state:
+                    position = await consumer.position(TP(topic, partition))
+                    if ledger.reached(held, position):
+                        driver.caught_up(held, end)
+            await self._commit(consumer)
+
+    async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Apply what was fetched, a chunk per partition in turn; a partition whose last
+        writes are in flight waits for them while the others go on."""
+        driver, ledger, topic = self.driver, self.driver.ledger, self.topic
+        while pending and not self.stopping:
+            applied = False
+            for partition in list(pending):
+                state = self._following.get(partition)
+                claim = ledger.claim(topic, partition)
+                if state is None or claim is None or claim.state is not state:
+                    del pending[partition]  # read again from the checkpoint once ours
+                    continue
+                if driver.busy(topic, partition):
+                    continue
+                admitted = ledger.admit(claim, pending.pop(partition))
+                if admitted.gap is not None:
+                    log.warning(
+                        "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
+                        "compaction); read on from %d",
+                        topic,
+                        partition,
+                        admitted.gap[0],
+                        admitted.gap[1] - 1,
+                        admitted.gap[1],
+                    )
+                if not admitted.messages:
+                    continue
+                chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
+                if rest:
+                    pending[partition] = rest
+                await driver.apply(claim, chunk)
+                applied = True
+            if pending and not applied:
+                await driver.write_done()
+            await asyncio.sleep(0)  # the other stage and the producer between rounds
+
+    async def _commit(self, consumer: Any) -> None:
+        """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
+        for operators (recovery reads the changelog, never these). A failure is said once
+        a minute and retried at the next interval."""
+        from aiokafka.structs import TopicPartition as TP
+
+        now = time.monotonic()
+        if now - self._committed_at < self.driver.settings.commit_interval_s:
+            return
+        self._committed_at = now
+        offsets = {
+            tp: offset
+            for tp, offset in self.driver.ledger.commit_offsets(self.topic).items()
+            if self._committed.get(tp) != offset
+        }
+        if not offsets:
+            return
+        try:
+            await consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()})
+        except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
+            self._commit_failures += 1
+            (log.warning if self._commit_failures % 60 == 1 else log.debug)(
+                "committing the offsets of %s failed (%r); retried", self.topic, exc
+            )
+            return
+        self._committed.update(offsets)
+
+    async def confirm_generation(self, partitions: Iterable[int]) -> bool:
+        """Whether this member is still in the group's current generation and holds
+        ``partitions``: a commit of their committed offsets succeeds only then (the group
+        coordinator refuses a stale generation). A worker frozen while its partitions moved
+        learns it here, before it writes a takeover."""
+        from aiokafka.structs import TopicPartition as TP
+
+        consumer = self.consumer
+        if consumer is None:
+            return False
+        tps = [TP(self.topic, p) for p in partitions]
+        try:
+            offsets = {}
+            for tp in tps:
+                committed = await consumer.committed(tp)
+                offsets[tp] = committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
+            await consumer.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 - stale (or the broker away): the next assignment tries again
+            log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
+            return False
+        return True
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self._following.pop(p, None)
 
     def _pace(self, consumer: Any, *, idle: bool) -> None:
         wait_ms = self.IDLE_FETCH_WAIT_MS if idle else self.busy_fetch_wait_ms
@@ -244,79 +391,179 @@ class InputRoute:
             self.fetch_wait_ms = wait_ms
 
     def _refollow(self, consumer: Any) -> None:
-        """Point the consumer at the partitions the ledger says to read now, each at its
-        checkpoint + 1, when they (or their states) changed."""
-        from aiokafka.structs import TopicPartition as TP
+        """Read the partitions the ledger says to read now, each from its checkpoint + 1
+        (sought when its state changed); pause the assigned ones not restored yet."""
 
-        driver = self.driver
-        driver.assignment_changed.clear()
-        owned = driver.ledger.following(self.topic)
-        if owned.keys() == self._following.keys() and all(self._following[p] is s for p, s in owned.items()):
+        self.driver.assignment_changed.clear()
+        owned = self.driver.ledger.following(self.topic)
+        assigned = {tp.partition: tp for tp in consumer.assignment()}
+        for p, tp in assigned.items():
+            state = owned.get(p)
+            if state is None:
+                self._following.pop(p, None)
+                consumer.pause(tp)
+            elif self._following.get(p) is not state:
+                consumer.seek(tp, state.checkpoint + 1)
+                consumer.resume(tp)
+                self._following[p] = state
+        for p in list(self._following):
+            if p not in assigned:
+                del self._following[p]
+
+
+async def _retrying(what: str, start: Callable[[], Coroutine[Any, Any, Any]], every_s: float) -> None:
+    failures = 0
+    while True:
+        try:
+            await start()
             return
-        consumer.assign([TP(self.topic, p) for p in sorted(owned)])
-        for p, state in owned.items():
-            consumer.seek(TP(self.topic, p), state.checkpoint + 1)
-        self._following = dict(owned)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broker away: said once, retried
+            failures += 1
+            (log.warning if failures == 1 else log.debug)("%s failed (%r); trying again", what, exc)
+            await asyncio.sleep(every_s)
 
 
 class DeliveryDriver:
     """Carries out the ledger's decisions for both stages' inputs of one worker."""
 
-    #: seconds between tries of a failed restore
+    #: seconds between tries of a failed takeover or read
     RETRY_S = 1.0
     #: seconds before a route that stopped on an error is started again
     RESTART_S = 5.0
+    #: a restore yields to the event loop after this much work (seconds)
+    RESTORE_SLICE_S = 0.01
 
     def __init__(
-        self, settings: WorkerSettings, stages: StageHooks, *, new_consumer: Callable[..., Any] | None = None
+        self,
+        settings: WorkerSettings,
+        stages: StageHooks,
+        *,
+        output: OrderedProducer,
+        new_consumer: Callable[..., Any] | None = None,
     ) -> None:
         t = settings.topics
         self.settings = settings
+        #: how long a revocation waits for a partition's writes in flight before it drops its
+        #: state rather than keep it (a rejoin must not outlast the group's rebalance timeout)
+        self.revoke_wait_s = settings.session_timeout_s / 2
         kafka = settings.security.aiokafka_kwargs()
         #: options -> a consumer of the worker's own (a fake one in tests without a broker)
         self.new_consumer = new_consumer or (lambda **options: _consumer(settings.broker, kafka, **options))
         self.stages = stages
         self.records, self.partials = t.records, t.partials
         self.ledger = Ledger((self.records, self.partials))
+        self.changelogs = ChangelogReader(self.new_consumer)
+        self.writes = OwnedWrites(output, self.changelogs.read_range, self._fenced)
         fetch = {"fetch_max_wait_ms": settings.fetch_wait_ms}
+        group = {
+            "session_timeout_ms": int(settings.session_timeout_s * 1000),
+            "heartbeat_interval_ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
+            "max_poll_interval_ms": int(settings.max_poll_interval_s * 1000),
+        }
+        stage1, stage2 = settings.consumer_groups
         self.routes = (
             InputRoute(
                 self,
                 self.records,
+                stage1,
                 chunk_bytes=settings.chunk_bytes,
                 fetch_options={**fetch, "max_partition_fetch_bytes": max(settings.chunk_bytes, 1_048_576)},
+                group_options=group,
             ),
-            InputRoute(self, self.partials, chunk_bytes=settings.chunk_bytes, fetch_options=fetch),
+            InputRoute(
+                self, self.partials, stage2, chunk_bytes=settings.chunk_bytes, fetch_options=fetch, group_options=group
+            ),
         )
-        self.changelogs = ChangelogReader(self.new_consumer)
+        self._route_of = {route.topic: route for route in self.routes}
         #: set when the assignment or an installed state changed: an idle route looks again
         self.assignment_changed = asyncio.Event()
-        self._restore_wanted = asyncio.Event()
-        #: name -> (a long-running task: the routes, the restorer; when it started)
+        #: per topic: set when partitions wait to be taken over
+        self._wanted = {topic: asyncio.Event() for topic in self._route_of}
+        #: name -> (a long-running task: the routes, the takeovers; when it started)
         self._tasks: dict[str, tuple[asyncio.Task, float]] = {}
-        self._restoring: asyncio.Task | None = None
+        #: per topic: the takeover round under way (cancelled by a revocation)
+        self._rounds: dict[str, asyncio.Task] = {}
         #: when the assignment last changed (monotonic), until the worker said it is ready for it
         self._assigned_at: float | None = None
+        #: topics whose group revoked this worker's partitions and has not assigned any yet
+        self._rebalancing: set[str] = set()
         #: records partition -> when stage 1 last got input (wall clock, for /metrics)
         self.last_event_at: dict[int, float] = {}
+        #: partitions restored from their changelog, and kept through a rebalance, over the worker's life
+        self.restored = 0
+        self.kept = 0
+        #: the longest a restore step held the event loop (seconds), over the worker's life
+        self.longest_restore_step_s = 0.0
+        #: the longest the event loop did not answer while a takeover was under way (seconds):
+        #: every restore's steps, the changelog reading, the other partitions' work
+        self.longest_stall_restoring_s = 0.0
+        self._watch: asyncio.Task | None = None
 
-    # -- Faust's assignment signals ------------------------------------------------------------
-    def assign(self, assigned: Iterable[TopicPartition]) -> None:
-        """The group's whole assignment now: restore what is new."""
-        self.ledger.assign(assigned)
+    def changelog(self, topic: str) -> str:
+        return self.stages.changelog_of(topic)
+
+    # -- the groups' rebalance callbacks -------------------------------------------------------
+    async def revoked(self, topic: str, partitions: list[int]) -> None:
+        """Revoked partitions: work stops, a takeover under way is cancelled, and once the
+        writes in flight are out (the next owner must find them) the states are kept,
+        suspended, in case the next assignment gives them back."""
+        self._rebalancing.add(topic)
+        round_ = self._rounds.get(topic)
+        if round_ is not None:
+            round_.cancel()
+        suspended = self.ledger.revoke((topic, p) for p in partitions)
+        self._route_of[topic].forget(partitions)
+        self.assignment_changed.set()
+        changelog = self.changelog(topic)
+        for _, p in suspended:
+            try:
+                await asyncio.wait_for(self.writes.idle(changelog, p), self.revoke_wait_s)
+            except TimeoutError:
+                log.warning(
+                    "%s[%d]: writes still in flight after %.0f s; its state is dropped", topic, p, self.revoke_wait_s
+                )
+                self.ledger.take_suspended(topic, p)
+                self.writes.forget(changelog, p)
+        for p in partitions:
+            if (topic, p) not in suspended:
+                self.writes.forget(changelog, p)
+
+    def assigned(self, topic: str, partitions: list[int]) -> None:
+        """The group's whole assignment of ``topic``: what is new is taken over (or kept)."""
+        self._rebalancing.discard(topic)
+        self.ledger.assign(topic, partitions)
+        for p in self.ledger.suspended(topic):
+            if p not in partitions:
+                self.ledger.take_suspended(topic, p)
+                self.writes.forget(self.changelog(topic), p)
         self._assigned_at = time.monotonic()
         self.assignment_changed.set()
-        self._restore_wanted.set()
+        self._wanted[topic].set()
 
-    def revoke(self, revoked: Iterable[TopicPartition]) -> None:
-        """Forget revoked partitions (and stop a restore under way: its epoch is gone)."""
-        self.ledger.revoke(revoked)
-        if self._restoring is not None:
-            self._restoring.cancel()
+    @property
+    def rebalancing(self) -> bool:
+        """A group revoked this worker's partitions and has not assigned it any yet."""
+        return bool(self._rebalancing)
+
+    def _fenced(self, changelog: str, partition: int) -> None:
+        """Another worker's takeover was found in a changelog partition this worker wrote."""
+        topic = next(t for t in self._route_of if self.changelog(t) == changelog)
+        if self.ledger.fence(topic, partition):
+            self._wanted[topic].set()  # still assigned here: taken over again if the group says so
         self.assignment_changed.set()
-        self._restore_wanted.set()  # partitions still assigned are restored again
 
     # -- applying ----------------------------------------------------------------------------------
+    def busy(self, topic: str, partition: int) -> bool:
+        return self.writes.busy(self.changelog(topic), partition)
+
+    async def write_done(self) -> None:
+        """Until some write group completes (or a short while: ownership may have moved)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.writes.changed.wait(), 0.2)
+        self.writes.changed.clear()
+
     async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None:
         if claim.topic == self.records:
             self.last_event_at[claim.partition] = time.time()
@@ -327,81 +574,152 @@ class DeliveryDriver:
             "topic=%s partition=%d caught up to offset %d: its batch timers run", claim.topic, claim.partition, end
         )
 
-    # -- restores ---------------------------------------------------------------------------------
-    async def restorer(self) -> None:
-        """Restore what the ledger says, all of a round's partitions through one reader;
-        a round that failed is tried again ``RETRY_S`` later (said once, and once it worked)."""
+    # -- takeovers ---------------------------------------------------------------------------------
+    async def taking_over(self, topic: str) -> None:
+        """Take over what the ledger says, a round at a time; a round that failed is tried
+        again ``RETRY_S`` later (said once, and once it worked)."""
         failures = 0
+        wanted = self._wanted[topic]
         while True:
-            await self._restore_wanted.wait()
-            self._restore_wanted.clear()
+            await wanted.wait()
+            wanted.clear()
             begun = [
-                (topic, partition, epoch)
-                for topic, partition in self.ledger.to_restore()
-                if (epoch := self.ledger.begin_restore(topic, partition)) is not None
+                (p, epoch)
+                for _, p in self.ledger.to_restore(topic)
+                if (epoch := self.ledger.begin_restore(topic, p)) is not None
             ]
             if not begun:
                 self._say_ready()
                 continue
-            self._restoring = asyncio.get_running_loop().create_task(self._restore(begun), name="restore")
+            round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
+                self._take_over(topic, begun), name=f"take-over-{topic}"
+            )
+            if self._watch is None or self._watch.done():
+                self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
             try:
-                await self._restoring
+                await round_
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise  # the restorer itself is being stopped
+                    raise  # the driver itself is being stopped
             except Exception as exc:  # noqa: BLE001 - a broker away for a while
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
-                    "restoring %d partition(s) failed (%r): retrying every %.0f s", len(begun), exc, self.RETRY_S
+                    "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
+                    len(begun),
+                    topic,
+                    exc,
+                    self.RETRY_S,
                 )
                 await asyncio.sleep(self.RETRY_S)
-                self._restore_wanted.set()
+                wanted.set()
             else:
                 if failures:
-                    log.info("restoring succeeded after %d failed tries", failures)
+                    log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
                 failures = 0
             finally:
-                self._restoring = None
-                for topic, partition, epoch in begun:
-                    self.ledger.end_restore(topic, partition, epoch)
+                self._rounds.pop(topic, None)
+                for p, epoch in begun:
+                    self.ledger.end_restore(topic, p, epoch)
             self._say_ready()
+
+    async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
+        started = time.monotonic()
+        changelog = self.changelog(topic)
+        epochs = dict(begun)
+        # kept through the rebalance: nobody wrote its changelog since this worker's last write
+        kept = {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
+        if kept:
+            ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
+            for p, state in kept.items():
+                owned = self.writes.ownership(changelog, p)
+                if owned is not None and ends[(changelog, p)] == owned.next_offset:
+                    if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
+                        self.kept += 1
+                else:
+                    self.writes.forget(changelog, p)
+        if not epochs:
+            self.assignment_changed.set()
+            return
+        if not await self._route_of[topic].confirm_generation(epochs):
+            return  # a stale member: the next assignment says what is ours
+        owner_epochs = dict(
+            zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
+        )
+        ends, views = await self.changelogs.read(
+            {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in epochs]
+        )
+        for p, epoch in owner_epochs.items():
+            await self.stages.reached("restore")
+            valid = views[(changelog, p)].result()
+            state, installed = await self._restore(topic, p, valid, epoch)
+            if self.ledger.install(topic, p, epochs[p], state, ends[(topic, p)]) is not None:
+                self.restored += 1
+                installed()
+            else:
+                self.writes.forget(changelog, p)
+        self.assignment_changed.set()
+        log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
+
+    async def _restore(self, topic: str, partition: int, valid: ValidState, epoch: int) -> Restored:
+        """Run a stage's restore in steps, yielding whenever a slice of work is done."""
+        steps = self.stages.restorer(topic, partition, valid, epoch)
+        slice_started = time.perf_counter()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                self._note_step(time.perf_counter() - slice_started)
+                return done.value
+            elapsed = time.perf_counter() - slice_started
+            if elapsed >= self.RESTORE_SLICE_S:
+                self._note_step(elapsed)
+                await asyncio.sleep(0)
+                slice_started = time.perf_counter()
+
+    async def _watch_loop(self, period_s: float = 0.005) -> None:
+        """While takeovers are under way: how late the event loop wakes a sleeper (its stall)."""
+        loop = asyncio.get_running_loop()
+        while self._rounds:
+            asked = loop.time()
+            await asyncio.sleep(period_s)
+            self.longest_stall_restoring_s = max(self.longest_stall_restoring_s, loop.time() - asked - period_s)
+
+    def _note_step(self, seconds: float) -> None:
+        self.longest_restore_step_s = max(self.longest_restore_step_s, seconds)
+
+    async def _log_ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        from aiokafka.structs import TopicPartition as TP
+
+        consumer = self.new_consumer(group_id=None)
+        await consumer.start()
+        try:
+            ends = await consumer.end_offsets([TP(t, p) for t, p in partitions])
+        finally:
+            await consumer.stop()
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
     def _say_ready(self) -> None:
         """Once per assignment, when every assigned partition is restored: one line."""
         if self._assigned_at is None or not self.ledger.ready():
             return
         log.info(
-            "Worker ready: %d records and %d partials partition(s) restored in %.2f s",
+            "Worker ready: %d records and %d partials partition(s) (%d restored, %d kept through rebalances "
+            "so far) in %.2f s",
             len(self.ledger.assigned(self.records)),
             len(self.ledger.assigned(self.partials)),
+            self.restored,
+            self.kept,
             time.monotonic() - self._assigned_at,
         )
         self._assigned_at = None
 
-    async def _restore(self, begun: list[tuple[str, int, int]]) -> None:
-        started = time.monotonic()
-        stages = self.stages
-        epochs = {(t, p): e for t, p, e in begun}
-        inputs = sorted(epochs)
-        ends, read = await self.changelogs.read([(stages.changelog_of(t), p) for t, p in inputs], inputs)
-        log_of = {stages.changelog_of(t): t for t, _ in inputs}
-        for (log_topic, partition), entries in read:
-            topic = log_of[log_topic]
-            await stages.reached("restore")
-            state, installed = stages.build(topic, partition, entries)
-            claim = self.ledger.install(topic, partition, epochs[(topic, partition)], state, ends[(topic, partition)])
-            if claim is not None:
-                installed()
-        self.assignment_changed.set()
-        log.debug("restored %d partition(s) in %.2f s", len(begun), time.monotonic() - started)
-
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, also: Iterable[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()) -> None:
-        """Start the routes and the restorer (and ``also``), or start one again at most every
+        """Start the routes and the takeovers (and ``also``), or start one again at most every
         ``RESTART_S`` after it stopped on an error."""
         runs = (
             *also,
-            ("restorer", self.restorer),
+            *((f"take-over-{route.topic}", lambda t=route.topic: self.taking_over(t)) for route in self.routes),
             *((f"route-{route.topic}", route.run) for route in self.routes),
         )
         for name, run in runs:
@@ -413,10 +731,18 @@ class DeliveryDriver:
             self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
 
     async def close(self) -> None:
-        """Stop the routes and the restorer."""
-        tasks = [task for task, _ in self._tasks.values()]
+        """Stop applying input, let the writes in flight out (unless writing failed: then
+        nothing more goes out), then leave the groups."""
+        for route in self.routes:
+            route.stopping = True
+        for topic in self._route_of if self.writes.output.failed is None else ():
+            for p in self.ledger.assigned(topic):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.writes.idle(self.changelog(topic), p), self.revoke_wait_s)
+        tasks = [task for task, _ in self._tasks.values()] + ([self._watch] if self._watch is not None else [])
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        await self.writes.close()

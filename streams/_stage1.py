@@ -32,7 +32,7 @@ its input is dead-lettered and it never opens again, however many batches came s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -76,6 +76,7 @@ from ._layout import (
     status_key,
     unpack_hashes,
 )
+from ._ownership import owner_key_part, split_key
 from ._state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "Waiting", "shorten"]
@@ -181,8 +182,12 @@ class PartitionProcessor:
         counters: WorkerCounters | None = None,
         core: Core | None = None,
         expired_retention_ms: int = EXPIRED_RETENTION_MS,
+        owner_epoch: int | None = None,
     ) -> None:
         self.partition = partition
+        #: the first part of every key this owner writes (``_ownership``): the partition,
+        #: tagged with the epoch of the worker's takeover (untagged offline and in tests)
+        self.key_part = owner_key_part(partition, owner_epoch)
         #: the stage-1 core: the loaded one unless a test picks one
         self.core = core if core is not None else CORE
         self.source_topic = source_topic
@@ -208,13 +213,34 @@ class PartitionProcessor:
         self._statuses: list[tuple[bytes, bytes]] = []
         #: overflowed batches whose last partial is kept (re-sent on restore) until grace ends
         self._overflow_partials: dict[BatchKey, int] = {}  # batch -> closed_at_ms
+        #: the keys of restored expired (x), overflowed (y) and overflow-partial (o) records
+        #: another owner wrote (under its tag), for their deletion when their time comes
+        self._gone_keys: dict[tuple[bytes, int], bytes] = {}
+        self._overflow_keys: dict[BatchKey, bytes] = {}
+        #: deletions of state that a durable record (an expiry, an overflow, a checkpoint) made
+        #: dead, sent with the next call's writes, never with that record's: the writes of
+        #: one call may outlive their owner (``_ownership``), and a deletion that lands
+        #: without the record that justifies it would take state its successor restored
+        self._deferred: list[bytes] = []
 
     # -- restore ------------------------------------------------------------------
     def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
-        """Rebuild from the changelog entries of this partition (any order).
+        """Rebuild from the changelog entries of this partition (``restoring`` at once)."""
+        steps = self.restoring(entries, now_ms)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def restoring(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Generator[None, None, Effects]:
+        """Rebuild from the valid changelog entries of this partition (any order; physical
+        keys, tagged by their owners: ``_ownership``), yielding between deltas so that a
+        worker restoring a large state keeps answering (heartbeats, probes, other input).
 
         Returns the deletions of stale deltas (past the checkpoint or of expired
-        batches) and the partials of closed batches, to send again.
+        batches), the checkpoint and statuses written again under this owner's tag, and
+        the partials of closed batches, to send again.
         """
         prefix = state_key_prefix(self.partition)
         deltas = []
@@ -222,19 +248,23 @@ class PartitionProcessor:
         overflow_partials: list[PartialAggregate] = []
         gone: dict[bytes, list[tuple[int, int, bytes]]] = {b"x": [], b"y": []}  # kind -> (number, at, hashes)
         legacy: Checkpoint | None = None
+        checkpoint_at: bytes | None = None
         effects = Effects()
         for key, value in entries:
-            if not key.startswith(prefix) or value is None:
+            logical, _ = split_key(key)
+            if not logical.startswith(prefix) or value is None:
                 continue
-            kind = key[len(prefix) : len(prefix) + 1].lower()  # upper case: a named run's
+            kind = logical[len(prefix) : len(prefix) + 1].lower()  # upper case: a named run's
             if kind == b"c":
                 checkpoint = decode_checkpoint(value)
-                self.checkpoint = checkpoint.offset
+                self.checkpoint, checkpoint_at = checkpoint.offset, key
                 if checkpoint.expired or checkpoint.overflowed:
                     legacy = checkpoint  # written before issue 21: its lists are written again below
             elif kind in gone:
                 record = decode_gone(value)
-                gone[kind].append((key_number(key), record.at_ms, record.hashes))
+                number = key_number(key)
+                gone[kind].append((number, record.at_ms, record.hashes))
+                self._gone_keys[(kind, number)] = key
             elif kind == b"d":
                 deltas.append((key, decode_delta(value)))
             elif kind == b"s":
@@ -247,6 +277,7 @@ class PartitionProcessor:
                 else:
                     overflow_partials.append(partial)
                     self._overflow_partials[(partial.run_id, partial.batch_id)] = partial.closed_at_ms
+                    self._overflow_keys[(partial.run_id, partial.batch_id)] = key
         self._restore_gone(gone, legacy, now_ms, effects)
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
             batch_key = (delta.run_id, delta.batch_id)
@@ -258,6 +289,15 @@ class PartitionProcessor:
             batch.marker_producers.update(m.producer_id for m in delta.markers)
             batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
             batch.delta_keys.append(key)
+            yield
+        # The checkpoint and every status are written again under this owner's tag (before
+        # the statuses: a status follows the checkpoint that covers it), the keys they
+        # replace deleted: a late write of the previous owner under its own tag can then
+        # never leave a restore without them (``_ownership``).
+        own_checkpoint = checkpoint_key(self.key_part)
+        if checkpoint_at is not None and checkpoint_at != own_checkpoint:
+            effects.changelog.append((own_checkpoint, self._checkpoint_value()))
+        replaced = [checkpoint_at] if checkpoint_at not in (None, own_checkpoint) else []
         for batch_key, (key, status) in statuses.items():
             restored = self.batches.get(batch_key)
             if restored is None:
@@ -266,6 +306,10 @@ class PartitionProcessor:
             restored.closed, restored.close_reason = status.closed, status.close_reason
             restored.closed_at_ms, restored.revision = status.closed_at_ms, status.revision
             restored.partial_digest = status.partial_digest
+            own = status_key(self.key_part, batch_key)
+            if key != own:
+                self._statuses.append((own, encode_state(restored.status())))
+                replaced.append(key)
         self.open_generations = sum(b.state.generation_count for b in self.batches.values())
         # Send every closed batch's latest partial again: its status may be durable while
         # the partial itself was lost in a crash (stage 2 ignores a revision it has).
@@ -284,6 +328,7 @@ class PartitionProcessor:
             else:
                 self._emit(batch, now_ms, effects)
         self._flush_statuses(effects)
+        effects.changelog.extend((key, None) for key in replaced if key is not None)
         effects.partials.extend(overflow_partials)
         log.info(
             "partition=%d restored batches=%d checkpoint=%d expired=%d overflowed=%d changelog_writes=%d",
@@ -313,26 +358,34 @@ class PartitionProcessor:
             if migrated:
                 at_ms = max([now_ms, *(number + 1 for number, _, _ in gone[b"x"])])
                 record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(migrated))
-                effects.changelog.append((expired_key(self.partition, at_ms), encode_state(record)))
+                effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
                 gone[b"x"].append((at_ms, at_ms, record.hashes))
             migrated = [batch_hash(batch_from_durable(item)) for item in legacy.overflowed]
             if migrated:
                 at_ms, hashes = overflowed.get(legacy.offset, (now_ms, b""))
                 record = GoneBatches(at_ms=at_ms, hashes=hashes + pack_hashes(migrated))
-                effects.changelog.append((overflowed_key(self.partition, legacy.offset), encode_state(record)))
+                effects.changelog.append((overflowed_key(self.key_part, legacy.offset), encode_state(record)))
                 overflowed[legacy.offset] = (at_ms, record.hashes)
         kinds = (
-            (self.expired, expired_key, gone[b"x"]),
-            (self.overflowed, overflowed_key, [(n, at, h) for n, (at, h) in overflowed.items()]),
+            (b"x", self.expired, gone[b"x"]),
+            (b"y", self.overflowed, [(n, at, h) for n, (at, h) in overflowed.items()]),
         )
-        for ids, key_of, records in kinds:
+        for kind, ids, records in kinds:
             for number, at_ms, hashes in sorted(records, key=lambda r: (r[1], r[0])):  # generations fill in order
                 stale = ids is self.overflowed and number > self.checkpoint
                 if stale or ids.past_horizon(at_ms, now_ms):
-                    effects.changelog.append((key_of(self.partition, number), None))
+                    effects.changelog.append((self._gone_key(kind, number), None))
                 else:
                     ids.add(unpack_hashes(hashes), at_ms, number)
         self._last_expired_ms = max((number for number, _, _ in gone[b"x"]), default=-1)
+
+    def _gone_key(self, kind: bytes, number: int) -> bytes:
+        """The key of an expired (x) or overflowed (y) record: the restored one's own (its
+        writer's tag), else this owner's."""
+        key = self._gone_keys.pop((kind, number), None)
+        if key is not None:
+            return key
+        return (expired_key if kind == b"x" else overflowed_key)(self.key_part, number)
 
     def _gone_reason(self, key: BatchKey) -> str | None:
         """``overflow`` or ``late`` when the batch was let go of for good (its input is
@@ -353,7 +406,7 @@ class PartitionProcessor:
     # -- processing ---------------------------------------------------------------
     def process(self, messages: Iterable[tuple[int, bytes]], now_ms: int) -> Effects:
         """Apply one chunk of ``(offset, value)`` messages of this partition, in offset order."""
-        effects = Effects()
+        effects = self._effects()
         counters = self.counters
         touched: dict[BatchKey, _Batch] = {}
         first = last = None
@@ -390,7 +443,7 @@ class PartitionProcessor:
                 first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms
             )
             if delta is not None:
-                key = delta_key(self.partition, batch_key, last)
+                key = delta_key(self.key_part, batch_key, last)
                 effects.changelog.append((key, delta))
                 batch.delta_keys.append(key)
             if not batch.closed and batch.state.markers_complete:
@@ -402,15 +455,15 @@ class PartitionProcessor:
         if self._overflowed_now:  # before the checkpoint: stale (replayed, overflowing again) without it
             hashes = sorted(self._overflowed_now)
             record = GoneBatches(at_ms=now_ms, hashes=pack_hashes(hashes))
-            effects.changelog.append((overflowed_key(self.partition, last), encode_state(record)))
+            effects.changelog.append((overflowed_key(self.key_part, last), encode_state(record)))
             self.overflowed.add(hashes, now_ms, last)
             self._overflowed_now.clear()
         self.checkpoint = last
-        effects.changelog.append((checkpoint_key(self.partition), self._checkpoint_value()))
+        effects.changelog.append((checkpoint_key(self.key_part), self._checkpoint_value()))
         self._flush_statuses(effects)
         if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
             for batch in self._dropped:
-                self._forget_state(batch, effects)
+                self._forget_state(batch)
             self._dropped.clear()
         return effects
 
@@ -538,15 +591,16 @@ class PartitionProcessor:
         self._overflowed_now.add(batch_hash(key))
         # its last partial stays in the changelog until grace ends (sent again on restore)
         effects.changelog.append(
-            (overflow_key(self.partition, key), encode_partial(self._partial(batch, batch.revision)))
+            (overflow_key(self.key_part, key), encode_partial(self._partial(batch, batch.revision)))
         )
         self._overflow_partials[key] = batch.closed_at_ms
         self._dropped.append(batch)
 
-    def _forget_state(self, batch: _Batch, effects: Effects) -> None:
-        """Delete a dropped batch's deltas and status from the changelog."""
-        effects.changelog.extend((key, None) for key in batch.delta_keys)
-        effects.changelog.append((status_key(self.partition, batch.key), None))
+    def _forget_state(self, batch: _Batch) -> None:
+        """Delete a dropped batch's deltas and status from the changelog, with the next
+        call's writes (after the record that says it is gone: see ``_deferred``)."""
+        self._deferred.extend(batch.delta_keys)
+        self._deferred.append(status_key(self.key_part, batch.key))
 
     def _apply_marker(
         self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict, effects: Effects
@@ -644,7 +698,7 @@ class PartitionProcessor:
             return
         batch.revision += 1
         batch.partial_digest = digest
-        self._statuses.append((status_key(self.partition, batch.key), encode_state(batch.status())))
+        self._statuses.append((status_key(self.key_part, batch.key), encode_state(batch.status())))
         effects.partials.append(partial)
         self.counters.partials_emitted += 1
 
@@ -682,18 +736,19 @@ class PartitionProcessor:
     @property
     def has_timers(self) -> bool:
         """Whether ``tick`` has anything to look at (an idle partition costs a worker nothing)."""
-        return bool(self.batches or self._overflow_partials)
+        return bool(self.batches or self._overflow_partials or self._deferred)
 
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; drop those closed more than ``grace`` ago
         (remembering them as expired); forget expired ones past the retention horizon."""
-        effects = Effects()
-        for ids, key_of in ((self.expired, expired_key), (self.overflowed, overflowed_key)):
-            effects.changelog.extend((key_of(self.partition, number), None) for number in ids.forget(now_ms))
+        effects = self._effects()
+        for kind, ids in ((b"x", self.expired), (b"y", self.overflowed)):
+            effects.changelog.extend((self._gone_key(kind, number), None) for number in ids.forget(now_ms))
         for key, closed_at_ms in list(self._overflow_partials.items()):
             if now_ms - closed_at_ms >= self.grace_ms:
                 del self._overflow_partials[key]
-                effects.changelog.append((overflow_key(self.partition, key), None))
+                own = overflow_key(self.key_part, key)
+                effects.changelog.append((self._overflow_keys.pop(key, own), None))
         expired = []
         for batch in self.batches.values():
             if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:
@@ -711,11 +766,17 @@ class PartitionProcessor:
             self._last_expired_ms = at_ms
             hashes = sorted({batch_hash(batch.key) for batch in expired})
             record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(hashes))
-            effects.changelog.append((expired_key(self.partition, at_ms), encode_state(record)))
+            effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
             self.expired.add(hashes, at_ms, at_ms)
             for batch in expired:
-                self._forget_state(batch, effects)
+                self._forget_state(batch)
         self._flush_statuses(effects)
+        return effects
+
+    def _effects(self) -> Effects:
+        """A call's effects, starting with the deletions an earlier call made safe."""
+        effects = Effects(changelog=[(key, None) for key in self._deferred])
+        self._deferred.clear()
         return effects
 
     def _checkpoint_value(self) -> bytes:

@@ -13,7 +13,7 @@ partials that follow it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -36,6 +36,7 @@ from ._layout import (
     stage2_checkpoint_key,
 )
 from ._merge import build_batch_metrics
+from ._ownership import owner_key_part, split_key
 from ._stage1 import shorten
 
 __all__ = ["BatchMerger", "MergeEffects", "MergeWaiting"]
@@ -74,8 +75,12 @@ class BatchMerger:
         batch_timeout_ms: int,
         grace_ms: int,
         counters: WorkerCounters | None = None,
+        owner_epoch: int | None = None,
     ) -> None:
         self.partition = partition
+        #: the first part of every key this owner writes (``_ownership``)
+        self.owner_epoch = owner_epoch
+        self.key_part = owner_key_part(partition, owner_epoch)
         self.partitions_expected = partitions_expected
         self.batch_timeout_ms = batch_timeout_ms
         self.grace_ms = grace_ms
@@ -88,35 +93,65 @@ class BatchMerger:
         self._unsplit: set[BatchKey] = set()
 
     def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> MergeEffects:
-        """Rebuild from the changelog. Returns each batch's latest publication, to send
-        again (the state that says it was published may be durable while the publication
-        itself was lost in a crash; the repeat is identical), and the deletion of partials
-        whose batch was forgotten (a crash between the deletions left them behind)."""
+        """Rebuild from the changelog (``restoring`` at once)."""
+        steps = self.restoring(entries)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def restoring(self, entries: Iterable[tuple[bytes, bytes]]) -> Generator[None, None, MergeEffects]:
+        """Rebuild from the valid changelog entries (physical keys, tagged by their owners:
+        ``_ownership``), yielding now and then. Returns each batch's latest publication, to
+        send again (the state that says it was published may be durable while the
+        publication itself was lost in a crash; the repeat is identical), the deletion of
+        partials whose batch was forgotten (a crash between the deletions left them
+        behind), and, when the keys were another owner's, the whole state written again
+        under this owner's tag with the keys it replaces deleted: a late write of the
+        previous owner under its own tag can then never leave a restore without it."""
         prefixes = merge_key_prefixes(self.partition)
         partial_prefixes = merge_partial_prefixes(self.partition)
         checkpoint_key = stage2_checkpoint_key(self.partition)
         kept: list[tuple[bytes, PartialAggregate]] = []
         effects = MergeEffects()
-        for key, value in entries:
+        replaced: list[bytes] = []  # keys of another owner, written again under this one's
+        for n, (key, value) in enumerate(entries):
             if value is None:
                 continue
-            if key == checkpoint_key:
+            logical, tag = split_key(key)
+            if logical == checkpoint_key:
                 self.checkpoint = decode_stage2_checkpoint(value).offset
-            elif key.startswith(prefixes):
+            elif logical.startswith(prefixes):
                 entry = decode_merge_entry(value)
                 self.entries[entry.key] = entry
                 if entry.partials:
                     self._unsplit.add(entry.key)
-            elif key.startswith(partial_prefixes):
+            elif logical.startswith(partial_prefixes):
                 kept.append((key, decode_partial(value)))
+            else:
+                continue
+            if tag != self.owner_epoch:
+                replaced.append(key)
+            if n % 256 == 255:
+                yield
+        orphans = set()
         for key, partial in kept:
             owner = self.entries.get((partial.run_id, partial.batch_id))
             if owner is None:  # the entry's deletion came first, then a crash
+                orphans.add(key)
                 effects.changelog.append((key, None))
                 continue
             known = owner.partials.get(partial.partition)
             if known is None or known.revision < partial.revision:
                 owner.partials[partial.partition] = partial
+        if replaced:
+            for entry in self.entries.values():
+                self._unsplit.add(entry.key)  # every partial written again, under this owner's keys
+                self._write(entry, effects)
+            if self.checkpoint >= 0:
+                effects.changelog.append(self._checkpoint_write())
+            effects.changelog.extend((key, None) for key in replaced if key not in orphans)
         log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         for entry in self.entries.values():
             if entry.published_revision >= 0:
@@ -145,10 +180,11 @@ class BatchMerger:
             last = offset
         if last is not None:
             self.checkpoint = last
-            effects.changelog.append(
-                (stage2_checkpoint_key(self.partition), encode_state(Stage2Checkpoint(offset=last)))
-            )
+            effects.changelog.append(self._checkpoint_write())
         return effects
+
+    def _checkpoint_write(self) -> tuple[bytes, bytes]:
+        return stage2_checkpoint_key(self.key_part), encode_state(Stage2Checkpoint(offset=self.checkpoint))
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
         effects = MergeEffects()
@@ -160,8 +196,18 @@ class BatchMerger:
                 batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms
             )
         known = entry.partials.get(partial.partition)
-        if known is not None and known.revision >= partial.revision:
+        if known is not None and (known.revision > partial.revision or known == partial):
             return effects  # a replayed or stale partial
+        if known is not None and known.revision == partial.revision:
+            # the same revision with other content: a stage-1 owner that restored from a
+            # state its predecessor had written past; the later one is the restored truth
+            log.warning(
+                "batch=%s run=%s partition=%d: revision %d arrived again with other content; taking the later one",
+                shorten(partial.batch_id),
+                shorten(partial.run_id),
+                partial.partition,
+                partial.revision,
+            )
         entry.partials[partial.partition] = partial
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
@@ -183,10 +229,10 @@ class BatchMerger:
         written = list(entry.partials.values()) if unsplit else [partial] if partial else []
         self._unsplit.discard(entry.key)
         for p in written:
-            effects.changelog.append((merge_partial_key(self.partition, entry.key, p.partition), encode_partial(p)))
+            effects.changelog.append((merge_partial_key(self.key_part, entry.key, p.partition), encode_partial(p)))
         if book or unsplit:
             bookkeeping = msgspec.structs.replace(entry, partials={})
-            effects.changelog.append((merge_key(self.partition, entry.key), encode_state(bookkeeping)))
+            effects.changelog.append((merge_key(self.key_part, entry.key), encode_state(bookkeeping)))
 
     def waiting(self, now_ms: int) -> list[MergeWaiting]:
         """The batches waiting for some partitions' partials before their first publication."""
@@ -218,10 +264,8 @@ class BatchMerger:
                 del self.entries[entry.key]
                 self._unsplit.discard(entry.key)
                 # the entry first: a crash between leaves partials without an entry, ignored at restore
-                effects.changelog.append((merge_key(self.partition, entry.key), None))
-                effects.changelog.extend(
-                    (merge_partial_key(self.partition, entry.key, p), None) for p in entry.partials
-                )
+                effects.changelog.append((merge_key(self.key_part, entry.key), None))
+                effects.changelog.extend((merge_partial_key(self.key_part, entry.key, p), None) for p in entry.partials)
         return effects
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:

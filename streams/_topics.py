@@ -40,7 +40,6 @@ __all__ = [
     "describe_cluster",
     "ensure_topics",
     "existing_partitions",
-    "leader_topic",
     "plan_topics",
     "replication_warning",
     "topic_configs",
@@ -162,13 +161,6 @@ class TopicsNotCreated(TopicProblem):
     """The cluster refused to create a topic the worker needs."""
 
 
-def leader_topic(app_id: str) -> str:
-    """Faust's partition-assignor topic (one partition); created here because the
-    worker runs Faust with ``topic_allow_declare=False``: Faust would otherwise ask
-    to create every topic at start, which needs the Create right even when it exists."""
-    return f"{app_id}-__assignor-__leader"
-
-
 def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
     """Every topic a worker of ``settings`` reads or writes, state topics first."""
     t = settings.topics
@@ -183,7 +175,6 @@ def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
         # retention, so a reader from the beginning gets the whole run (issue 33)
         TopicSpec(name=t.metrics, partitions=1, matched=False, compacted=True, named_by="--metrics-topic"),
         TopicSpec(name=t.deadletter, partitions=1, matched=False, named_by="--deadletter-topic"),
-        TopicSpec(name=leader_topic(settings.app_id), partitions=1, matched=False, named_by="--app-id"),
     ]
 
 

@@ -3,25 +3,26 @@
 It decides nothing: it carries messages into ``PartitionProcessor`` (stage 1) and
 ``BatchMerger`` (stage 2) and carries out the effects they return. Which input a
 stage applies, and when, is ``_delivery``'s (the rules) and ``_routes``' (the I/O:
-one route per stage). State lives in two compacted changelog topics, written through
-the shell's own ordered producer (``_output``) and read back when a worker takes a
-partition over.
+one route per stage, each a member of its stage's consumer group). State lives in two
+compacted changelog topics, written through the shell's own ordered producer
+(``_output``) as write groups whose outputs wait for their state (``_writes``), and read
+back when a worker takes a partition over (``_ownership``).
 
-Faust's part is narrow (``_internals`` says it in full): the consumer group and its
-rebalances (reported through its public assignment signals), the app's lifecycle,
-the timers and the web server. It delivers no input, commits none of it, writes
-nothing, and its tables, agents and ``/router/``, ``/table/`` pages are not used.
+Faust's part is narrow: the app's lifecycle (start, signals, stop), the timers and the
+web server. It runs no Kafka client of its own: no consumer, no group, no producer, no
+tables (``_internals.boot_strategy``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any
 
 from specmeter.schemas import (
@@ -36,12 +37,13 @@ from specmeter.schemas import (
 from . import _internals
 from ._counters import PublishedTotals, WorkerCounters
 from ._dead_letters import DeadLetterLog
-from ._faults import CrashPoints
+from ._faults import CrashPoints, WriteFaults, write_kind
 from ._layout import changelog_topics
 from ._outages import Outages
 from ._output import OrderedProducer
+from ._ownership import ValidState
 from ._readiness import Readiness, decide
-from ._routes import DeliveryDriver
+from ._routes import DeliveryDriver, Restored
 from ._stage1 import Effects, PartitionProcessor, shorten
 from ._stage2 import BatchMerger, MergeEffects
 from ._waits import BatchWait, WaitReporter, merge_waits, stage1_waits
@@ -54,6 +56,12 @@ log = logging.getLogger("specmeter.worker")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _exit_now(fatal: str) -> None:
+    """End the process at once (a stop after a failed write that did not end in time)."""
+    print(f"specmeter worker: {fatal}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _rss_bytes() -> int | None:
@@ -69,6 +77,9 @@ class StreamShell:
     """The stages of one worker process, their state writes and outputs (the ``StageHooks``
     of the delivery driver)."""
 
+    #: after a write failed for good, the graceful stop's limit: the process then ends
+    FATAL_STOP_S = 20.0
+
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.counters = WorkerCounters()
@@ -83,25 +94,31 @@ class StreamShell:
         self.outages = Outages()
         #: dead letters in the log: the first of a reason, then one line a minute per reason
         self.dead_letter_log = DeadLetterLog()
-        #: whether the group is rebalancing (Faust's app says; ``build_app`` tells it)
-        self.rebalancing: Callable[[], bool] = lambda: False
         self.crash_points = CrashPoints.from_env()
-        #: what is read and applied, restored and caught up (the rules in ``_delivery``)
-        self.delivery = DeliveryDriver(settings, self)
+        self.write_faults = WriteFaults.from_env()
         self._records = t.records
+        self._output_kinds = {t.partials: "partial", t.deadletter: "dead_letter", t.metrics: "metrics"}
         s = settings
         self.output = OrderedProducer(
             on_failed=self._on_failed,
             bootstrap_servers=s.broker,
             client_id=f"{s.app_id}-output",
             acks="all",
+            # a refused write fails the writes after it in its partition too (their sequence
+            # numbers no longer follow): none of them can land after a lost one; and a
+            # retry never lands twice (``_writes`` reads any offsets skipped)
+            enable_idempotence=True,
             linger_ms=0,
             max_batch_size=1_048_576,
             max_request_size=max(s.max_message_bytes, 1_048_576) * 2,
-            # retry through a broker restart rather than fail the worker
-            request_timeout_ms=1_200_000,
+            # retry through a broker restart; past it, the worker stops (fail fast)
+            request_timeout_ms=int(s.delivery_timeout_s * 1000),
             **s.security.aiokafka_kwargs(),
         )
+        #: what is read and applied, taken over, restored and caught up (the rules in ``_delivery``)
+        self.delivery = DeliveryDriver(settings, self, output=self.output)
+        #: the changelog writes of owned partitions, and the outputs that wait for them
+        self.writes = self.delivery.writes
         #: says once in the log what a batch (or a merge) waits for
         self.wait_reporter = WaitReporter(batch_timeout_ms=int(settings.batch_timeout_s * 1000))
         #: the first produce that failed after the producer's own retries: the worker
@@ -133,6 +150,8 @@ class StreamShell:
         """Produce through the ordered producer (``_output``): in order per partition,
         flushed before a partition is given up, at crash points and at shutdown; a
         failure stops the worker."""
+        if self.write_faults.kind is not None:
+            value = self.write_faults.apply(self._output_kinds.get(topic), value)
         self.output.send(topic, key, value, partition)
 
     def _send_metrics(self, metrics: BatchMetrics) -> None:
@@ -141,16 +160,25 @@ class StreamShell:
         self._send(self.settings.topics.metrics, key, encode_metrics(metrics))
 
     def _on_failed(self, topic: str, exc: BaseException) -> None:
+        """The first write Kafka refused: the producer hands nothing more over (``_output``),
+        and the worker stops without flushing; its successor resumes from what is whole."""
         if self.fatal is not None:
             return
         self.fatal = (
             f"producing to {topic} failed after the producer's retries "
-            f"({type(exc).__name__}: {shorten(str(exc), 200)}); the worker stops rather than skip an "
-            f"output. Operator action: check the broker (message.max.bytes, ACLs, disk) and restart; "
+            f"({type(exc).__name__}: {shorten(str(exc), 200)}); the worker stops, writing nothing more, "
+            f"rather than skip an output or a state write. Operator action: check the broker "
+            f"(message.max.bytes, ACLs, disk, an outage longer than --delivery-timeout) and restart; "
             f"state and outputs are restored from the changelog"
         )
         log.critical("%s", self.fatal)
-        os.kill(os.getpid(), signal.SIGTERM)  # a graceful stop; run_worker exits non-zero
+        # a stop that leaves the groups (the other workers take the partitions at once);
+        # run_worker exits non-zero. Nothing is written meanwhile, and should the stop not
+        # end in time (a broker away), the process ends anyway
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = threading.Timer(self.FATAL_STOP_S, _exit_now, args=(self.fatal,))
+        deadline.daemon = True  # a stop that ends in time is not held up by it
+        deadline.start()
 
     async def flush_output(self) -> None:
         """Wait for every write sent so far (nothing to wait for before the producer started)."""
@@ -176,11 +204,13 @@ class StreamShell:
     async def reached(self, point: str) -> None:
         await self.crash_points.reached(point, self.flush_output)
 
-    def build(
-        self, topic: str, partition: int, entries: list[tuple[bytes, bytes]]
-    ) -> tuple[PartitionProcessor | BatchMerger, Callable[[], None]]:
-        """A partition's stage state restored from its changelog entries, and what to send
-        once it is installed (stage 1: the restore's effects; stage 2: its publications again)."""
+    def restorer(
+        self, topic: str, partition: int, valid: ValidState, epoch: int | None
+    ) -> Generator[None, None, Restored]:
+        """A partition's stage state restored from its changelog's valid entries, in steps,
+        and what to write once it is installed: the stage's restore effects, then the
+        deletion of what does not count (``_ownership``), as one write group whose outputs
+        (stage 1: partials again; stage 2: publications again) follow it."""
         s = self.settings
         if topic == self._records:
             processor = PartitionProcessor(
@@ -192,24 +222,25 @@ class StreamShell:
                 max_open_generations=s.max_open_generations,
                 counters=self.counters,
                 expired_retention_ms=int(s.expired_retention_s * 1000),
+                owner_epoch=epoch,
             )
-            effects = processor.restore(entries, _now_ms())
-            return processor, lambda: self._apply(effects, partition)
+            effects = yield from processor.restoring(valid.entries, _now_ms())
+            effects.changelog.extend((key, None) for key in valid.deletions)
+            return processor, lambda: self._submit_stage1(partition, effects)
         merger = BatchMerger(
             partition,
             partitions_expected=s.partitions,
             batch_timeout_ms=int(s.batch_timeout_s * 1000),
             grace_ms=int(s.grace_s * 1000),
             counters=self.counters,
+            owner_epoch=epoch,
         )
-        restored = merger.restore(entries)
+        restored = yield from merger.restoring(valid.entries)
+        restored.changelog.extend((key, None) for key in valid.deletions)
 
         def installed() -> None:
-            for key, value in restored.changelog:
-                self._send(self.stage2_log, key, value, partition)
             self.published.seed(restored.published, time.time())  # for /metrics: counted by their first publisher
-            for metrics in restored.published:  # identical repeats: a crash may have lost the original
-                self._send_metrics(metrics)
+            self._submit_stage2(partition, restored, repeat=True)
 
         return merger, installed
 
@@ -226,27 +257,36 @@ class StreamShell:
     ) -> None:
         effects = processor.process(messages, _now_ms())
         await self.reached("stage1-processed")
-        self._apply_changelog(effects, partition)
-        await self.reached("stage1-changelog")
-        self._apply_outputs(effects)
-        if effects.partials:
-            await self.reached("stage1-partials")
+        self._submit_stage1(partition, effects)
 
     async def _run_stage2(self, merger: BatchMerger, partition: int, messages: list[tuple[int, bytes]]) -> None:
         effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], _now_ms())
         await self.reached("stage2-merged")
-        self._apply_merge(effects, partition)
-        if effects.published:
-            await self.reached("stage2-published")
+        self._submit_stage2(partition, effects)
 
-    # -- effects ------------------------------------------------------------------
-    def _apply(self, effects: Effects, partition: int) -> None:
-        self._apply_changelog(effects, partition)
-        self._apply_outputs(effects)
+    # -- effects: a write group each (``_writes``) --------------------------------------------
+    def _submit_stage1(self, partition: int, effects: Effects) -> None:
+        async def release() -> None:
+            await self.reached("stage1-changelog")
+            self._apply_outputs(effects)
+            if effects.partials:
+                await self.reached("stage1-partials")
 
-    def _apply_changelog(self, effects: Effects, partition: int) -> None:
-        for key, value in effects.changelog:
-            self._send(self.stage1_log, key, value, partition)
+        self.writes.submit(self.stage1_log, partition, self._armed(effects.changelog), release)
+
+    def _submit_stage2(self, partition: int, effects: MergeEffects, *, repeat: bool = False) -> None:
+        async def release() -> None:
+            self._publish(effects, repeat=repeat)
+            if effects.published and not repeat:
+                await self.reached("stage2-published")
+
+        self.writes.submit(self.stage2_log, partition, self._armed(effects.changelog), release)
+
+    def _armed(self, writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
+        """Changelog writes, one of them padded to be refused when a test armed it (``_faults``)."""
+        if self.write_faults.kind is None:
+            return writes
+        return [(key, self.write_faults.apply(write_kind(key), value)) for key, value in writes]
 
     def _apply_outputs(self, effects: Effects) -> None:
         t = self.settings.topics
@@ -257,14 +297,11 @@ class StreamShell:
             self._send(t.deadletter, (letter.batch_id or "").encode(), encode_dead_letter(letter))
             self.dead_letter_log.letter(letter, now)
 
-    def _apply_merge(self, effects: MergeEffects, partition: int) -> None:
-        for key, value in effects.changelog:
-            self._send(self.stage2_log, key, value, partition)
-        self._publish(effects)
-
-    def _publish(self, effects: MergeEffects) -> None:
+    def _publish(self, effects: MergeEffects, *, repeat: bool = False) -> None:
         for metrics in effects.published:
             self._send_metrics(metrics)
+            if repeat:  # identical repeats after a takeover: a crash may have lost the original
+                continue
             self.last_published = metrics
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
@@ -294,17 +331,33 @@ class StreamShell:
             await self.start_output()
 
     def on_tick(self) -> None:
-        """Tick the stages' timers (of caught-up partitions), compact closed batches."""
+        """Tick the stages' timers (of caught-up partitions), compact closed batches; stop
+        when a write has waited for Kafka past the delivery timeout."""
+        waited_s = self.output.unacked_for_s()
+        if waited_s > self.settings.delivery_timeout_s:
+            self.output.fail(
+                "Kafka", TimeoutError(f"a write waited {waited_s:.0f} s for Kafka, past --delivery-timeout")
+            )
+            return
         t = self.settings.topics
         ledger = self.delivery.ledger
         now_ms = _now_ms()
         processors = self.processors
+        writes = self.writes
         for partition, processor in sorted(processors.items()):
-            if processor.has_timers and ledger.timers_run(t.records, partition):
-                self._apply(processor.tick(now_ms), partition)
+            if (
+                processor.has_timers
+                and ledger.timers_run(t.records, partition)
+                and not writes.busy(self.stage1_log, partition)  # its tick waits for its last writes
+            ):
+                self._submit_stage1(partition, processor.tick(now_ms))
         for partition, merger in sorted(self.mergers.items()):
-            if merger.entries and ledger.timers_run(t.partials, partition):
-                self._apply_merge(merger.tick(now_ms), partition)
+            if (
+                merger.entries
+                and ledger.timers_run(t.partials, partition)
+                and not writes.busy(self.stage2_log, partition)
+            ):
+                self._submit_stage2(partition, merger.tick(now_ms))
         _compact_closed(processors.values(), now_ms)
         self.dead_letter_log.tick(time.monotonic())
         mergers = self.mergers.values()
@@ -324,15 +377,25 @@ class StreamShell:
             "merges": merge_waits(w for m in self.mergers.values() for w in m.waiting(now_ms)),
         }
 
+    def delivery_stats(self) -> dict[str, Any]:
+        d = self.delivery
+        return {
+            "restored": d.restored,
+            "kept": d.kept,
+            "longest_restore_step_ms": round(d.longest_restore_step_s * 1000, 1),
+            "longest_stall_restoring_ms": round(d.longest_stall_restoring_s * 1000, 1),
+            **self.writes.stats(),
+        }
+
     def ready(self) -> bool:
-        """The state of every owned partition restored."""
+        """The state of every partition the groups assigned restored."""
         return self.delivery.ledger.ready()
 
     def readiness(self) -> Readiness:
         """Whether this worker can do its work now (``_readiness``): it serves its
         partitions and its writes go through, whatever one broker does."""
         return decide(
-            serving=not self.rebalancing() and self.ready(),
+            serving=not self.delivery.rebalancing and self.ready(),
             write_stalled_s=self.output.stalled_s(time.monotonic()),
             write_timeout_s=self.settings.ready_write_timeout_s,
             no_broker_answers=self.outages.no_broker_answers(),
@@ -387,63 +450,17 @@ def _compact_closed(
     return done
 
 
-#: for Faust's checks of a delivery it does not do: once a day at most, and never a warning
-_FAUST_NEVER_S = 86_400.0
-
-
-def _log_failure(what: str) -> Callable[[asyncio.Future], None]:
-    def done(future: asyncio.Future) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            log.warning("%s failed: %r", what, future.exception())
-
-    return done
-
-
-def _input_partitions(app: Any, topics: tuple[str, ...]) -> set[Any]:
-    consumer = app.consumer
-    return {tp for tp in consumer.assignment() if tp.topic in topics} if consumer is not None else set()
-
-
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     """A configured Faust app and its shell; nothing runs until a Worker starts it."""
     import faust
 
     _internals.check_pins()
     shell = StreamShell(settings)
-    t = settings.topics
-    inputs = (t.records, t.partials)
-
-    def keep_delivery_off() -> None:
-        """Right after Faust resumed the assigned partitions: pause its delivery (and its
-        aiokafka consumer's fetching) of the inputs again (the routes read them) and start
-        the routes."""
-        partitions = _input_partitions(app, inputs)
-        app.consumer.pause_partitions(partitions)
-        shell.start()
-        task = asyncio.get_running_loop().create_task(_internals.stop_fetching(app, partitions))
-        task.add_done_callback(_log_failure("pausing Faust's fetching of the input"))
 
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{b.strip()}" for b in settings.broker.split(",")],
         store="memory://",
-        key_serializer="raw",
-        value_serializer="raw",
-        topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
-        broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
-        # Faust commits nothing of the input (``_internals.commit_offsets`` does, on its own
-        # timer) and processes none of it: its commit loop, and the livelock check that walks
-        # every assigned partition at 2.5 times its interval (and would report its paused
-        # partitions as "not processing", or trip over a partition whose offset aiokafka is
-        # resetting), have nothing to do
-        broker_commit_interval=_FAUST_NEVER_S,
-        broker_commit_livelock_soft_timeout=_FAUST_NEVER_S,
-        stream_processing_timeout=_FAUST_NEVER_S,
-        # Faust's consumer never hands the input over (its partitions stay paused), but
-        # aiokafka under it prefetches one fetch per partition when they are resumed: keep it small
-        consumer_max_fetch_size=65_536,
         web_enabled=settings.web_enabled,
         web_host=settings.web_host,
         web_port=settings.web_port,
@@ -452,41 +469,15 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         web_graph_enabled=False,
         datadir=settings.data_dir,
         autodiscover=False,
-        topic_allow_declare=False,  # ensure_topics creates only what is missing (no Create right needed)
-        TableManager=_internals.table_manager(on_streams_resumed=keep_delivery_off),
+        topic_allow_declare=False,
         **faust_security_kwargs(settings.security),
     )
     app.boot_strategy = _internals.boot_strategy()(app)
-    shell.rebalancing = lambda: bool(app.rebalancing)
-    # the group assigns the topics its consumer subscribes to: the stages' inputs, read by the routes
-    for name in inputs:
-        app.topics.add(app.topic(name, partitions=settings.partitions, key_type=bytes, value_type=bytes))
 
     @app.timer(settings.tick_s)
     async def tick() -> None:
-        shell.start()  # (again, after an error) tasks of the running app's loop
+        shell.start()  # the routes and takeovers (again, after an error): tasks of the running app's loop
         shell.on_tick()
-
-    @app.timer(settings.commit_interval_s)
-    async def commit() -> None:
-        offsets = shell.delivery.ledger.commit_offsets()
-        if app.rebalancing or not offsets:
-            return
-        try:
-            await _internals.commit_offsets(app, offsets)
-        except Exception as exc:  # noqa: BLE001 - retried at the next interval
-            log.warning("committing the input offsets failed: %r", exc)
-
-    # mode types a handler with NamedArg("BaseSignalT"), a forward reference mypy
-    # cannot match against any function: the two handlers below are ignored for it alone
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
-        shell.delivery.revoke((tp.topic, tp.partition) for tp in revoked)
-        await shell.flush_output()  # the next owner must find everything written for these partitions
-
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
-        shell.delivery.assign((tp.topic, tp.partition) for tp in assigned)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **kwargs: Any) -> None:
@@ -511,6 +502,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 # what /specmeter/readyz answers, and how long writes have waited unacknowledged
                 "readiness": shell.readiness().as_dict(),
                 "output_stalled_s": round(shell.output.stalled_s(time.monotonic()), 1),
+                # rebalances: partitions restored from their changelog or kept, the longest a
+                # restore held the event loop, skipped offsets checked and fencings
+                "delivery": shell.delivery_stats(),
             }
         )
 

@@ -527,6 +527,24 @@ def _topic_options(func):
     "acknowledged, or when no broker answers; one broker away while the others serve leaves it ready.",
 )
 @click.option(
+    "--max-poll-interval",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.max_poll_interval_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="A worker alive but stuck: a stage that asks for no input this long leaves its consumer group, and "
+    "the other workers take its partitions over.",
+)
+@click.option(
+    "--delivery-timeout",
+    type=click.FloatRange(1),
+    default=_DEFAULTS.delivery_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a state write or output is retried through a Kafka outage; past it the worker stops, "
+    "writing nothing more (restart it: it resumes from the changelog).",
+)
+@click.option(
     "--max-open-generations",
     type=click.IntRange(1),
     default=_DEFAULTS.max_open_generations,
@@ -613,6 +631,8 @@ def worker(
     expired_retention: float,
     session_timeout: float,
     ready_write_timeout: float,
+    max_poll_interval: float,
+    delivery_timeout: float,
     max_open_generations: int,
     max_message_bytes: int,
     chunk_bytes: int,
@@ -631,7 +651,10 @@ def worker(
     state in changelog topics), closes batches on their producers' markers or
     after --batch-timeout, and publishes one BatchMetrics JSON message per
     batch and revision. Start more workers with the same --app-id to scale out
-    (up to --partitions). Stop with Ctrl-C or SIGTERM.
+    (up to --partitions): each stage's partitions are shared by a consumer group
+    (<app-id>-stage1, <app-id>-stage2), a rebalance moves only what must move, and
+    a worker frozen while its partitions moved can no longer change them. Stop
+    with Ctrl-C or SIGTERM.
 
     Before starting it checks that the broker answers, that every topic of
     its own that exists has --partitions partitions (the records, partials and
@@ -651,6 +674,8 @@ def worker(
         expired_retention_s=expired_retention,
         session_timeout_s=session_timeout,
         ready_write_timeout_s=ready_write_timeout,
+        max_poll_interval_s=max_poll_interval,
+        delivery_timeout_s=delivery_timeout,
         max_open_generations=max_open_generations,
         max_message_bytes=max_message_bytes,
         chunk_bytes=chunk_bytes,

@@ -27,7 +27,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         broker: Kafka bootstrap address(es), comma-separated.
-        app_id: Faust application id: consumer group and prefix of state topics.
+        app_id: the deployment's name: prefix of its state topics and consumer groups
+            (``<app-id>-stage1``, ``<app-id>-stage2``).
         topics: topic names.
         partitions: partitions of the records topic (and of every state topic).
         replication_factor: replicas of each topic the worker creates; None: the
@@ -56,11 +57,18 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             About 300 bytes of worker memory each with the native core (85-130 of
             them dedup state, bench/memory.py), twice that with the Python one
             (docs/operations.md, Memory).
-        session_timeout_s: how long a silent worker keeps its partitions.
+        session_timeout_s: how long a silent worker keeps its partitions (its group
+            coordinator hears no heartbeat for this long: the group rebalances).
         ready_write_timeout_s: readiness (``/specmeter/readyz``) drops when the worker's
             writes have waited this long with none acknowledged (``_readiness``); a
             broker that leads some partitions and goes away stalls writes for about
             the cluster's broker session timeout (9 s by default), well below it.
+        max_poll_interval_s: how long a stage's route may go without asking for input
+            before it leaves its group (its partitions move to the other workers): the
+            bound on a worker that is alive but stuck.
+        delivery_timeout_s: how long a write is retried through an outage before the
+            worker gives up: it then stops without flushing, and its successor resumes
+            from the last state that is whole.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
         max_exported_tasks: task names that get Prometheus counters of their own, per
@@ -88,6 +96,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_open_generations: int = 1_000_000
     session_timeout_s: float = 30.0
     ready_write_timeout_s: float = 30.0
+    max_poll_interval_s: float = 300.0
+    delivery_timeout_s: float = 1200.0
     commit_interval_s: float = 1.0
     web_enabled: bool = True
     web_host: str = "0.0.0.0"
@@ -96,6 +106,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str = "/tmp/specmeter-worker"
     log_level: str = "info"
     security: KafkaSecurity = KafkaSecurity()
+
+    @property
+    def consumer_groups(self) -> tuple[str, str]:
+        """The consumer groups of stage 1 (the records topic) and stage 2 (the partials topic)."""
+        return f"{self.app_id}-stage1", f"{self.app_id}-stage2"
 
 
 def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The delivery rules without a broker: the sans-IO ``_delivery.Ledger`` exactly, then the
-``_routes.DeliveryDriver`` over a fake consumer that serves in-memory logs."""
+``_routes.DeliveryDriver`` over fake group consumers and a fake producer that serve
+in-memory logs (takeovers, write groups, rebalances, fencing)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 from specmeter.streams._delivery import Admitted, Claim, Ledger
+from specmeter.streams._ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
 from specmeter.streams._routes import DeliveryDriver
 
 R, P = "records", "partials"
@@ -42,23 +45,26 @@ def installed(ledger: Ledger, topic: str, partition: int, checkpoint: int, log_e
 # -- the ledger -----------------------------------------------------------------------------------------
 def test_an_assignment_asks_to_restore_the_stages_partitions_once_per_epoch():
     ledger = Ledger((R, P))
-    ledger.assign([(R, 0), (R, 1), (P, 0), ("other-topic", 0)])
+    assert ledger.assign(R, [0, 1]) == [0, 1]
+    ledger.assign(P, [0])
+    assert ledger.assign("other-topic", [0]) == []
     assert ledger.to_restore() == [(P, 0), (R, 0), (R, 1)]
-    assert ledger.begin_restore(R, 0) == ledger.epoch
+    epoch = ledger.begin_restore(R, 0)
+    assert epoch is not None
     assert ledger.begin_restore(R, 0) is None  # a decision taken again before an await: no second restore
     assert ledger.to_restore() == [(P, 0), (R, 1)]
     assert ledger.begin_restore(R, 7) is None  # not ours
-    ledger.end_restore(R, 0, ledger.epoch)  # it failed: it may be tried again
+    ledger.end_restore(R, 0, epoch)  # it failed: it may be tried again
     assert ledger.begin_restore(R, 0) is not None
 
 
 def test_a_restore_that_outlived_its_epoch_installs_nothing():
     ledger = Ledger((R, P))
-    ledger.assign([(R, 0)])
+    ledger.assign(R, [0])
     epoch = ledger.begin_restore(R, 0)
     assert epoch is not None
-    ledger.revoke([(R, 0)])
-    ledger.assign([(R, 0)])  # assigned again in the next generation: restored again, from the changelog
+    ledger.assign(R, [])  # revoked
+    ledger.assign(R, [0])  # assigned again in the next generation: restored again
     assert ledger.install(R, 0, epoch, Stage(5), 10) is None
     assert ledger.following(R) == {}
     again = ledger.begin_restore(R, 0)
@@ -66,20 +72,42 @@ def test_a_restore_that_outlived_its_epoch_installs_nothing():
     assert ledger.install(R, 0, again, Stage(5), 10) is not None
 
 
-def test_a_revocation_of_any_partition_ends_every_claim_taken_before_it():
+def test_a_revocation_ends_the_claims_on_the_revoked_partition_only():
+    """Issue 30: one epoch for all partitions made every revocation drop the fetched input
+    of the partitions that stayed, without reading it again."""
     ledger = Ledger((R, P))
-    ledger.assign([(R, 0), (R, 1)])
+    ledger.assign(R, [0, 1])
     zero, one = installed(ledger, R, 0, -1), installed(ledger, R, 1, -1)
     assert ledger.holds(zero) and ledger.holds(one)
-    ledger.revoke([(R, 1)])
+    ledger.assign(R, [0])
     assert not ledger.holds(one) and not ledger.owns(R, 1)
-    assert not ledger.holds(zero)  # taken before the revocation: claimed again before more work
-    assert ledger.holds(ledger.claim(R, 0))
+    assert ledger.holds(zero)  # its work goes on
+
+
+def test_a_revoked_state_is_kept_suspended_until_the_next_assignment():
+    ledger = Ledger((R, P))
+    ledger.assign(R, [0, 1])
+    zero = installed(ledger, R, 0, 41)
+    ledger.assign(R, [1])
+    assert ledger.suspended(R) == {0: zero.state}
+    ledger.assign(R, [0, 1])
+    assert ledger.take_suspended(R, 0) is zero.state and ledger.take_suspended(R, 0) is None
+    assert ledger.to_restore(R) == [(R, 0), (R, 1)]  # kept or restored: the driver decides
+
+
+def test_a_fenced_partition_drops_its_state_and_is_taken_over_again_while_assigned():
+    ledger = Ledger((R, P))
+    ledger.assign(R, [0])
+    claim = installed(ledger, R, 0, 9)
+    assert ledger.fence(R, 0) is True
+    assert not ledger.holds(claim) and ledger.following(R) == {} and ledger.to_restore(R) == [(R, 0)]
+    ledger.assign(R, [])
+    assert ledger.fence(R, 0) is False and ledger.suspended(R) == {}
 
 
 def test_only_offsets_after_the_checkpoint_are_admitted_and_a_gap_in_the_log_is_counted():
     ledger = Ledger((R, P))
-    ledger.assign([(R, 0)])
+    ledger.assign(R, [0])
     claim = installed(ledger, R, 0, 9)
     assert ledger.admit(claim, [(8, b""), (9, b""), (10, b"a"), (11, b"b")]) == Admitted([(10, b"a"), (11, b"b")])
     assert ledger.admit(claim, [(5, b""), (9, b"")]) == Admitted([])
@@ -90,7 +118,7 @@ def test_only_offsets_after_the_checkpoint_are_admitted_and_a_gap_in_the_log_is_
 
 def test_timers_wait_until_the_route_reached_the_log_end_of_the_install():
     ledger = Ledger((R, P))
-    ledger.assign([(R, 0), (R, 1)])
+    ledger.assign(R, [0, 1])
     behind = installed(ledger, R, 0, checkpoint=4, log_end=20)
     current = installed(ledger, R, 1, checkpoint=4, log_end=5)  # nothing after its checkpoint
     assert not ledger.timers_run(R, 0) and ledger.timers_run(R, 1)
@@ -106,7 +134,8 @@ def test_timers_wait_until_the_route_reached_the_log_end_of_the_install():
 def test_ready_once_every_assigned_partition_is_installed_and_commits_only_what_was_applied():
     ledger = Ledger((R, P))
     assert ledger.ready()  # nothing assigned
-    ledger.assign([(R, 0), (P, 0)])
+    ledger.assign(R, [0])
+    ledger.assign(P, [0])
     assert not ledger.ready()
     records = installed(ledger, R, 0, -1)
     assert not ledger.ready()
@@ -115,44 +144,71 @@ def test_ready_once_every_assigned_partition_is_installed_and_commits_only_what_
     assert ledger.commit_offsets() == {(P, 0): 42}
     records.state.process([(0, b""), (1, b"")])
     assert ledger.commit_offsets() == {(P, 0): 42, (R, 0): 2}
-    assert set(ledger.following(R)) == {0} and set(ledger.following(P)) == {0}
+    assert ledger.commit_offsets(R) == {(R, 0): 2}
 
 
-# -- the driver over a fake consumer ----------------------------------------------------------------------
+# -- the driver over fakes ------------------------------------------------------------------------------
 class FakeLogs:
-    """In-memory logs for ``FakeConsumer``: topic -> partition -> [(offset, key, value)]."""
+    """In-memory logs: topic -> partition -> [(offset, key, value)], and the groups."""
 
     def __init__(self) -> None:
         self.logs: dict[str, dict[int, list[tuple[int, bytes | None, bytes | None]]]] = {}
         self.fail_next_reads = 0
         self.consumers: list[FakeConsumer] = []
+        self.committed: dict[tuple[str, str, int], int] = {}
+        self.stale_commits = False
 
-    def append(self, topic: str, partition: int, value: bytes, key: bytes | None = None) -> None:
+    def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
         log = self.logs.setdefault(topic, {}).setdefault(partition, [])
         log.append((len(log), key, value))
+        return len(log) - 1
 
     def end(self, topic: str, partition: int) -> int:
         return len(self.logs.get(topic, {}).get(partition, []))
 
+    def members(self, topic: str) -> list[FakeConsumer]:
+        return [c for c in self.consumers if c.group_id and topic in c.topics and c.started and not c.stopped]
+
 
 class FakeConsumer:
-    """What the routes and the changelog reader use of aiokafka's consumer."""
+    """What the routes and the changelog reader use of aiokafka's consumer; a group member
+    is assigned partitions by the test (``rebalance``), through its listener."""
 
-    def __init__(self, logs: FakeLogs, **options: Any) -> None:
+    def __init__(self, logs: FakeLogs, group_id: str | None = None, **options: Any) -> None:
         self.logs = logs
+        self.group_id = group_id
+        self.topics: list[str] = []
+        self.listener: Any = None
         self.positions: dict[Any, int] = {}
         self.paused: set[Any] = set()
         self.started = self.stopped = False
         logs.consumers.append(self)
 
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.topics, self.listener = topics, listener
+
     async def start(self) -> None:
-        if self.logs.fail_next_reads:
+        if self.logs.fail_next_reads and not self.group_id:
             self.logs.fail_next_reads -= 1
             raise ConnectionError("the broker went away")
         self.started = True
 
     async def stop(self) -> None:
         self.stopped = True
+
+    async def rebalance(self, partitions: list[int]) -> None:
+        """The group's new assignment for this member (eager: all revoked, then assigned)."""
+        from aiokafka.structs import TopicPartition as TP
+
+        old = list(self.positions)
+        await self.listener.on_partitions_revoked(old)
+        topic = self.topics[0]
+        self.positions = {TP(topic, p): 0 for p in partitions}
+        self.paused = set()
+        await self.listener.on_partitions_assigned(list(self.positions))
+
+    def assignment(self) -> set[Any]:
+        return set(self.positions)
 
     def assign(self, tps: list[Any]) -> None:
         self.positions = dict.fromkeys(tps, 0)
@@ -167,6 +223,9 @@ class FakeConsumer:
     def pause(self, tp: Any) -> None:
         self.paused.add(tp)
 
+    def resume(self, tp: Any) -> None:
+        self.paused.discard(tp)
+
     async def position(self, tp: Any) -> int:
         return self.positions[tp]
 
@@ -175,6 +234,15 @@ class FakeConsumer:
 
     async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
         return dict.fromkeys(tps, 0)
+
+    async def committed(self, tp: Any) -> int | None:
+        return self.logs.committed.get((self.group_id, tp.topic, tp.partition))
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        if self.logs.stale_commits:
+            raise RuntimeError("CommitFailedError: the group rebalanced (a stale generation)")
+        for tp, offset in offsets.items():
+            self.logs.committed[(self.group_id, tp.topic, tp.partition)] = offset
 
     async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
         await asyncio.sleep(0.001)
@@ -197,31 +265,64 @@ class FakeConsumer:
         return out
 
 
+class FakeOutput:
+    """The ordered producer as the writes see it: appends at once, acknowledges soon after."""
+
+    def __init__(self, logs: FakeLogs) -> None:
+        self.logs = logs
+        self.sent: list[tuple[str, bytes | None, bytes | None, int | None]] = []
+
+    def send(self, topic, key, value, partition=None, on_ack=None) -> None:
+        self.sent.append((topic, key, value, partition))
+        offset = self.logs.append(topic, partition or 0, value, key)
+        if on_ack is not None:
+            asyncio.get_running_loop().call_later(0.002, on_ack, offset)
+
+
 class FakeStages:
     """The stages as the driver sees them: a state per partition, restored to the checkpoint
-    its changelog names (key b"c", value the offset), applying input in order, once."""
+    its changelog's valid state names (a ``c`` key, value the offset), applying input in order,
+    once, each chunk a write group (its checkpoint) whose output is a line in ``released``."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs: FakeLogs) -> None:
+        self.logs = logs
+        self.driver: DeliveryDriver | None = None
         self.builds: dict[tuple[str, int], int] = {}
         self.states: dict[tuple[str, int], list[Stage]] = {}
         self.hold_restore = asyncio.Event()
         self.hold_restore.set()
         self.hold_input = asyncio.Event()
         self.hold_input.set()
+        self.released: list[tuple[str, int, int]] = []
+        self.restore_steps = 0
 
     def changelog_of(self, topic: str) -> str:
         return f"{topic}-changelog"
 
-    def build(self, topic: str, partition: int, entries: list[tuple[bytes, bytes]]) -> tuple[Any, Any]:
+    def restorer(self, topic, partition, valid, epoch) -> Generator[None, None, tuple[Any, Any]]:
         self.builds[(topic, partition)] = self.builds.get((topic, partition), 0) + 1
-        checkpoint = int(dict(entries).get(b"c", b"-1"))
+        checkpoint = -1
+        for key, value in valid.entries:
+            if split_key(key)[0].endswith(b"\x1fc"):
+                checkpoint = int(value)
+        for _ in range(self.restore_steps):
+            yield
         state = Stage(checkpoint)
+        state.key_part = owner_key_part(partition, epoch)  # type: ignore[attr-defined]
         self.states.setdefault((topic, partition), []).append(state)
         return state, lambda: None
 
     async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, Any]]) -> None:
         await self.hold_input.wait()
         state.process(messages)
+        key = f"{state.key_part}\x1fc".encode()
+        checkpoint = state.checkpoint
+
+        async def release() -> None:
+            self.released.append((topic, partition, checkpoint))
+
+        assert self.driver is not None
+        self.driver.writes.submit(self.changelog_of(topic), partition, [(key, str(checkpoint).encode())], release)
 
     async def reached(self, point: str) -> None:
         if point == "restore":
@@ -235,9 +336,16 @@ def _driver(logs: FakeLogs, stages: FakeStages) -> DeliveryDriver:
         security=SimpleNamespace(aiokafka_kwargs=dict),
         chunk_bytes=1_048_576,
         fetch_wait_ms=10,
+        session_timeout_s=6.0,
+        max_poll_interval_s=300.0,
+        commit_interval_s=0.05,
+        consumer_groups=("g-stage1", "g-stage2"),
     )
-    driver = DeliveryDriver(settings, stages, new_consumer=lambda **options: FakeConsumer(logs, **options))
+    driver = DeliveryDriver(
+        settings, stages, output=FakeOutput(logs), new_consumer=lambda **options: FakeConsumer(logs, **options)
+    )
     driver.RETRY_S = 0.01
+    stages.driver = driver
     return driver
 
 
@@ -248,26 +356,39 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_the_driver_restores_then_reads_each_partition_from_its_checkpoint_once_through_one_route():
-    logs, stages = FakeLogs(), FakeStages()
+async def _member(logs: FakeLogs, topic: str) -> FakeConsumer:
+    await _until(lambda: bool(logs.members(topic)))
+    return logs.members(topic)[0]
+
+
+def _takeovers(logs: FakeLogs, topic: str, partition: int) -> list[int]:
+    log = logs.logs.get(f"{topic}-changelog", {}).get(partition, [])
+    return [o for o, k, _ in log if k is not None and b"\x1fe\x1f" in k]
+
+
+def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_checkpoint_once():
+    logs = FakeLogs()
+    stages = FakeStages(logs)
     for offset in range(10):
         logs.append(R, 0, f"r{offset}".encode())
         logs.append(R, 1, f"r{offset}".encode())
-    logs.append(f"{R}-changelog", 0, b"6", key=b"c")  # partition 0 applied up to 6 before
+    logs.append(f"{R}-changelog", 0, b"6", key=b"0\x1fc")  # partition 0 applied up to 6 before (untagged)
     timers: list[bool] = []
 
     async def run() -> None:
         driver = _driver(logs, stages)
         stages.hold_input.clear()
         driver.start()
-        driver.assign([(R, 0), (R, 1)])
-        await _until(lambda: driver.ledger.ready())
+        member = await _member(logs, R)
+        await member.rebalance([0, 1])
+        await _until(lambda: driver.ledger.ready() and bool(driver.ledger.following(R)))
         await asyncio.sleep(0.02)
         timers.append(driver.ledger.timers_run(R, 0))
         stages.hold_input.set()
         await _until(lambda: driver.ledger.timers_run(R, 0) and driver.ledger.timers_run(R, 1))
         logs.append(R, 0, b"late")  # the route keeps following
         await _until(lambda: stages.states[(R, 0)][-1].checkpoint == 10)
+        await _until(lambda: (R, 0, 10) in stages.released)  # the group's output, once its writes were acked
         await driver.close()
 
     asyncio.run(run())
@@ -275,13 +396,18 @@ def test_the_driver_restores_then_reads_each_partition_from_its_checkpoint_once_
     assert stages.states[(R, 0)][0].applied == [7, 8, 9, 10]
     assert stages.states[(R, 1)][0].applied == list(range(10))
     assert timers == [False]  # held until the route had read what the log held at install
-    consumers = [c for c in logs.consumers if c.started]
-    assert len(consumers) == 3  # one route per stage and one changelog reader, whatever the partitions
-    assert all(c.stopped for c in consumers)
+    assert len(_takeovers(logs, R, 0)) == len(_takeovers(logs, R, 1)) == 1
+    # what a worker writes after its takeover carries its epoch
+    epoch = _takeovers(logs, R, 0)[0]
+    written = [k for o, k, _ in logs.logs[f"{R}-changelog"][0] if o > epoch]
+    assert written and all(split_key(k)[1] == epoch for k in written)
+    assert logs.committed[("g-stage1", R, 0)] == 11  # the group's lag follows the checkpoints
+    assert all(c.stopped for c in logs.consumers if c.started)
 
 
 def test_a_revocation_during_a_restore_installs_nothing_and_the_next_assignment_restores_once():
-    logs, stages = FakeLogs(), FakeStages()
+    logs = FakeLogs()
+    stages = FakeStages(logs)
     for _ in range(4):
         logs.append(R, 0, b"r")
     stages.hold_restore.clear()
@@ -289,15 +415,16 @@ def test_a_revocation_during_a_restore_installs_nothing_and_the_next_assignment_
     async def run() -> None:
         driver = _driver(logs, stages)
         driver.start()
-        driver.assign([(R, 0)])
-        await asyncio.sleep(0.05)  # the changelog is read; the install waits at the crash point
-        driver.revoke([(R, 0)])
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await asyncio.sleep(0.05)  # taken over, the changelog read; the install waits at the crash point
+        await member.rebalance([])
         stages.hold_restore.set()
         await asyncio.sleep(0.05)
         assert driver.ledger.following(R) == {}
-        driver.assign([(R, 0)])
-        driver.assign([(R, 0)])  # a second signal for the same assignment: no second restore
+        await member.rebalance([0])
         await _until(lambda: driver.ledger.timers_run(R, 0))
+        await _until(lambda: bool(stages.states[(R, 0)][-1].applied == [0, 1, 2, 3]))
         await driver.close()
 
     asyncio.run(run())
@@ -305,8 +432,9 @@ def test_a_revocation_during_a_restore_installs_nothing_and_the_next_assignment_
     assert [s.applied for s in stages.states[(R, 0)]] == [[0, 1, 2, 3]]
 
 
-def test_a_restore_that_fails_is_retried_and_the_timers_wait_for_it():
-    logs, stages = FakeLogs(), FakeStages()
+def test_a_takeover_that_fails_is_retried_and_the_timers_wait_for_it():
+    logs = FakeLogs()
+    stages = FakeStages(logs)
     for _ in range(5):
         logs.append(R, 0, b"r")
     logs.fail_next_reads = 2
@@ -314,37 +442,39 @@ def test_a_restore_that_fails_is_retried_and_the_timers_wait_for_it():
 
     async def run() -> None:
         driver = _driver(logs, stages)
-        driver.assign([(R, 0)])
         driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
         for _ in range(3):
             held.append(driver.ledger.timers_run(R, 0))
             await asyncio.sleep(0.001)
         await _until(lambda: driver.ledger.timers_run(R, 0))
+        await _until(lambda: stages.states[(R, 0)][0].applied == [0, 1, 2, 3, 4])
         await driver.close()
 
     asyncio.run(run())
     assert held == [False, False, False]
-    assert stages.states[(R, 0)][0].applied == [0, 1, 2, 3, 4]
 
 
 def test_input_fetched_for_a_partition_revoked_meanwhile_is_not_applied():
-    logs, stages = FakeLogs(), FakeStages()
+    logs = FakeLogs()
     for _ in range(30):
         logs.append(R, 0, b"r")
 
     class SlowStages(FakeStages):
         async def run(self, topic, state, partition, messages):
-            state.process(messages)
+            await super().run(topic, state, partition, messages)
             await asyncio.sleep(0.01)  # the revocation comes while a chunk is applied
 
-    stages = SlowStages()
+    stages = SlowStages(logs)
 
     async def run() -> None:
         driver = _driver(logs, stages)
         driver.start()
-        driver.assign([(R, 0)])
+        member = await _member(logs, R)
+        await member.rebalance([0])
         await _until(lambda: bool(stages.states.get((R, 0))) and stages.states[(R, 0)][0].applied)
-        driver.revoke([(R, 0)])
+        await member.rebalance([])
         state = stages.states[(R, 0)][0]
         seen = list(state.applied)
         await asyncio.sleep(0.05)
@@ -355,27 +485,147 @@ def test_input_fetched_for_a_partition_revoked_meanwhile_is_not_applied():
     assert stages.states[(R, 0)][0].applied[-1] < 29
 
 
+def test_a_rebalance_that_leaves_partitions_alone_keeps_their_state_and_their_input():
+    """Issue 30: every rebalance restored every partition, and dropped the fetched input of the
+    partitions that stayed without reading it again."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(12):
+        logs.append(R, 0, b"r")
+        logs.append(R, 1, b"r")
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0, 1])
+        await _until(lambda: driver.ledger.timers_run(R, 0) and driver.ledger.timers_run(R, 1))
+        await _until(lambda: stages.states[(R, 0)][0].checkpoint == 11 and stages.states[(R, 1)][0].checkpoint == 11)
+        await asyncio.sleep(0.05)
+        # a worker joins: partition 1 moves there, and its new owner writes its changelog
+        await member.rebalance([0])
+        logs.append(f"{R}-changelog", 1, encode_takeover(Takeover(token="other")), takeover_key(1, "other"))
+        for _ in range(5):
+            logs.append(R, 0, b"r")
+        await _until(lambda: stages.states[(R, 0)][-1].checkpoint == 16)
+        # and it leaves again: both come back; 0 kept as it is, 1 restored (its changelog moved)
+        await member.rebalance([0, 1])
+        await _until(lambda: driver.ledger.ready() and len(driver.ledger.following(R)) == 2)
+        for _ in range(3):
+            logs.append(R, 0, b"r")
+        await _until(lambda: stages.states[(R, 0)][-1].checkpoint == 19)
+        assert (driver.kept, driver.restored) == (2, 3)  # 0 kept at both rebalances; 1 restored again
+        await driver.close()
+
+    asyncio.run(run())
+    assert stages.builds == {(R, 0): 1, (R, 1): 2}
+    assert stages.states[(R, 0)][0].applied == list(range(20))  # one state, every offset once
+
+
+def test_a_foreign_takeover_in_its_changelog_fences_the_worker_and_releases_nothing_more():
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(3):
+        logs.append(R, 0, b"r")
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await _until(lambda: (R, 0, 2) in stages.released)
+        first = stages.states[(R, 0)][0]
+        # another worker took partition 0 over (this one was frozen past its session), and wrote
+        # the checkpoint it restored under its own tag, as a restore does ...
+        other = logs.append(
+            f"{R}-changelog", 0, encode_takeover(Takeover(token="other", owner="w2")), takeover_key(0, "other")
+        )
+        logs.append(f"{R}-changelog", 0, b"2", f"{owner_key_part(0, other)}\x1fc".encode())
+        logs.append(R, 0, b"r")  # ... and this worker still applies the input it fetched
+        await _until(lambda: driver.writes.fenced == 1)
+        assert (R, 0, 3) not in stages.released  # its output never leaves
+        assert first.checkpoint == 3
+        # still assigned here: taken over again, from the changelog (that says 2, and the other's takeover)
+        await _until(lambda: len(stages.states[(R, 0)]) == 2 and driver.ledger.timers_run(R, 0))
+        await _until(lambda: (R, 0, 3) in stages.released)
+        await driver.close()
+
+    asyncio.run(run())
+    assert stages.states[(R, 0)][1].applied == [3]
+
+
+def test_a_member_of_a_stale_generation_writes_no_takeover():
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    logs.stale_commits = True
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await asyncio.sleep(0.1)
+        assert not driver.ledger.ready() and not _takeovers(logs, R, 0)
+        logs.stale_commits = False
+        await member.rebalance([0])  # the next generation's assignment
+        await _until(lambda: driver.ledger.ready() and bool(driver.ledger.following(R)))
+        await driver.close()
+
+    asyncio.run(run())
+    assert len(_takeovers(logs, R, 0)) == 1
+
+
+def test_a_large_restore_yields_to_the_event_loop():
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    stages.restore_steps = 2_000
+    ticks: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            ticks.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0)
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.RESTORE_SLICE_S = 0.0  # yield at every step
+        beat = asyncio.get_running_loop().create_task(heartbeat())
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await _until(lambda: driver.ledger.ready() and bool(driver.ledger.following(R)))
+        beat.cancel()
+        await driver.close()
+
+    asyncio.run(run())
+    assert len(ticks) > 2_000  # the loop ran between the steps
+
+
 @pytest.mark.parametrize("topic", [R, P])
-def test_both_stages_are_fed_by_their_own_route(topic):
-    logs, stages = FakeLogs(), FakeStages()
+def test_both_stages_are_fed_by_their_own_route_in_their_own_group(topic):
+    logs = FakeLogs()
+    stages = FakeStages(logs)
     for _ in range(5):
         logs.append(topic, 3, b"x")
 
     async def run() -> None:
         driver = _driver(logs, stages)
         driver.start()
-        driver.assign([(topic, 3)])
+        member = await _member(logs, topic)
+        assert member.group_id == ("g-stage1" if topic == R else "g-stage2")
+        await member.rebalance([3])
         await _until(lambda: driver.ledger.timers_run(topic, 3))
+        await _until(lambda: stages.states[(topic, 3)][0].applied == [0, 1, 2, 3, 4])
         await driver.close()
 
     asyncio.run(run())
-    assert stages.states[(topic, 3)][0].applied == [0, 1, 2, 3, 4]
 
 
 def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
     """An idle route lets the broker hold its fetches long (``IDLE_FETCH_WAIT_MS``); a
     partition restored meanwhile is still read at the route's next short turn."""
-    logs, stages = FakeLogs(), FakeStages()
+    logs = FakeLogs()
+    stages = FakeStages(logs)
 
     async def run() -> float:
         driver = _driver(logs, stages)
@@ -383,13 +633,14 @@ def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
             route.IDLE_AFTER_S = 0.0
             route.IDLE_FETCH_WAIT_MS = 5_000
         driver.start()
-        driver.assign([(R, 0)])
+        member = await _member(logs, R)
+        await member.rebalance([0])
         await _until(lambda: driver.ledger.timers_run(R, 0))
         await asyncio.sleep(0.5)  # the route idles
         for _ in range(3):
             logs.append(R, 1, b"r")
         started = asyncio.get_running_loop().time()
-        driver.assign([(R, 0), (R, 1)])
+        await member.rebalance([0, 1])
         await _until(lambda: driver.ledger.timers_run(R, 1) and bool(stages.states.get((R, 1))))
         await _until(lambda: stages.states[(R, 1)][-1].checkpoint == 2)
         elapsed = asyncio.get_running_loop().time() - started

@@ -312,3 +312,40 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
         d.close()
         if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
             print(d.log_tail(), private_broker.log_tail())
+
+
+@pytest.mark.timeout(600)
+def test_an_outage_past_the_delivery_timeout_stops_cleanly_and_resumes_exactly(private_broker, request):
+    """Issue 30: the broker stays away longer than --delivery-timeout while the worker has
+    writes to make; it stops with one line saying so, having handed nothing more to Kafka,
+    and a worker started once the broker is back resumes exactly."""
+    from .support.kafka_helpers import create_topic
+    from .support.worker_harness import Deployment
+
+    bootstrap = private_broker.start()
+    d = Deployment(bootstrap)
+    asyncio.run(create_topic(bootstrap, d.topics.records, d.partitions))
+    events = fleet_events(seed=52, batches=6, sessions=12)
+    half = len(events) // 2
+    worker = d.start_worker("--delivery-timeout", "8")
+    try:
+        d.wait_ready(worker)
+        asyncio.run(publish_events(bootstrap, d.topics.records, events[:half]))
+        time.sleep(0.5)  # mid-stream: chunks applied, their writes on their way
+        private_broker.stop()
+        try:
+            worker.wait(timeout=120)
+        finally:
+            private_broker.start()
+        log = d.logs[0].read_text(errors="replace")
+        assert worker.returncode == 1, log[-3000:]
+        assert "past --delivery-timeout" in log and "the worker stops, writing nothing more" in log
+        asyncio.run(publish_events(bootstrap, d.topics.records, events[half:]))
+        d.start_worker()
+        published = wait_complete(d, {e.batch_id for e in events}, timeout_s=180)
+        assert_matches_offline(published, events)
+        assert_conserved(produced_records(events), published, d.dead_letters())
+    finally:
+        d.close()
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(d.log_tail(), private_broker.log_tail())

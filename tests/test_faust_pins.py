@@ -1,24 +1,15 @@
-"""What ``streams/_internals.py`` relies on of Faust's and aiokafka's private internals: these
-tests fail when the installed release changes it, so the room is looked at again."""
+"""What ``streams/_internals.py`` relies on of aiokafka's private internals, and of Faust's
+boot strategy: these tests fail when the installed release changes it, so the room is
+looked at again."""
 
 from __future__ import annotations
 
 import inspect
-import textwrap
 
 import pytest
 
-from specmeter.streams._internals import AIOKAFKA_PINNED, FAUST_PINNED, check_pins, table_manager
-
-#: faust-streaming's ``TableManager.on_start`` as ``TablelessManager.on_start`` copies it (less the sleep)
-_COPIED_ON_START = '''
-async def on_start(self) -> None:
-    """Call when table manager is starting."""
-    await self.sleep(1.0)
-    if not self.should_stop:
-        await self._update_channels()
-        await self.recovery.start()
-'''
+from specmeter.streams import _internals
+from specmeter.streams._internals import AIOKAFKA_PINNED, FAUST_PINNED, boot_strategy, check_pins
 
 
 def test_the_installed_releases_are_the_pinned_ones():
@@ -29,70 +20,42 @@ def test_the_installed_releases_are_the_pinned_ones():
     assert aiokafka.__version__ == AIOKAFKA_PINNED, "read streams/_internals.py against this aiokafka, then re-pin"
 
 
-def test_faust_table_manager_on_start_is_the_one_copied():
-    from faust.tables import TableManager
-
-    source = textwrap.dedent(inspect.getsource(TableManager.on_start))
-    assert source.strip() == _COPIED_ON_START.strip(), (
-        f"faust-streaming's TableManager.on_start changed since {FAUST_PINNED}: update TablelessManager"
-    )
-    assert inspect.iscoroutinefunction(TableManager._update_channels)
-
-
-def test_the_tableless_manager_is_faust_s_less_the_pause():
-    from faust.tables import TableManager
-
-    manager = table_manager(on_streams_resumed=lambda: None)
-    assert issubclass(manager, TableManager)
-    assert "sleep" not in inspect.getsource(manager.on_start)
-
-
-def test_faust_recovery_calls_on_actives_ready_after_resuming_the_partitions():
-    """``on_actives_ready`` pauses Faust's delivery of the input: it must come after Faust
-    resumed the partitions, or Faust would deliver them."""
-    from faust.tables.recovery import Recovery
-
-    source = inspect.getsource(Recovery._resume_streams)  # the path of an app without tables
-    resumed = source.find("consumer.resume_partitions(")
-    ready = source.find("self.tables.on_actives_ready()")
-    assert 0 <= resumed < ready, f"Recovery._resume_streams changed since faust-streaming {FAUST_PINNED}"
-
-
-def test_the_commit_and_the_metadata_request_are_where_they_were():
+def test_the_metadata_request_the_fetch_wait_and_the_appender_are_where_they_were():
     from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.consumer.fetcher import Fetcher
+    from aiokafka.producer.message_accumulator import MessageAccumulator
+    from aiokafka.producer.producer import AIOKafkaProducer
     from aiokafka.protocol.metadata import MetadataRequest
-    from faust.transport.consumer import Consumer
 
-    assert inspect.iscoroutinefunction(Consumer._commit)
-    assert list(inspect.signature(Consumer._commit).parameters) == ["self", "offsets"]
     assert inspect.iscoroutinefunction(AIOKafkaAdminClient._send_request)
     assert "allow_auto_topic_creation" in inspect.signature(MetadataRequest).parameters
-    from aiokafka.consumer.fetcher import Fetcher
-
     # set_fetch_wait: the fetcher keeps the wait as an attribute and reads it for every request
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
     assert "self._fetch_max_wait_ms," in inspect.getsource(Fetcher._get_actions_per_node)
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    # stop_fetching: a coroutine run in Faust's consumer thread, on the aiokafka consumer there
-    assert inspect.iscoroutinefunction(AIOKafkaConsumerThread.call_thread)
-    assert "_consumer" in inspect.getsource(AIOKafkaConsumerThread._ensure_consumer)
-    from aiokafka.producer.message_accumulator import MessageAccumulator
-    from aiokafka.producer.producer import AIOKafkaProducer
-
     # message_appender: send's own hand-over to the accumulator, with the timeout it passes
     send = inspect.getsource(AIOKafkaProducer.send)
     assert "await self._message_accumulator.add_message(" in send
     assert "self._request_timeout_ms / 1000" in send
     assert inspect.iscoroutinefunction(MessageAccumulator.add_message)
+    # stop_without_sending: the sender's own close cancels its task, and stop then finds it done
+    from aiokafka.producer.sender import Sender
+
+    assert inspect.iscoroutinefunction(Sender.close) and "self._sender_task.cancel()" in inspect.getsource(Sender.close)
+    assert "return_when=asyncio.FIRST_COMPLETED" in inspect.getsource(AIOKafkaProducer.stop)
     check_pins()  # and what the worker checks at start holds
 
 
-def test_a_faust_without_a_private_member_fails_at_start_up_with_a_clear_error():
-    class Changed:  # a TableManager whose private method was renamed
-        recovery = None
-        should_stop = False
-        on_actives_ready = None
+def test_faust_runs_no_kafka_client_of_its_own():
+    """The boot strategy leaves Faust its lifecycle, timers and web server: no consumer (the
+    routes are the group members), no producer, no tables, no sensors."""
+    from types import SimpleNamespace
 
-    with pytest.raises(RuntimeError, match=r"TableManager._update_channels missing.*must be updated"):
-        check_pins(Changed)
+    strategy = boot_strategy()(SimpleNamespace())  # an app it never needs to look at for these
+    assert strategy.kafka_consumer() == [] and strategy.kafka_producer() == []
+    assert strategy.tables() == [] and strategy.kafka_conductor() == [] and strategy.sensors() == []
+
+
+def test_an_aiokafka_without_a_private_member_fails_at_start_up_with_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_internals, "_fetcher_source", lambda: "class Fetcher: pass")
+    with pytest.raises(RuntimeError, match=r"Fetcher._fetch_max_wait_ms missing.*must be updated"):
+        check_pins()

@@ -56,9 +56,9 @@ def test_no_batch_waits_a_second_for_its_metrics_under_sustained_load(kafka_boot
 
 
 def test_the_consumer_group_commits_what_stage_1_applied(deployment):
-    """Stage 1 reads its input through a consumer of its own while Faust's delivery of
-    the records topic is paused; the group's committed offsets (what lag dashboards
-    read) still reach the log end once the input is applied."""
+    """Stage 1 reads its input through its route, a member of the stage's group
+    (``<app-id>-stage1``); the group's committed offsets (what lag dashboards read)
+    reach the log end once the input is applied."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
@@ -74,7 +74,7 @@ def test_the_consumer_group_commits_what_stage_1_applied(deployment):
 
     async def committed_and_ends() -> tuple[dict, dict]:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=deployment.bootstrap, group_id=deployment.name, enable_auto_commit=False
+            bootstrap_servers=deployment.bootstrap, group_id=f"{deployment.name}-stage1", enable_auto_commit=False
         )
         await consumer.start()
         try:

@@ -264,11 +264,22 @@ def test_partitions_added_to_a_topic_are_used_after_the_next_metadata_refresh(ka
 
 
 @pytest.mark.kafka
-def test_a_message_for_a_missing_partition_or_too_large_is_reported_not_sent(kafka_bootstrap, unique_name):
+@pytest.mark.parametrize(
+    ("partition", "value", "error", "says"),
+    [
+        (5, b"to a partition the topic lacks", "ValueError", "no partition 5"),
+        (1, b"x" * 20_000, "MessageSizeTooLargeError", "10000"),
+    ],
+)
+def test_a_refused_message_is_reported_and_nothing_after_it_is_sent(
+    kafka_bootstrap, unique_name, partition, value, error, says
+):
+    """A message for a partition the topic lacks, or too large, is reported once; and the
+    producer stops there (issue 30, fail fast): the message after it is not sent."""
     topic = unique_name("refused")
     asyncio.run(create_topic(kafka_bootstrap, topic, 2))
 
-    async def run() -> list:
+    async def run() -> tuple[list, OrderedProducer]:
         failures: list = []
         out = OrderedProducer(
             on_failed=lambda t, exc: failures.append((t, type(exc).__name__, str(exc))),
@@ -277,16 +288,18 @@ def test_a_message_for_a_missing_partition_or_too_large_is_reported_not_sent(kaf
         )
         await out.start()
         try:
-            out.send(topic, b"k", b"to a partition the topic lacks", 5)
-            out.send(topic, b"k", b"x" * 20_000, 1)
-            out.send(topic, b"k", b"fine", 1)
+            out.send(topic, b"k", b"before", 1)
             await out.flush()
+            out.send(topic, b"k", value, partition)
+            out.send(topic, b"k", b"after", 1)
+            await out.flush()
+            out.send(topic, b"k", b"later", 1)
         finally:
             await out.stop()
-        return failures
+        return failures, out
 
-    failures = asyncio.run(run())
-    assert [(t, kind) for t, kind, _ in failures] == [(topic, "ValueError"), (topic, "MessageSizeTooLargeError")]
-    assert "no partition 5" in failures[0][2] and "10000" in failures[1][2]
-    got = asyncio.run(read_topic(kafka_bootstrap, topic, until=lambda ms: len(ms) >= 1, idle_s=2))
-    assert [m.value for m in got] == [b"fine"]
+    failures, out = asyncio.run(run())
+    assert [(t, kind) for t, kind, _ in failures] == [(topic, error)]
+    assert says in failures[0][2] and out.failed is not None
+    got = asyncio.run(read_topic(kafka_bootstrap, topic, idle_s=2))
+    assert [m.value for m in got] == [b"before"]

@@ -142,7 +142,7 @@ def _client_env(secure_broker, user: str, mechanism: str) -> dict[str, str]:
     }
 
 
-def _grant(secure_broker, principal: str, topics_ops: dict[str, tuple[str, ...]], group: str | None = None) -> None:
+def _grant(secure_broker, principal: str, topics_ops: dict[str, tuple[str, ...]], groups: tuple[str, ...] = ()) -> None:
     broker = secure_broker["broker"]
     for topic, operations in topics_ops.items():
         broker.tool(
@@ -156,7 +156,7 @@ def _grant(secure_broker, principal: str, topics_ops: dict[str, tuple[str, ...]]
             "--topic",
             topic,
         )
-    if group:
+    for group in groups:
         broker.tool(
             "org.apache.kafka.tools.AclCommand",
             "--bootstrap-server",
@@ -183,16 +183,14 @@ def _specmeter(*args: str, env: dict[str, str], timeout: float = 180) -> subproc
 
 def test_sasl_ssl_with_least_privilege_end_to_end(secure_broker, tmp_path):
     from specmeter.streams._layout import changelog_topics
-    from specmeter.streams._topics import leader_topic
 
     d = Deployment(secure_broker["secure"], batch_timeout_s=30.0)
     t = d.topics
     stage1_log, stage2_log = changelog_topics(d.name)
-    assignor = leader_topic(d.name)
     # topics are created by an administrator (here: over the PLAINTEXT listener)
     for topic in (t.records, t.partials, stage1_log, stage2_log):
         asyncio.run(create_topic(secure_broker["plaintext"], topic, d.partitions))
-    for topic in (t.metrics, t.deadletter, assignor):
+    for topic in (t.metrics, t.deadletter):
         asyncio.run(create_topic(secure_broker["plaintext"], topic, 1))
     # each component gets exactly what docs/operations.md lists
     _grant(secure_broker, "producer", {t.records: ("Write",)})
@@ -206,9 +204,8 @@ def test_sasl_ssl_with_least_privilege_end_to_end(secure_broker, tmp_path):
             t.deadletter: ("Write",),
             stage1_log: ("Read", "Write"),
             stage2_log: ("Read", "Write"),
-            assignor: ("Read", "Write"),
         },
-        group=d.name,
+        groups=(f"{d.name}-stage1", f"{d.name}-stage2"),
     )
     _grant(secure_broker, "reader", {t.metrics: ("Read",)})
 

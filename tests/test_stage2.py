@@ -65,11 +65,22 @@ def test_a_replayed_or_stale_partial_publishes_nothing():
     m = _merger()
     m.process([(0, _partial(0, 3)), (1, _partial(1, 4))], now_ms=0)
     assert m.on_partial(_partial(1, 4), now_ms=1).published == []  # same revision again
-    assert m.on_partial(_partial(1, 9, revision=0), now_ms=2).published == []  # not newer
+    assert m.on_partial(_partial(1, 9, revision=-1), now_ms=2).published == []  # older
     # a newer revision with the same content publishes nothing either
     assert m.on_partial(_partial(1, 4, revision=1), now_ms=3).published == []
     (late,) = m.on_partial(_partial(1, 5, revision=2), now_ms=4).published
     assert late.revision == 1 and late.metrics["spec/accepted_total"] == 8
+
+
+def test_a_revision_that_arrives_again_with_other_content_replaces_the_one_held():
+    """Issue 30: a stage-1 owner restored from a state its predecessor had written past (one
+    that crashed between sending a partial and making its status durable) emits the same
+    revision with other content; it is the restored truth, and was ignored before."""
+    m = _merger()
+    m.process([(0, _partial(0, 3)), (1, _partial(1, 4))], now_ms=0)
+    (again,) = m.on_partial(_partial(1, 9, revision=0), now_ms=2).published
+    assert again.revision == 1 and again.metrics["spec/accepted_total"] == 12
+    assert m.on_partial(_partial(1, 9, revision=0), now_ms=3).published == []  # and once only
 
 
 def test_timeout_publishes_incomplete_and_the_missing_partition_completes_it():

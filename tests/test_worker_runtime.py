@@ -93,8 +93,8 @@ def test_start_up_is_quiet_names_the_web_port_and_exposes_only_specmeter_s_pages
 
 
 def test_the_group_s_committed_offsets_follow_the_checkpoints(kafka_bootstrap):
-    """Faust delivers none of the input: the worker's checkpoints are what the group commits,
-    so its lag (what operators watch) reaches 0 once everything is applied."""
+    """The routes commit the worker's checkpoints for each stage's group, so its lag (what
+    operators watch) reaches 0 once everything is applied."""
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition
 
@@ -107,7 +107,9 @@ def test_the_group_s_committed_offsets_follow_the_checkpoints(kafka_bootstrap):
         wait_complete(d, {e.payload.batch_id for e in events if e.kind == "marker"})
 
         async def lag() -> dict[int, int]:
-            consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=d.name, enable_auto_commit=False)
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=kafka_bootstrap, group_id=f"{d.name}-stage1", enable_auto_commit=False
+            )
             await consumer.start()
             try:
                 tps = [TopicPartition(d.topics.records, p) for p in range(4)]

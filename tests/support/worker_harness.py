@@ -155,10 +155,9 @@ class Deployment:
 
     def topic_names(self) -> list[str]:
         from specmeter.streams._layout import changelog_topics
-        from specmeter.streams._topics import leader_topic
 
         t = self.topics
-        return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name), leader_topic(self.name)]
+        return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name)]
 
     def log_tail(self, chars: int = 4000) -> str:
         return "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-chars:]}" for p in self.logs)

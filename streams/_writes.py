@@ -1,0 +1,238 @@
+"""An owner's writes to its changelog partitions: takeovers, and write groups whose
+outputs are released only once their state is known to count.
+
+Each call of a stage (a chunk of input, a tick, a restore) is one **write group** for
+one partition: its changelog writes (deltas, checkpoint, statuses, deletions) and its
+outputs (partials, dead letters, publications). The writes are handed to Kafka at once;
+the outputs wait until every write of the group is acknowledged **in place**: at the
+offsets that follow this owner's previous writes. Then nobody else wrote the partition
+in between, so no newer owner took it over (``_ownership``), and the state the outputs
+rest on counts for every later restore. A group whose offsets skip some is checked: the
+records skipped are read, and a takeover by another worker among them means this worker
+was **fenced**: the group's outputs are dropped and the partition is given up
+(``on_fenced``). Anything else skipped (a stale owner's late writes) is passed over.
+
+One group per partition is in flight at a time (``busy``): the next waits for the last
+to be acknowledged, so at most one group of a worker that lost a partition can still
+land after the takeover, its outputs never released; and deletions are sent a group
+after the record that justifies them (``_stage1``), never in the same one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._output import OrderedProducer
+from ._ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+
+__all__ = ["OwnedWrites", "Ownership"]
+
+log = logging.getLogger("specmeter.worker")
+
+#: (topic, partition) of a changelog
+ChangelogPartition = tuple[str, int]
+#: reads a changelog partition's records in [start, end): [(offset, key, value)]
+ReadRange = Callable[[str, int, int, int], Awaitable[list[tuple[int, bytes | None, bytes | None]]]]
+
+
+@dataclass(slots=True)
+class Ownership:
+    """This worker's ownership of one changelog partition."""
+
+    token: str
+    #: the offset of its takeover record: the tag of every key it writes
+    epoch: int
+    #: where its next write must land
+    next_offset: int
+    #: the group in flight: its writes' offsets so far, how many it has, its release
+    pending: list[int] = field(default_factory=list)
+    expected: int = 0
+    release: Callable[[], Awaitable[None]] | None = None
+    #: set while no group is in flight
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class OwnedWrites:
+    """Takeovers and write groups of the changelog partitions this worker owns."""
+
+    def __init__(
+        self,
+        output: OrderedProducer,
+        read_range: ReadRange,
+        on_fenced: Callable[[str, int], None],
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.output = output
+        self.read_range = read_range
+        self.on_fenced = on_fenced
+        #: who this worker is, in its takeover records (for operators reading a changelog)
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self._owned: dict[ChangelogPartition, Ownership] = {}
+        #: set whenever a group completes (a route waiting for a busy partition looks again)
+        self.changed = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        #: groups whose offsets skipped some, and fencings, over the worker's life (stats)
+        self.gaps_checked = 0
+        self.fenced = 0
+
+    # -- ownership ---------------------------------------------------------------------
+    async def take_over(self, topic: str, partition: int) -> int:
+        """Append a takeover record to the changelog partition and wait for it; returns
+        the new epoch (its offset). Whatever this worker held of the partition is forgotten."""
+        self.forget(topic, partition)
+        token = takeover_token()
+        value = encode_takeover(Takeover(token=token, owner=self.owner, at_ms=int(time.time() * 1000)))
+        acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_ack(offset: int) -> None:
+            if not acked.done():
+                acked.set_result(offset)
+
+        self.output.send(topic, takeover_key(partition, token), value, partition, on_ack=on_ack)
+        epoch = await acked
+        owned = self._owned[(topic, partition)] = Ownership(token=token, epoch=epoch, next_offset=epoch + 1)
+        owned.idle.set()
+        return epoch
+
+    def ownership(self, topic: str, partition: int) -> Ownership | None:
+        return self._owned.get((topic, partition))
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Stop owning the partition's changelog (revoked for good, fenced); a group in
+        flight releases nothing."""
+        owned = self._owned.pop((topic, partition), None)
+        if owned is not None:
+            owned.release = None
+            owned.idle.set()
+            self.changed.set()
+
+    # -- write groups ------------------------------------------------------------------
+    def busy(self, topic: str, partition: int) -> bool:
+        """A group of the partition is in flight: the next one waits."""
+        owned = self._owned.get((topic, partition))
+        return owned is not None and not owned.idle.is_set()
+
+    async def idle(self, topic: str, partition: int) -> None:
+        owned = self._owned.get((topic, partition))
+        if owned is not None:
+            await owned.idle.wait()
+
+    def submit(
+        self,
+        topic: str,
+        partition: int,
+        writes: list[tuple[bytes, bytes | None]],
+        release: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs once
+        they are acknowledged in place. A partition this worker does not own (offline
+        tools, tests without takeovers) releases once its writes are acknowledged."""
+        owned = self._owned.get((topic, partition))
+        if owned is None:
+            owned = Ownership(token="", epoch=-1, next_offset=-1)
+        elif not owned.idle.is_set():
+            raise RuntimeError(f"{topic}[{partition}]: a write group is still in flight")
+        if not writes:
+            self._spawn(release())
+            return
+        owned.pending, owned.expected, owned.release = [], len(writes), release
+        owned.idle.clear()
+
+        def on_ack(offset: int) -> None:
+            self._acked(topic, partition, owned, offset)
+
+        for key, value in writes:
+            self.output.send(topic, key, value, partition, on_ack=on_ack)
+
+    def _acked(self, topic: str, partition: int, owned: Ownership, offset: int) -> None:
+        owned.pending.append(offset)
+        if len(owned.pending) < owned.expected:
+            return
+        offsets, owned.pending = owned.pending, []
+        first, last = min(offsets), max(offsets)
+        if owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(offsets)):
+            owned.next_offset = last + 1
+            self._spawn(self._complete(owned))
+        else:
+            self._spawn(self._check_gap(topic, partition, owned, set(offsets)))
+
+    async def _check_gap(self, topic: str, partition: int, owned: Ownership, ours: set[int]) -> None:
+        """Offsets were skipped: read them; another worker's takeover among them fences this one."""
+        self.gaps_checked += 1
+        start, end = owned.next_offset, max(ours) + 1
+        for attempt in range(1_000_000):
+            try:
+                records = await self.read_range(topic, partition, start, end)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a broker away: the group waits, and tries again
+                (log.warning if attempt == 0 else log.debug)(
+                    "%s[%d]: reading offsets %d-%d to check a takeover failed (%r); trying again",
+                    topic,
+                    partition,
+                    start,
+                    end - 1,
+                    exc,
+                )
+                await asyncio.sleep(1.0)
+        for offset, key, value in records:
+            if offset in ours or key is None or value is None or not is_takeover(key):
+                continue
+            takeover = takeover_of(value)
+            if takeover is not None and takeover.token != owned.token:
+                self.fenced += 1
+                log.warning(
+                    "%s[%d]: taken over by %s at offset %d since this worker's takeover at %d: its writes there "
+                    "no longer count, and it gives the partition up",
+                    topic,
+                    partition,
+                    takeover.owner or "another worker",
+                    offset,
+                    owned.epoch,
+                )
+                if self._owned.get((topic, partition)) is owned:
+                    self.forget(topic, partition)
+                    self.on_fenced(topic, partition)
+                return
+        owned.next_offset = end
+        await self._complete(owned)
+
+    async def _complete(self, owned: Ownership) -> None:
+        release, owned.release = owned.release, None
+        try:
+            if release is not None:
+                await release()
+        finally:
+            owned.idle.set()
+            self.changed.set()
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("completing a write group failed: %r", task.exception())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - stopping
+                pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"owned": len(self._owned), "gaps_checked": self.gaps_checked, "fenced": self.fenced}

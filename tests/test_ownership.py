@@ -1,0 +1,180 @@
+"""Which records of a changelog partition count (``_ownership``), and the sticky assignment
+(``_assignor``): pure, no broker. Issue 30: a worker that lost a partition may still write
+it; what it writes after the new owner's takeover never counts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specmeter.streams._assignor import Member, sticky_assignment
+from specmeter.streams._ownership import (
+    ChangelogView,
+    Takeover,
+    encode_takeover,
+    owner_key_part,
+    split_key,
+    takeover_key,
+    takeover_of,
+)
+
+
+def _key(owner: int | None, kind: str, name: str = "b") -> bytes:
+    return f"{owner_key_part(0, owner)}\x1f{kind}\x1f{name}".encode()
+
+
+class Log:
+    """A changelog partition: records appended at consecutive offsets."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, bytes, bytes | None]] = []
+
+    def append(self, key: bytes, value: bytes | None) -> int:
+        offset = len(self.records)
+        self.records.append((offset, key, value))
+        return offset
+
+    def take_over(self, token: str) -> int:
+        return self.append(takeover_key(0, token), encode_takeover(Takeover(token=token)))
+
+    def view(self) -> ChangelogView:
+        view = ChangelogView()
+        for offset, key, value in self.records:
+            view.add(offset, key, value)
+        return view
+
+    def compacted(self) -> Log:
+        """What compaction keeps: the latest record per key, tombstones dropped."""
+        latest = {key: (offset, value) for offset, key, value in self.records}
+        out = Log()
+        out.records = sorted((o, k, v) for k, (o, v) in latest.items() if v is not None)
+        return out
+
+
+def test_keys_carry_their_owner_and_split_back():
+    assert owner_key_part(3, None) == "3" and owner_key_part(3, 1234) == "3@1234"
+    assert split_key(b"3@1234\x1fs\x1fb") == (b"3\x1fs\x1fb", 1234)
+    assert split_key(b"3\x1fs\x1fb") == (b"3\x1fs\x1fb", None)
+    assert takeover_of(encode_takeover(Takeover(token="t", owner="w:1", at_ms=5))) == Takeover(
+        token="t", owner="w:1", at_ms=5
+    )
+    assert takeover_of(b"not a takeover") is None
+
+
+def test_a_stale_owner_s_writes_after_the_takeover_never_count():
+    log = Log()
+    log.append(_key(None, "c", ""), b"legacy")  # before any takeover: counts
+    a = log.take_over("a")
+    log.append(_key(a, "d", "1"), b"a1")
+    log.append(_key(a, "c", ""), b"a-checkpoint-1")
+    b = log.take_over("b")
+    log.append(_key(a, "d", "2"), b"a2-late")  # A woke up: its writes land after B's takeover
+    log.append(_key(a, "c", ""), b"a-checkpoint-2-late")
+    log.append(_key(b, "c", ""), b"b-checkpoint")
+    state = log.view().result()
+    values = dict(state.entries)
+    assert values == {_key(a, "d", "1"): b"a1", _key(b, "c", ""): b"b-checkpoint"}
+    assert state.epoch == b
+    # the late writes and the superseded checkpoints are deleted by the restore
+    assert set(state.deletions) == {_key(a, "d", "2"), _key(a, "c", ""), _key(None, "c", "")}
+    # A's takeover is kept while a record of A's is held (it makes that record count)
+
+
+def test_the_takeover_that_a_held_record_needs_is_kept():
+    log = Log()
+    a = log.take_over("a")
+    log.append(_key(a, "d", "1"), b"a1")
+    log.take_over("b")
+    deleted = set(log.view().result().deletions)
+    assert takeover_key(0, "a") not in deleted and takeover_key(0, "b") not in deleted
+
+
+def test_the_valid_state_survives_compaction_whatever_a_stale_owner_wrote():
+    """Keys of different owners never collide: compaction cannot replace a valid value with a
+    late one, so the compacted log gives the same state as the whole one."""
+    rng = random.Random(7)
+    for _ in range(200):
+        log, owners = Log(), [None]
+        for _ in range(rng.randint(1, 40)):
+            roll = rng.random()
+            if roll < 0.1:
+                owners.append(log.take_over(f"t{len(owners)}"))
+            elif roll < 0.2:
+                log.append(_key(rng.choice(owners), rng.choice("dcs"), str(rng.randint(0, 3))), None)
+            else:
+                log.append(
+                    _key(rng.choice(owners), rng.choice("dcs"), str(rng.randint(0, 3))), str(rng.random()).encode()
+                )
+        whole, compacted = log.view().result(), log.compacted().view().result()
+        assert whole.entries == compacted.entries
+        for physical, _ in whole.entries:  # only the latest owner up to its offset writes what counts
+            assert split_key(physical)[1] in owners
+
+
+def test_a_restore_that_deletes_what_it_was_told_leaves_the_same_state():
+    log = Log()
+    a = log.take_over("a")
+    for i in range(5):
+        log.append(_key(a, "d", str(i)), b"x")
+    b = log.take_over("b")
+    log.append(_key(a, "d", "9"), b"late")
+    first = log.view().result()
+    for key in first.deletions:
+        log.append(key, None)
+    log.append(_key(b, "c", ""), b"b")
+    again = log.view().result()
+    assert dict(again.entries) == {**dict(first.entries), _key(b, "c", ""): b"b"}
+    assert not [k for k in again.deletions if k != takeover_key(0, "a") and split_key(k)[1] != a]
+
+
+# -- the sticky assignment ------------------------------------------------------------------------------
+T = "records"
+
+
+def _members(held: dict[str, list[int]], epochs: dict[str, int] | None = None) -> dict[str, Member]:
+    epochs = epochs or {}
+    return {m: Member(frozenset({T}), tuple((T, p) for p in ps), epochs.get(m, 0)) for m, ps in held.items()}
+
+
+def _moves(before: dict[str, list[int]], after: dict[str, list[tuple[str, int]]]) -> int:
+    owner = {p: m for m, ps in before.items() for p in ps}
+    return sum(1 for m, ps in after.items() for _, p in ps if owner.get(p) != m)
+
+
+def test_a_fourth_worker_takes_one_partition_from_each_of_three():
+    held = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": [8, 9, 10, 11], "d": []}
+    out = sticky_assignment([(T, p) for p in range(12)], _members(held))
+    assert sorted(len(v) for v in out.values()) == [3, 3, 3, 3]
+    assert _moves(held, out) == 3
+    assert all(set(out[m]) <= {(T, p) for p in held[m]} for m in "abc")
+
+
+def test_a_worker_leaving_moves_only_its_own_partitions():
+    held = {"a": [0, 1, 2], "b": [3, 4, 5], "c": [6, 7, 8]}  # d held 9, 10, 11 and left
+    out = sticky_assignment([(T, p) for p in range(12)], _members(held))
+    assert sorted(len(v) for v in out.values()) == [4, 4, 4]
+    assert _moves(held, out) == 3  # 9, 10, 11: d's, and nothing else
+
+
+def test_a_partition_two_members_claim_goes_to_the_newer_epoch():
+    """A worker frozen past its session wakes up claiming what moved meanwhile."""
+    held = {"zombie": [0, 1, 2, 3], "new": [2, 3]}
+    out = sticky_assignment([(T, p) for p in range(4)], _members(held, {"zombie": 3, "new": 5}))
+    assert out["new"] == [(T, 2), (T, 3)]  # the newer epoch keeps what it holds
+    assert out["zombie"] == [(T, 0), (T, 1)]
+    older = sticky_assignment([(T, p) for p in range(4)], _members(held, {"zombie": 5, "new": 3}))
+    assert len(older["zombie"]) == 2 and len(older["new"]) == 2  # balanced either way
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_every_partition_is_assigned_once_and_shares_differ_by_one_at_most(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 24)
+    members = [f"m{i}" for i in range(rng.randint(1, 6))]
+    held = {m: rng.sample(range(n + 3), rng.randint(0, n)) for m in members}  # some gone, some double
+    out = sticky_assignment([(T, p) for p in range(n)], _members(held, {m: rng.randint(0, 3) for m in members}))
+    assigned = [tp for tps in out.values() for tp in tps]
+    assert sorted(assigned) == [(T, p) for p in range(n)]
+    sizes = [len(v) for v in out.values()]
+    assert max(sizes) - min(sizes) <= 1
