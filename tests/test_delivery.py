@@ -271,6 +271,7 @@ class FakeOutput:
     def __init__(self, logs: FakeLogs) -> None:
         self.logs = logs
         self.sent: list[tuple[str, bytes | None, bytes | None, int | None]] = []
+        self.failed: BaseException | None = None
 
     def send(self, topic, key, value, partition=None, on_ack=None) -> None:
         self.sent.append((topic, key, value, partition))
