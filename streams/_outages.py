@@ -21,16 +21,17 @@ broker of the cluster answers (``no_broker_answers``) is the worker not ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import msgspec
 
-__all__ = ["Outages", "OutageLogFilter", "classify", "fold_outage_logs"]
+__all__ = ["Outages", "OutageLogFilter", "classify", "fold_outage_logs", "folded_outages"]
 
 log = logging.getLogger("specmeter.outages")
 
@@ -120,6 +121,8 @@ class Outages:
         forget_silent_s: float = 300.0,
         wall: Callable[[], float] = time.time,
         logger: logging.Logger = log,
+        who: str = "the worker",
+        back_level: int = logging.INFO,
     ) -> None:
         self.repeat_s = repeat_s
         self.quiet_s = quiet_s
@@ -128,6 +131,10 @@ class Outages:
         self.forget_silent_s = forget_silent_s
         self._wall = wall
         self._log = logger
+        #: who keeps retrying, in the lines said (the worker, or a command: ``folded_outages``)
+        self.who = who
+        #: the level of the line that says an outage is over (a command shows warnings only)
+        self.back_level = back_level
         self._lock = threading.Lock()
         self._open: dict[str, Outage] = {}
         self._addresses: dict[str, str] = {}  # "broker N" -> host:port
@@ -208,11 +215,12 @@ class Outages:
 
     def _warn(self, outage: Outage) -> None:
         self._log.warning(
-            "%s %s: %s; the worker keeps retrying, and further errors about it are folded into one line a "
+            "%s %s: %s; %s keeps retrying, and further errors about it are folded into one line a "
             "minute until it is back",
             self._name(outage),
             "unavailable" if outage.target == COORDINATOR else "unreachable",
             outage.first_error,
+            self.who,
         )
 
     def found_coordinator(self, node: str, now: float) -> None:
@@ -228,7 +236,8 @@ class Outages:
         if outage is None or not outage.warned:
             return
         if unused:
-            self._log.info(
+            self._log.log(
+                self.back_level,
                 "%s still refuses connections, but nothing has asked for it for %.0f s (it left the cluster's "
                 "metadata): no longer counted as an outage (%d errors folded)",
                 self._name(outage),
@@ -236,7 +245,8 @@ class Outages:
                 outage.errors,
             )
             return
-        self._log.info(
+        self._log.log(
+            self.back_level,
             "%s is back%s after %.0f s (%d errors folded)",
             self._name(outage),
             where,
@@ -437,3 +447,35 @@ def fold_outage_logs(
 
         app.timer(interval_s, name="specmeter.outages")(watch_outages)
     return folding
+
+
+@contextlib.asynccontextmanager
+async def folded_outages(command: str, *, interval_s: float = 1.0) -> AsyncIterator[Outages]:
+    """For a command that talks to Kafka (``replay``, ``loadgen``, ``tail``, ``advise``):
+    aiokafka's lines about an endpoint it cannot reach folded as the worker folds them, one
+    warning when it goes, a reminder a minute, one when it is back, instead of a line per
+    retry (an 88 s outage gave ``replay`` 2,652 lines). Its other lines pass unchanged."""
+    import aiokafka.admin
+    import aiokafka.consumer
+    import aiokafka.producer  # noqa: F401 - imported for their loggers
+
+    outages = Outages(who=f"specmeter {command}", back_level=logging.WARNING)
+    folding = OutageLogFilter(outages)
+    loggers = _loggers(FOLDED_PREFIXES)
+    for logger in loggers:
+        logger.addFilter(folding)
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await probe_and_tick(outages)
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield outages
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        for logger in loggers:
+            logger.removeFilter(folding)

@@ -558,8 +558,14 @@ def run_tail(
                 with contextlib.suppress(NotImplementedError):
                     loop.remove_signal_handler(signal.SIGTERM)
 
+        async def folded() -> None:
+            from ._outages import folded_outages
+
+            async with folded_outages("tail"):
+                await until_stopped()
+
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
-            asyncio.run(until_stopped())
+            asyncio.run(folded())
 
     seen = 0
     try:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
-from typing import IO, Any
+from collections.abc import Callable, Coroutine
+from typing import IO, Any, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -29,6 +29,8 @@ from .settings import WorkerSettings
 
 #: every worker flag's default is the settings object's (one home for each default)
 _DEFAULTS = WorkerSettings()
+#: what a command's coroutine returns (``_folded``)
+T = TypeVar("T")
 
 #: the environment every command that talks to Kafka reads (producers/_security.py)
 KAFKA_ENV_HELP = """\b
@@ -765,13 +767,16 @@ def replay(
         with stream, progress:
             task = progress.add_task(f"replay {os.path.basename(file)}", total=total)
             asyncio.run(
-                replay_lines(
-                    stream,
-                    settings,
-                    rate=rate,
-                    speculative_algorithm=speculative_algorithm,
-                    on_line=lambda n: progress.advance(task, n),
-                    summary=summary,
+                _folded(
+                    "replay",
+                    replay_lines(
+                        stream,
+                        settings,
+                        rate=rate,
+                        speculative_algorithm=speculative_algorithm,
+                        on_line=lambda n: progress.advance(task, n),
+                        summary=summary,
+                    ),
                 )
             )
     except KeyboardInterrupt:
@@ -785,6 +790,15 @@ def replay(
         f"open batch(es) at the end",
         err=True,
     )
+
+
+async def _folded(command: str, work: Coroutine[Any, Any, T]) -> T:
+    """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
+    folds them (``_outages.folded_outages``)."""
+    from ._outages import folded_outages
+
+    async with folded_outages(command):
+        return await work
 
 
 def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
@@ -1016,11 +1030,14 @@ def loadgen(
                 progress.advance(task)
 
         summary = asyncio.run(
-            publish_fleet(
-                synthetic_fleet(spec),
-                PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security),
-                rate=rate,
-                on_event=on_event,
+            _folded(
+                "loadgen",
+                publish_fleet(
+                    synthetic_fleet(spec),
+                    PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security),
+                    rate=rate,
+                    on_event=on_event,
+                ),
             )
         )
     click.echo(
@@ -1194,7 +1211,9 @@ def advise(
             )
             return [m async for m in stream]
 
-        advice = advise_on(asyncio.run(read()), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+        advice = advise_on(
+            asyncio.run(_folded("advise", read())), run_id=run_id, last=last, by=by, draft_cost=draft_cost
+        )
     if as_json:
         import msgspec
 
