@@ -489,6 +489,8 @@ class DeliveryDriver:
         self._assigned_at: float | None = None
         #: topics whose group revoked this worker's partitions and has not assigned any yet
         self._rebalancing: set[str] = set()
+        #: topics whose group has assigned this worker partitions (none, maybe) at least once
+        self._joined: set[str] = set()
         #: records partition -> when stage 1 last got input (wall clock, for /metrics)
         self.last_event_at: dict[int, float] = {}
         #: partitions restored from their changelog, and kept through a rebalance, over the worker's life
@@ -533,6 +535,7 @@ class DeliveryDriver:
     def assigned(self, topic: str, partitions: list[int]) -> None:
         """The group's whole assignment of ``topic``: what is new is taken over (or kept)."""
         self._rebalancing.discard(topic)
+        self._joined.add(topic)
         self.ledger.assign(topic, partitions)
         for p in self.ledger.suspended(topic):
             if p not in partitions:
@@ -544,8 +547,9 @@ class DeliveryDriver:
 
     @property
     def rebalancing(self) -> bool:
-        """A group revoked this worker's partitions and has not assigned it any yet."""
-        return bool(self._rebalancing)
+        """A group has not assigned this worker partitions yet (it is joining), or revoked
+        them and has not assigned any since."""
+        return bool(self._rebalancing) or len(self._joined) < len(self.routes)
 
     def _fenced(self, changelog: str, partition: int) -> None:
         """Another worker's takeover was found in a changelog partition this worker wrote."""
