@@ -172,6 +172,6 @@ def report(title: str, rows: list[tuple[str, str]], data: dict | None = None, *,
 
 def core_name() -> str:
     """The stage-1 core this process runs (native or python)."""
-    from specmeter.streams._core import CORE
+    from specmeter.streams.core.cores import CORE
 
     return CORE.name

@@ -139,7 +139,7 @@ def start_workers(
 
 def app_topics(name: str) -> list[str]:
     """The topics ``start_workers`` names and the worker creates for app ``name``."""
-    from specmeter.streams._layout import changelog_topics
+    from specmeter.streams.core.layout import changelog_topics
 
     return [f"{name}.partials", f"{name}.metrics", f"{name}.deadletter", *changelog_topics(name)]
 

@@ -28,9 +28,9 @@ import msgspec
 from specmeter.schemas import BatchMetrics, decode_metrics
 
 from ._errors import SpecmeterError
-from ._merge import tokens_per_verify_by_budget
-from ._state import add_histograms
 from ._tail import batch_order
+from .core.merge import tokens_per_verify_by_budget
+from .core.state import add_histograms
 
 __all__ = [
     "Advice",

@@ -3,7 +3,7 @@
 Sans-IO: no asyncio, no Kafka. Each stage has one route for its input (``_routes``):
 the route's consumer is a member of the stage's consumer group, which says which
 partitions are this worker's; a partition's state is taken over and restored from its
-changelog (``_ownership``); then the route reads the partition from the state's
+changelog (``core.ownership``); then the route reads the partition from the state's
 checkpoint on. Restore and catch-up are states of that one route, never rival readers:
 
     assigned ──► taking over, restoring ──install──► catching up ──log end reached──► following

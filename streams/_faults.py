@@ -86,7 +86,7 @@ PADDED_BYTES = 2 * 1024 * 1024
 
 
 def write_kind(key: bytes) -> str | None:
-    """The kind of a changelog write, from its key (``_layout``: ``P[@E] <kind> ...``)."""
+    """The kind of a changelog write, from its key (``core.layout``: ``P[@E] <kind> ...``)."""
     _, _, rest = key.partition(b"\x1f")
     return _CHANGELOG_KINDS.get(rest[:1].lower())
 

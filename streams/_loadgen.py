@@ -93,7 +93,7 @@ def write_dump(events: Iterable[FleetEvent], out) -> int:
 
 def write_expected(events: Iterable[FleetEvent], out) -> int:
     """The BatchMetrics the offline core computes for these events, one JSON line per batch."""
-    from ._offline import OfflineAggregator
+    from .core.offline import OfflineAggregator
 
     aggregator = OfflineAggregator()
     encoder = msgspec.json.Encoder()

@@ -52,7 +52,6 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
 from ._counters import (
-    CLOSE_LATENCY_BUCKETS,
     MAX_EXPORTED_POSITION,
     MORE_COUNTERS,
     PUBLISHED_QUANTITIES,
@@ -63,7 +62,8 @@ from ._counters import (
     published_labels,
     version_ages,
 )
-from ._merge import accept_rate_by_position
+from .core.counts import CLOSE_LATENCY_BUCKETS
+from .core.merge import accept_rate_by_position
 
 __all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS", "LATEST_LABELS"]
 

@@ -13,7 +13,7 @@ other members take its partitions over: the liveness ``max.poll.interval`` exist
 
 The ``DeliveryDriver`` follows the routes' rebalance callbacks into the ledger: a
 revoked partition's state is suspended; a partition assigned again keeps it when its
-changelog did not move; any other is taken over (``_ownership``: the group's generation
+changelog did not move; any other is taken over (``core.ownership``: the group's generation
 checked by a commit, a takeover record, the changelog read up to it) and restored in
 steps that yield, so that heartbeats, probes and the other partitions go on. It commits
 the checkpoints for the group's lag.
@@ -32,8 +32,8 @@ from ._assignor import StickyAssignor
 from ._delivery import Checkpointed, Claim, Ledger, TopicPartition
 from ._internals import set_fetch_wait
 from ._output import OrderedProducer
-from ._ownership import ChangelogView, ValidState
 from ._writes import OwnedWrites
+from .core.ownership import ChangelogView, ValidState
 from .settings import WorkerSettings
 
 __all__ = ["ChangelogReader", "DeliveryDriver", "InputRoute", "StageHooks"]

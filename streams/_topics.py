@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from ._errors import SpecmeterError
-from ._layout import changelog_topics
+from .core.layout import changelog_topics
 from .settings import WorkerSettings
 
 __all__ = [

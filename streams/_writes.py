@@ -6,7 +6,7 @@ one partition: its changelog writes (deltas, checkpoint, statuses, deletions) an
 outputs (partials, dead letters, publications). The writes are handed to Kafka at once;
 the outputs wait until every write of the group is acknowledged **in place**: at the
 offsets that follow this owner's previous writes. Then nobody else wrote the partition
-in between, so no newer owner took it over (``_ownership``), and the state the outputs
+in between, so no newer owner took it over (``core.ownership``), and the state the outputs
 rest on counts for every later restore. A group whose offsets skip some is checked: the
 records skipped are read, and a takeover by another worker among them means this worker
 was **fenced**: the group's outputs are dropped and the partition is given up
@@ -15,7 +15,7 @@ was **fenced**: the group's outputs are dropped and the partition is given up
 One group per partition is in flight at a time (``busy``): the next waits for the last
 to be acknowledged, so at most one group of a worker that lost a partition can still
 land after the takeover, its outputs never released; and deletions are sent a group
-after the record that justifies them (``_stage1``), never in the same one.
+after the record that justifies them (``core.stage1``), never in the same one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._output import OrderedProducer
-from ._ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+from .core.ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
 
 __all__ = ["OwnedWrites", "Ownership"]
 

@@ -6,7 +6,7 @@ stage applies, and when, is ``_delivery``'s (the rules) and ``_routes``' (the I/
 one route per stage, each a member of its stage's consumer group). State lives in two
 compacted changelog topics, written through the shell's own ordered producer
 (``_output``) as write groups whose outputs wait for their state (``_writes``), and read
-back when a worker takes a partition over (``_ownership``).
+back when a worker takes a partition over (``core.ownership``).
 
 Faust's part is narrow: the app's lifecycle (start, signals, stop), the timers and the
 web server. It runs no Kafka client of its own: no consumer, no group, no producer, no
@@ -35,18 +35,19 @@ from specmeter.schemas import (
 )
 
 from . import _internals
-from ._counters import PublishedTotals, WorkerCounters
+from ._counters import PublishedTotals
 from ._dead_letters import DeadLetterLog
 from ._faults import CrashPoints, WriteFaults, write_kind
-from ._layout import changelog_topics
 from ._outages import Outages
 from ._output import OrderedProducer
-from ._ownership import ValidState
 from ._readiness import Readiness, decide
 from ._routes import DeliveryDriver, Restored
-from ._stage1 import Effects, PartitionProcessor, shorten
-from ._stage2 import BatchMerger, MergeEffects
 from ._waits import BatchWait, WaitReporter, merge_waits, stage1_waits
+from .core.counts import WorkerCounters
+from .core.layout import changelog_topics
+from .core.ownership import ValidState
+from .core.stage1 import Effects, PartitionProcessor, shorten
+from .core.stage2 import BatchMerger, MergeEffects
 from .settings import WorkerSettings, faust_security_kwargs
 
 __all__ = ["build_app", "StreamShell"]
@@ -209,7 +210,7 @@ class StreamShell:
     ) -> Generator[None, None, Restored]:
         """A partition's stage state restored from its changelog's valid entries, in steps,
         and what to write once it is installed: the stage's restore effects, then the
-        deletion of what does not count (``_ownership``), as one write group whose outputs
+        deletion of what does not count (``core.ownership``), as one write group whose outputs
         (stage 1: partials again; stage 2: publications again) follow it."""
         s = self.settings
         if topic == self._records:

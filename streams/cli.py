@@ -24,7 +24,7 @@ from click.core import ParameterSource
 from specmeter.schemas import MAX_ID, encode_metrics
 
 from ._errors import SpecmeterError
-from ._offline import LineError, OfflineAggregator
+from .core.offline import LineError, OfflineAggregator
 from .settings import WorkerSettings
 
 #: every worker flag's default is the settings object's (one home for each default)
@@ -243,7 +243,7 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from ._core import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
+    from .core.cores import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
 
     def of(name: str) -> str:
         try:

@@ -87,6 +87,13 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert "specmeter" in tops and not tops & {"schemas", "producers", "streams"}, tops
     assert "specmeter/schemas/__init__.py" in names and "specmeter/streams/cli.py" in names
+    # every module of every folder ships (a subpackage missing from pyproject's list would not)
+    sources = {
+        f"specmeter/{p.relative_to(REPO).as_posix()}"
+        for folder in ("schemas", "producers", "streams")
+        for p in (REPO / folder).rglob("*.py")
+    }
+    assert sources <= set(names), sorted(sources - set(names))
     # install = unpack (a pure wheel); import from there alone: -S skips site, so the
     # editable finder of this checkout is not loaded; PYTHONPATH brings the dependencies
     site = tmp_path / "site"

@@ -21,8 +21,8 @@ from specmeter.schemas import (
     encode_records_message,
 )
 from specmeter.streams import OfflineAggregator, build_batch_metrics
-from specmeter.streams._layout import batch_hash
-from specmeter.streams._stage1 import PartitionProcessor
+from specmeter.streams.core.layout import batch_hash
+from specmeter.streams.core.stage1 import PartitionProcessor
 
 
 def _rec(**fields) -> dict:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from specmeter.streams._delivery import Admitted, Claim, Ledger
-from specmeter.streams._ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
 from specmeter.streams._routes import DeliveryDriver
+from specmeter.streams.core.ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
 
 R, P = "records", "partials"
 

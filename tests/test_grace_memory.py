@@ -16,9 +16,9 @@ import tracemalloc
 import msgspec
 
 from specmeter.schemas import RecordBatch, encode_records_message
-from specmeter.streams._stage1 import PartitionProcessor
-from specmeter.streams._state import BatchState as PythonBatchState
 from specmeter.streams.app import _compact_closed
+from specmeter.streams.core.stage1 import PartitionProcessor
+from specmeter.streams.core.state import BatchState as PythonBatchState
 from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
 
 
@@ -119,7 +119,7 @@ def test_a_compacted_python_state_holds_a_fraction_of_the_memory():
 def test_the_worker_times_every_garbage_collection():
     """Collector pauses stop the event loop (a marker waits meanwhile): the worker
     counts them per generation, longest included, on /specmeter/stats."""
-    from specmeter.streams._counters import WorkerCounters
+    from specmeter.streams.core.counts import WorkerCounters
     from specmeter.streams.worker import _gc_timer
 
     counters = WorkerCounters()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from specmeter.streams._faults import WRITE_KINDS
-from specmeter.streams._layout import changelog_topics
+from specmeter.streams.core.layout import changelog_topics
 
 from .support.kafka_helpers import create_topic
 from .support.worker_harness import (

@@ -1,4 +1,4 @@
-"""Which records of a changelog partition count (``_ownership``), and the sticky assignment
+"""Which records of a changelog partition count (``core.ownership``), and the sticky assignment
 (``_assignor``): pure, no broker. Issue 30: a worker that lost a partition may still write
 it; what it writes after the new owner's takeover never counts."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from specmeter.streams._assignor import Member, sticky_assignment
-from specmeter.streams._ownership import (
+from specmeter.streams.core.ownership import (
     ChangelogView,
     Takeover,
     encode_takeover,

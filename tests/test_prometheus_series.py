@@ -23,10 +23,10 @@ from specmeter.streams._counters import (
     TASK_COUNTERS,
     UNKNOWN_TASK,
     PublishedTotals,
-    WorkerCounters,
 )
-from specmeter.streams._merge import accept_rate_by_position
 from specmeter.streams._prometheus import EXPORTED_METRICS, render
+from specmeter.streams.core.counts import WorkerCounters
+from specmeter.streams.core.merge import accept_rate_by_position
 
 from .support.tools import find_tool
 

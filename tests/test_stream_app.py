@@ -195,8 +195,8 @@ def test_asking_for_named_topics_neither_lists_the_cluster_nor_creates_a_missing
 
 def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
     """Not the broker's default (4 here): describing a missing topic must not auto-create it."""
-    from specmeter.streams._layout import changelog_topics
     from specmeter.streams._topics import TopicMismatch, ensure_topics
+    from specmeter.streams.core.layout import changelog_topics
     from specmeter.streams.settings import TopicNames, WorkerSettings
 
     name = f"topics-{time.time_ns()}"

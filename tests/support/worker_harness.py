@@ -154,7 +154,7 @@ class Deployment:
         asyncio.run(delete_topics(self.bootstrap, self.topic_names()))
 
     def topic_names(self) -> list[str]:
-        from specmeter.streams._layout import changelog_topics
+        from specmeter.streams.core.layout import changelog_topics
 
         t = self.topics
         return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name)]

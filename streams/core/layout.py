@@ -19,7 +19,7 @@ Stage 1 keys (per records partition P), ``\\x1f`` between parts:
   the open-generation limit (stale, like a delta, past the checkpoint)
 
 ``x`` and ``y`` keys are written once, when their batches go, and tombstoned when the
-retention horizon has passed (``_expired``). A ``BatchDelta`` is written compressed:
+retention horizon has passed (``expired``). A ``BatchDelta`` is written compressed:
 ``COMPRESSED`` (a byte no msgpack value starts with), then an LZ4 block with its
 uncompressed size first (4 bytes, little-endian: LZ4's ``store_size`` layout); an
 uncompressed one (older workers, or when compressing would not make it smaller) is
@@ -91,7 +91,7 @@ __all__ = [
 #: a batch's identity: (run_id, batch_id), run_id None for the default run
 BatchKey = tuple[str | None, str]
 #: the first part of a key: the input partition, tagged with its owner's epoch once a
-#: worker took it over (``_ownership.owner_key_part``: ``"3@1234"``; a bare 3 untagged)
+#: worker took it over (``ownership.owner_key_part``: ``"3@1234"``; a bare 3 untagged)
 KeyPart = int | str
 
 _SEP = "\x1f"
@@ -199,7 +199,7 @@ class BatchDelta(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: hash or histogram and small counters, five flat items each: session,
     #: generation, sample, counters' low 64 bits and high bits (20/20/20/24 bits, each
     #: value + 1). The native core writes them; the Python core wrote them before
-    #: it wrote only ``entries`` and reads them still (``_state._packed_entries``)
+    #: it wrote only ``entries`` and reads them still (``state._packed_entries``)
     packed: list[str | int | None] = []
     run_id: str | None = None
     #: like ``packed`` for entries that name a weight_version: six items each, the
@@ -310,7 +310,7 @@ def encode_state(
 
 def compress_state(raw: bytes) -> bytes:
     """``COMPRESSED`` + an LZ4 block with its size first, or ``raw`` when that is not
-    smaller (the native core writes the same: ``streams/native/src/compress.rs``)."""
+    smaller (the native core writes the same: ``streams/core/native/src/compress.rs``)."""
     packed = _COMPRESSED_PREFIX + bytes(cramjam.lz4.compress_block(raw, store_size=True))
     return packed if len(packed) < len(raw) else raw
 

@@ -20,8 +20,8 @@ import msgspec
 
 from specmeter.schemas import BatchMetrics, PartialAggregate, decode_partial, encode_partial
 
-from ._counters import WorkerCounters
-from ._layout import (
+from .counts import WorkerCounters
+from .layout import (
     BatchKey,
     MergeEntry,
     Stage2Checkpoint,
@@ -35,9 +35,9 @@ from ._layout import (
     merge_partial_prefixes,
     stage2_checkpoint_key,
 )
-from ._merge import build_batch_metrics
-from ._ownership import owner_key_part, split_key
-from ._stage1 import shorten
+from .merge import build_batch_metrics
+from .ownership import owner_key_part, split_key
+from .stage1 import shorten
 
 __all__ = ["BatchMerger", "MergeEffects", "MergeWaiting"]
 
@@ -78,7 +78,7 @@ class BatchMerger:
         owner_epoch: int | None = None,
     ) -> None:
         self.partition = partition
-        #: the first part of every key this owner writes (``_ownership``)
+        #: the first part of every key this owner writes (``ownership``)
         self.owner_epoch = owner_epoch
         self.key_part = owner_key_part(partition, owner_epoch)
         self.partitions_expected = partitions_expected
@@ -103,7 +103,7 @@ class BatchMerger:
 
     def restoring(self, entries: Iterable[tuple[bytes, bytes]]) -> Generator[None, None, MergeEffects]:
         """Rebuild from the valid changelog entries (physical keys, tagged by their owners:
-        ``_ownership``), yielding now and then. Returns each batch's latest publication, to
+        ``ownership``), yielding now and then. Returns each batch's latest publication, to
         send again (the state that says it was published may be durable while the
         publication itself was lost in a crash; the repeat is identical), the deletion of
         partials whose batch was forgotten (a crash between the deletions left them

@@ -1,4 +1,4 @@
-//! `specmeter.streams._native`: the stage-1 core in Rust, behind the same Python API
+//! `specmeter.streams.core._native`: the stage-1 core in Rust, behind the same Python API
 //! as the pure-Python reference (streams/_state.py): `decode(data, max_bytes)` and
 //! `BatchState`. The hot path -- a records message's bytes applied to a batch's state
 //! -- creates no Python object per record.
@@ -66,7 +66,7 @@ fn opt_text<'py>(py: Python<'py>, bytes: Option<&[u8]>) -> Bound<'py, PyAny> {
 // -- decoding ----------------------------------------------------------------------------
 /// One records-topic message, parsed by the native decoder: its batches (groups of
 /// records), the envelope's producer and run. Every record in it is valid.
-#[pyclass(module = "specmeter.streams._native", frozen)]
+#[pyclass(module = "specmeter.streams.core._native", frozen)]
 struct Decoded {
     data: Py<PyBytes>,
     parsed: Parsed,
@@ -262,8 +262,8 @@ impl OwnedRecord {
 }
 
 /// Everything one partition knows about one batch: the native twin of
-/// ``specmeter.streams._state.BatchState`` (same methods, same results).
-#[pyclass(module = "specmeter.streams._native", name = "BatchState")]
+/// ``specmeter.streams.core.state.BatchState`` (same methods, same results).
+#[pyclass(module = "specmeter.streams.core._native", name = "BatchState")]
 struct BatchState {
     core: State,
     #[pyo3(get)]
@@ -569,7 +569,7 @@ impl BatchState {
         guard(|| {
             let owned = [OwnedRecord::read(record)?];
             let (aggregated, _, _) = self.apply_owned(&owned, late, None)?;
-            let outcome = py.import("specmeter.streams._state")?.getattr("Outcome")?;
+            let outcome = py.import("specmeter.streams.core.state")?.getattr("Outcome")?;
             outcome.getattr(if aggregated > 0 { "AGGREGATED" } else { "REDELIVERED" })
         })
     }
@@ -660,7 +660,7 @@ impl BatchState {
     }
 
     /// What changed since the last delta, msgpack-encoded as ``BatchDelta`` and compressed
-    /// (``_layout.encode_delta``'s format); None if nothing did.
+    /// (``core.layout.encode_delta``'s format); None if nothing did.
     #[pyo3(signature = (*, first_offset, last_offset, last_input_ms))]
     fn take_delta_encoded<'py>(
         &mut self,
@@ -686,7 +686,7 @@ impl BatchState {
     ) -> PyResult<Bound<'py, PyAny>> {
         guard(|| match self.encoded_delta(py, first_offset, last_offset, last_input_ms)? {
             Some(b) => py
-                .import("specmeter.streams._layout")?
+                .import("specmeter.streams.core.layout")?
                 .getattr("decode_delta")?
                 .call1((PyBytes::new(py, &b),)),
             None => Ok(py.None().into_bound(py)),

@@ -1,11 +1,11 @@
 """Dedup state of one batch on one partition: records in, a partial out.
 
 Pure: no Kafka, no asyncio, no clocks (times come in as arguments). The worker's
-stage 1 (``_stage1.PartitionProcessor``) and the offline ``aggregate`` command drive
+stage 1 (``stage1.PartitionProcessor``) and the offline ``aggregate`` command drive
 this class, or the native core's twin of it.
 
 This is the reference core: written to be read against docs/contract.md §3, not
-to be fast (the native core in ``streams/native`` is the fast one, and must agree
+to be fast (the native core in ``streams/core/native`` is the fast one, and must agree
 with this one). Memory is proportional to distinct generations and occurrences,
 never to records: a redelivery changes a counter and nothing else.
 """
@@ -31,8 +31,8 @@ from specmeter.schemas import (
     decode_records_message,
 )
 
-from ._exact import grow
-from ._layout import BatchDelta, encode_delta
+from .exact import grow
+from .layout import BatchDelta, encode_delta
 
 __all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message", "inconsistent"]
 
@@ -115,7 +115,7 @@ def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | No
 class Decoded:
     """One records-topic message, decoded: its records as groups, one per batch.
 
-    The Python twin of the native decoder's answer (``specmeter.streams._native``),
+    The Python twin of the native decoder's answer (``specmeter.streams.core._native``),
     so that the worker applies a message the same way whichever core runs:
     ``groups`` is ``[((run_id, batch_id), record count), ...]`` -- one group when every
     record names the same batch, else one per record, in message order -- and
@@ -358,7 +358,7 @@ class BatchState:
 
     def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
         """``take_delta`` encoded for the changelog, compressed (the native core encodes
-        and compresses it itself, in the same format: ``_layout.encode_delta``)."""
+        and compresses it itself, in the same format: ``layout.encode_delta``)."""
         delta = self.take_delta(first_offset=first_offset, last_offset=last_offset, last_input_ms=last_input_ms)
         return None if delta is None else encode_delta(delta)
 
@@ -560,7 +560,7 @@ class _Sums:
 class _LegacyRatios:
     """The legacy aliases' share (docs/contract.md §3): per sample, each counter folded
     over its distinct generations (known only when known for every one), then the
-    sample's accepted/proposed and completion/verify, summed exactly (``_exact``).
+    sample's accepted/proposed and completion/verify, summed exactly (``exact``).
     Only folded when ``fold`` (no conflict, no invalid record): otherwise they are
     suppressed anyway, and only the samples are counted."""
 

@@ -14,7 +14,7 @@ Batch identity is ``(run_id, batch_id)``: two runs never share state. The
 default run (None) keeps the changelog key layout it had before runs existed.
 
 The core (dedup state and decoder) is the native one when built, else the Python
-reference (``_core``); both answer the same calls: a message is decoded into groups
+reference (``cores``); both answer the same calls: a message is decoded into groups
 of records, one per batch, and a slice of a group is applied with ``add_decoded``.
 
 Bounded state: a partition holds at most ``max_open_generations`` distinct
@@ -24,7 +24,7 @@ rest of its input is dead-lettered as ``overflow``. Memory per partition stays n
 whatever a producer floods in.
 
 Late for the whole life of a run (SPEC §4): an expired or overflowed batch is
-remembered by its 64-bit hash for ``expired_retention_ms`` (``_expired``), written to
+remembered by its 64-bit hash for ``expired_retention_ms`` (``expired``), written to
 the changelog once when it goes (``x``/``y`` keys, not with every checkpoint), so
 its input is dead-lettered and it never opens again, however many batches came since.
 """
@@ -48,11 +48,11 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
-from ._core import CORE, Core
-from ._counters import WorkerCounters
-from ._exact import exact_sum
-from ._expired import GoneIds
-from ._layout import (
+from .cores import CORE, Core
+from .counts import WorkerCounters
+from .exact import exact_sum
+from .expired import GoneIds
+from .layout import (
     BatchKey,
     BatchStatus,
     Checkpoint,
@@ -76,8 +76,8 @@ from ._layout import (
     status_key,
     unpack_hashes,
 )
-from ._ownership import owner_key_part, split_key
-from ._state import BatchState, Decoded
+from .ownership import owner_key_part, split_key
+from .state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "Waiting", "shorten"]
 
@@ -185,7 +185,7 @@ class PartitionProcessor:
         owner_epoch: int | None = None,
     ) -> None:
         self.partition = partition
-        #: the first part of every key this owner writes (``_ownership``): the partition,
+        #: the first part of every key this owner writes (``ownership``): the partition,
         #: tagged with the epoch of the worker's takeover (untagged offline and in tests)
         self.key_part = owner_key_part(partition, owner_epoch)
         #: the stage-1 core: the loaded one unless a test picks one
@@ -219,7 +219,7 @@ class PartitionProcessor:
         self._overflow_keys: dict[BatchKey, bytes] = {}
         #: deletions of state that a durable record (an expiry, an overflow, a checkpoint) made
         #: dead, sent with the next call's writes, never with that record's: the writes of
-        #: one call may outlive their owner (``_ownership``), and a deletion that lands
+        #: one call may outlive their owner (``ownership``), and a deletion that lands
         #: without the record that justifies it would take state its successor restored
         self._deferred: list[bytes] = []
 
@@ -235,7 +235,7 @@ class PartitionProcessor:
 
     def restoring(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Generator[None, None, Effects]:
         """Rebuild from the valid changelog entries of this partition (any order; physical
-        keys, tagged by their owners: ``_ownership``), yielding between deltas so that a
+        keys, tagged by their owners: ``ownership``), yielding between deltas so that a
         worker restoring a large state keeps answering (heartbeats, probes, other input).
 
         Returns the deletions of stale deltas (past the checkpoint or of expired
@@ -293,7 +293,7 @@ class PartitionProcessor:
         # The checkpoint and every status are written again under this owner's tag (before
         # the statuses: a status follows the checkpoint that covers it), the keys they
         # replace deleted: a late write of the previous owner under its own tag can then
-        # never leave a restore without them (``_ownership``).
+        # never leave a restore without them (``ownership``).
         own_checkpoint = checkpoint_key(self.key_part)
         if checkpoint_at is not None and checkpoint_at != own_checkpoint:
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))

@@ -1,10 +1,11 @@
-"""Types of the native stage-1 core (``streams/native``, Rust + PyO3): the same calls
-as the Python reference in ``_state`` (``Decoded``, ``BatchState``), so mypy checks
+"""Types of the native stage-1 core (``native/``, Rust + PyO3): the same calls
+as the Python reference in ``state`` (``Decoded``, ``BatchState``), so mypy checks
 their callers against either."""
 
 from specmeter.schemas import BatchMarker, GenerationRecord, PartialAggregate
-from specmeter.streams._layout import BatchDelta
-from specmeter.streams._state import Outcome
+
+from .layout import BatchDelta
+from .state import Outcome
 
 class Decoded:
     @property
@@ -64,7 +65,7 @@ class BatchState:
     def add_algorithm(self, name: str) -> None: ...
     def start_journal(self) -> None: ...
     def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
-        """The delta as the changelog holds it: msgpack, LZ4-compressed (``_layout.encode_delta``)."""
+        """The delta as the changelog holds it: msgpack, LZ4-compressed (``layout.encode_delta``)."""
     def take_delta(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> BatchDelta | None: ...
     def apply_delta(self, delta: BatchDelta) -> None: ...
     def partial(

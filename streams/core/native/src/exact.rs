@@ -1,7 +1,7 @@
 //! Exact float sums (the twin of streams/_exact.py) and Python's `int / int`.
 
 /// Adds finite `x` to the Shewchuk expansion `parts` in place, exactly
-/// (the same steps as `_exact.grow`).
+/// (the same steps as `core.exact.grow`).
 pub fn grow(parts: &mut Vec<f64>, mut x: f64) {
     let mut i = 0;
     for j in 0..parts.len() {

@@ -6,7 +6,7 @@ must never open it again: a record or marker for it is dead-lettered (``late``,
 ``overflow``) for as long as the retention horizon, days, not for the last few
 thousand batches.
 
-What is remembered per batch is its 64-bit identity hash (``_layout.batch_hash``):
+What is remembered per batch is its 64-bit identity hash (``layout.batch_hash``):
 8 bytes in a sorted ``array('Q')``, not a Python object. The hashes are grouped in
 generations by when the batch went, ``horizon / 64`` wide, so a whole generation is
 forgotten at once when the horizon has passed over it (an id is remembered for at
@@ -25,7 +25,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 
-from ._layout import BatchKey, batch_hash
+from .layout import BatchKey, batch_hash
 
 __all__ = ["GoneIds", "GENERATIONS_PER_HORIZON"]
 

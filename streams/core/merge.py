@@ -20,8 +20,8 @@ from specmeter.schemas import (
     WeightVersionMetrics,
 )
 
-from ._exact import expansion_value, merge_expansions
-from ._state import add_histograms
+from .exact import expansion_value, merge_expansions
+from .state import add_histograms
 
 __all__ = [
     "merge_partials",

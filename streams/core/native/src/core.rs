@@ -231,7 +231,7 @@ impl Labels {
 
 /// Per breakdown key (and for the batch): [unique, accepted, proposed, verify,
 /// completion, paired accepted, paired proposed, accept covered, paired completion,
-/// paired verify, verify covered], as `_state._Sums` adds them.
+/// paired verify, verify covered], as `core.state._Sums` adds them.
 pub type Sums = [u128; 11];
 
 fn add_counters(s: &mut Sums, c: [Option<u64>; 4]) {
@@ -264,7 +264,7 @@ fn add_bins(out: &mut Option<Vec<u128>>, len: usize, bins: impl Iterator<Item = 
     }
 }
 
-/// A histogram contradicts its own counters (docs/contract.md §3.5, `_state.inconsistent`):
+/// A histogram contradicts its own counters (docs/contract.md §3.5, `core.state.inconsistent`):
 /// verify known and not sum(H), or accepted known and not sum(i * H[i]).
 fn inconsistent(counters: [Option<u64>; 4], hist: Hist) -> bool {
     let (mut steps, mut accepted) = (0u128, 0u128);
@@ -290,7 +290,7 @@ fn add_group(into: &mut Group, from: &Group) {
 /// One key's sums in a partial's breakdown: (weight_version or task, None when unknown; sums, histogram).
 pub type KeySums = (Option<Vec<u8>>, Sums, Option<Vec<u128>>);
 
-/// One breakdown (`_state._breakdown`): per key id (0: unknown) sorted by the key's string,
+/// One breakdown (`core.state._breakdown`): per key id (0: unknown) sorted by the key's string,
 /// unknown last; (empty, true) past `MAX_BREAKDOWN_KEYS` known keys; empty when none is known.
 fn breakdown(groups: HashMap<u32, Group>, strings: &Interner) -> (Vec<KeySums>, bool) {
     let known = groups.keys().filter(|&&k| k != 0).count();
@@ -333,7 +333,7 @@ pub struct Partial {
     pub too_many_tasks: bool,
 }
 
-/// The counters a delta compares against (`_state.BatchState._counters`); markers
+/// The counters a delta compares against (`core.state.BatchState._counters`); markers
 /// are compared by the Python layer.
 #[derive(Clone, Default, PartialEq, Eq)]
 struct Base {
@@ -818,7 +818,7 @@ impl State {
         self.journal.is_some()
     }
 
-    /// A counters value in the packed delta layout of `_state` (each + 1, 0: unknown;
+    /// A counters value in the packed delta layout of `core.state` (each + 1, 0: unknown;
     /// 20/20/20/24 bits), when the entry has that form: created since the last delta,
     /// one occurrence, no state hash, no histogram, no task, no conflict, small counters.
     fn packed_counters(&self, idx: u32) -> Option<u128> {
@@ -839,7 +839,7 @@ impl State {
         Some(out)
     }
 
-    /// A wide entry: ten items, eleven when the value names a task (as `_state` writes it).
+    /// A wide entry: ten items, eleven when the value names a task (as `core.state` writes it).
     fn write_value(&self, w: &mut Writer, idx: u32) {
         let e = &self.entries[idx as usize];
         let session = self.strings.resolve(e.session);
@@ -1000,7 +1000,7 @@ impl State {
         }
     }
 
-    /// An entry a delta wrote in packed form (`_state._packed_entries` reads it): new when it
+    /// An entry a delta wrote in packed form (`core.state._packed_entries` reads it): new when it
     /// was written; if it is not new after all, the conflict rule applies.
     pub fn restore_packed(
         &mut self,
@@ -1073,7 +1073,7 @@ impl State {
     }
 
     // -- output ----------------------------------------------------------------------------
-    /// This partition's sums for the batch (`_state.BatchState.partial`).
+    /// This partition's sums for the batch (`core.state.BatchState.partial`).
     pub fn partial(&self) -> Partial {
         let mut totals: Group = ([0; 11], None);
         let mut inconsistent_count = 0u64;

@@ -1,5 +1,5 @@
-"""Which stage-1 core runs: the native one (Rust, ``specmeter.streams._native``) when
-it is built, else the pure-Python reference (``_state``). Both answer the same calls.
+"""Which stage-1 core runs: the native one (Rust, ``specmeter.streams.core._native``) when
+it is built, else the pure-Python reference (``state``). Both answer the same calls.
 
 ``SPECMETER_NO_NATIVE=1`` forces the Python core. It is read once, at import (as
 aiokafka reads ``AIOKAFKA_NO_EXTENSIONS``): set it before starting the worker.
@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from . import _state
+from . import state
 
 __all__ = ["Core", "PYTHON", "NATIVE", "CORE", "NATIVE_CORE", "NATIVE_DISABLED", "NATIVE_IMPORT_ERROR"]
 
@@ -25,12 +25,12 @@ class Core(NamedTuple):
     name: str
     #: ``BatchState(batch_id, run_id=None)``
     BatchState: type
-    #: ``decode(data, *, max_bytes=None)``: a decoded message (``_state.Decoded`` or
+    #: ``decode(data, *, max_bytes=None)``: a decoded message (``state.Decoded`` or
     #: the native twin) with ``groups``, ``producer_id``, ``run_id``, ``invalid``, ``marker``
     decode: Callable[..., Any]
 
 
-PYTHON = Core("python", _state.BatchState, _state.decode_message)
+PYTHON = Core("python", state.BatchState, state.decode_message)
 
 NATIVE: Core | None = None
 #: why the native core is not loaded (None when it is, or when it was switched off)
@@ -42,7 +42,7 @@ if not NATIVE_DISABLED:
         NATIVE_IMPORT_ERROR = str(exc)
     else:
         _native_decode = _native.decode
-        _python_decode = _state.decode_message
+        _python_decode = state.decode_message
 
         def _decode(data: bytes, *, max_bytes: int | None = None) -> Any:
             """The native decoder; a message it does not take whole (anything but a

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from specmeter.schemas import BatchMarker, BatchMetrics, GenerationRecord, InvalidRecord, decode_json_line
 
-from ._merge import build_batch_metrics
-from ._state import BatchState
+from .merge import build_batch_metrics
+from .state import BatchState
 
 __all__ = ["OfflineAggregator", "LineError"]
 
