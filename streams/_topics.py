@@ -271,10 +271,10 @@ async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
     0.3 s per call. The metadata request for named topics must not create them
     (``auto.create.topics.enable`` would, with the broker's default partition
     count), which aiokafka's ``describe_topics`` does not ask for
-    (``_internals.metadata_without_auto_create``; ``tests/test_stream_app.py`` checks
+    (``delivery.internals.metadata_without_auto_create``; ``tests/test_stream_app.py`` checks
     it against a real broker).
     """
-    from ._internals import metadata_without_auto_create
+    from .delivery.internals import metadata_without_auto_create
 
     # an empty list asks for no topic (None would ask for all): the brokers alone
     answer = await metadata_without_auto_create(admin, names)

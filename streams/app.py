@@ -2,15 +2,15 @@
 
 It decides nothing: it carries messages into ``PartitionProcessor`` (stage 1) and
 ``BatchMerger`` (stage 2) and carries out the effects they return. Which input a
-stage applies, and when, is ``_delivery``'s (the rules) and ``_routes``' (the I/O:
+stage applies, and when, is ``delivery.ledger``'s (the rules) and ``delivery.routes``' (the I/O:
 one route per stage, each a member of its stage's consumer group). State lives in two
 compacted changelog topics, written through the shell's own ordered producer
-(``_output``) as write groups whose outputs wait for their state (``_writes``), and read
+(``delivery.output``) as write groups whose outputs wait for their state (``delivery.writes``), and read
 back when a worker takes a partition over (``core.ownership``).
 
 Faust's part is narrow: the app's lifecycle (start, signals, stop), the timers and the
 web server. It runs no Kafka client of its own: no consumer, no group, no producer, no
-tables (``_internals.boot_strategy``).
+tables (``boot_strategy``).
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ from specmeter.schemas import (
     encode_partial,
 )
 
-from . import _internals
 from ._counters import PublishedTotals
 from ._dead_letters import DeadLetterLog
 from ._faults import CrashPoints, WriteFaults, write_kind
 from ._outages import Outages
-from ._output import OrderedProducer
 from ._readiness import Readiness, decide
-from ._routes import DeliveryDriver, Restored
 from ._waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from .core.counts import WorkerCounters
 from .core.layout import changelog_topics
 from .core.ownership import ValidState
 from .core.stage1 import Effects, PartitionProcessor, shorten
 from .core.stage2 import BatchMerger, MergeEffects
+from .delivery import internals
+from .delivery.output import OrderedProducer
+from .delivery.routes import DeliveryDriver, Restored
 from .settings import WorkerSettings, faust_security_kwargs
 
 __all__ = ["build_app", "StreamShell"]
@@ -107,7 +107,7 @@ class StreamShell:
             acks="all",
             # a refused write fails the writes after it in its partition too (their sequence
             # numbers no longer follow): none of them can land after a lost one; and a
-            # retry never lands twice (``_writes`` reads any offsets skipped)
+            # retry never lands twice (``delivery.writes`` reads any offsets skipped)
             enable_idempotence=True,
             linger_ms=0,
             max_batch_size=1_048_576,
@@ -116,7 +116,7 @@ class StreamShell:
             request_timeout_ms=int(s.delivery_timeout_s * 1000),
             **s.security.aiokafka_kwargs(),
         )
-        #: what is read and applied, taken over, restored and caught up (the rules in ``_delivery``)
+        #: what is read and applied, taken over, restored and caught up (the rules in ``delivery.ledger``)
         self.delivery = DeliveryDriver(settings, self, output=self.output)
         #: the changelog writes of owned partitions, and the outputs that wait for them
         self.writes = self.delivery.writes
@@ -148,7 +148,7 @@ class StreamShell:
 
     # -- the ordered producer ----------------------------------------------------------
     def _send(self, topic: str, key: bytes, value: bytes | None, partition: int | None = None) -> None:
-        """Produce through the ordered producer (``_output``): in order per partition,
+        """Produce through the ordered producer (``delivery.output``): in order per partition,
         flushed before a partition is given up, at crash points and at shutdown; a
         failure stops the worker."""
         if self.write_faults.kind is not None:
@@ -161,7 +161,7 @@ class StreamShell:
         self._send(self.settings.topics.metrics, key, encode_metrics(metrics))
 
     def _on_failed(self, topic: str, exc: BaseException) -> None:
-        """The first write Kafka refused: the producer hands nothing more over (``_output``),
+        """The first write Kafka refused: the producer hands nothing more over (``delivery.output``),
         and the worker stops without flushing; its successor resumes from what is whole."""
         if self.fatal is not None:
             return
@@ -246,7 +246,7 @@ class StreamShell:
         return merger, installed
 
     async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, bytes]]) -> None:
-        """Apply admitted input; then wait while the producer is too far behind (``_output``)."""
+        """Apply admitted input; then wait while the producer is too far behind (``delivery.output``)."""
         if topic == self._records:
             await self._run_stage1(state, partition, messages)
         else:
@@ -265,7 +265,7 @@ class StreamShell:
         await self.reached("stage2-merged")
         self._submit_stage2(partition, effects)
 
-    # -- effects: a write group each (``_writes``) --------------------------------------------
+    # -- effects: a write group each (``delivery.writes``) --------------------------------------------
     def _submit_stage1(self, partition: int, effects: Effects) -> None:
         async def release() -> None:
             await self.reached("stage1-changelog")
@@ -451,11 +451,25 @@ def _compact_closed(
     return done
 
 
+def boot_strategy() -> type:
+    """Faust's services less every Kafka client of its own (consumer, producer, tables) and
+    its sensors: the app's lifecycle, timers and web server are what the worker uses.
+    Public API (``App.BootStrategy``, a documented customisation)."""
+    from faust.app.base import BootStrategy
+
+    class LifecycleTimersWeb(BootStrategy):
+        enable_kafka_consumer = False
+        enable_kafka_producer = False
+        enable_sensors = False  # Faust's monitor counts what Faust delivers: nothing
+
+    return LifecycleTimersWeb
+
+
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     """A configured Faust app and its shell; nothing runs until a Worker starts it."""
     import faust
 
-    _internals.check_pins()
+    internals.check_pins()
     shell = StreamShell(settings)
 
     app = faust.App(
@@ -473,7 +487,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         topic_allow_declare=False,
         **faust_security_kwargs(settings.security),
     )
-    app.boot_strategy = _internals.boot_strategy()(app)
+    app.boot_strategy = boot_strategy()(app)
 
     @app.timer(settings.tick_s)
     async def tick() -> None:

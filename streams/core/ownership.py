@@ -23,7 +23,7 @@ not reach a plain producer's writes, so the changelog orders them itself:
 ``ChangelogView`` applies these rules to one partition's records read in offset order,
 exactly as compaction keeps them (the latest value per key, tombstones deleting it).
 What the writer checks so that a stale owner's writes never release an output is in
-``_output`` (the writes of a partition are acknowledged at consecutive offsets, or the
+``delivery.output`` (the writes of a partition are acknowledged at consecutive offsets, or the
 offsets skipped are read for a newer takeover).
 """
 

@@ -1,4 +1,4 @@
-"""Faust and aiokafka internals, in one room: every private member specmeter relies on.
+"""aiokafka's internals, in one room: every private member specmeter relies on.
 
 The rest of the code uses only public API (ruff's SLF001 keeps it so); each use
 here says why no public way exists, and ``tests/test_faust_pins.py`` fails when
@@ -6,12 +6,11 @@ the pinned release changes what it relies on. ``check_pins`` runs when the worke
 starts, so a worker on another release stops with one line saying what to update
 instead of misbehaving.
 
-What Faust does for the worker, and what it no longer does: it runs the app's
-lifecycle (start, signals, stop), its timers and its web server, and nothing that
-talks to Kafka (``boot_strategy``): no consumer (each stage's route is a member of
-its own consumer group, ``_routes``), no producer (every state write and output goes
-through the worker's ordered producer, ``_output``), no tables, agents or pages of
-its own. No private member of Faust is used.
+Faust runs no Kafka client of the worker's (``app.boot_strategy``, public API):
+every client is aiokafka's, in this folder: each stage's route is a member of its own
+consumer group (``routes``) and every state write and output goes through the worker's
+ordered producer (``output``). No private member of Faust is used, and nothing here
+imports Faust: the release it was written against is pinned here beside aiokafka's.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 __all__ = [
     "FAUST_PINNED",
     "AIOKAFKA_PINNED",
-    "boot_strategy",
     "check_pins",
     "message_appender",
     "metadata_without_auto_create",
@@ -43,7 +41,8 @@ AIOKAFKA_PINNED = "0.14.0"
 def check_pins() -> None:
     """Fail at start-up, saying what to update, when the installed aiokafka lacks a
     private member used here."""
-    import faust
+    from importlib.metadata import version
+
     from aiokafka.admin import AIOKafkaAdminClient
 
     missing = []
@@ -54,24 +53,10 @@ def check_pins() -> None:
     missing += _producer_missing()
     if missing:
         raise RuntimeError(
-            f"{', '.join(missing)} missing; specmeter's streams/_internals.py is written against "
-            f"aiokafka {AIOKAFKA_PINNED} (and faust-streaming {FAUST_PINNED}, {getattr(faust, '__version__', '?')} "
+            f"{', '.join(missing)} missing; specmeter's streams/delivery/internals.py is written against "
+            f"aiokafka {AIOKAFKA_PINNED} (and faust-streaming {FAUST_PINNED}, {version('faust-streaming')} "
             f"installed) and must be updated for this release"
         )
-
-
-def boot_strategy() -> type:
-    """Faust's services less every Kafka client of its own (consumer, producer, tables) and
-    its sensors: the app's lifecycle, timers and web server are what the worker uses.
-    Public API (``App.BootStrategy``, a documented customisation)."""
-    from faust.app.base import BootStrategy
-
-    class LifecycleTimersWeb(BootStrategy):
-        enable_kafka_consumer = False
-        enable_kafka_producer = False
-        enable_sensors = False  # Faust's monitor counts what Faust delivers: nothing
-
-    return LifecycleTimersWeb
 
 
 async def metadata_without_auto_create(admin: Any, names: Iterable[str]) -> dict[str, Any]:
@@ -111,7 +96,7 @@ async def stop_without_sending(producer: Any) -> None:
 
     Why private: ``AIOKafkaProducer.stop`` first waits for its accumulator to drain (and an
     idempotent producer retries without end while Kafka is away); after a refused write
-    the worker must send nothing more (``_output``: fail fast). Its sender task, cancelled
+    the worker must send nothing more (``output``: fail fast). Its sender task, cancelled
     first (``Sender.close``), leaves ``stop`` nothing that could send: it closes the
     connections and marks the producer closed."""
     await producer._sender.close()

@@ -1,12 +1,12 @@
-"""The I/O that carries out the delivery rules of ``_delivery``: one route per stage.
+"""The I/O that carries out the delivery rules of ``ledger``: one route per stage.
 
 A worker holds a fixed set of Kafka clients, whatever its partition count: one
-``InputRoute`` per stage, the ordered producer (``_output``) and, while partitions are
+``InputRoute`` per stage, the ordered producer (``output``) and, while partitions are
 being taken over, one ``ChangelogReader`` (closed again when the restores are done).
 
 **Each route's consumer is a member of its stage's consumer group** (``<app-id>-stage1``
 over the records topic, ``<app-id>-stage2`` over the partials topic), as aiokafka means
-a consumer to be: the group assigns it partitions (``_assignor``: sticky, so a rebalance
+a consumer to be: the group assigns it partitions (``assignor``: sticky, so a rebalance
 moves only what must move), and it polls for as long as the route makes progress. A
 route that stops making progress for ``max_poll_interval`` leaves its group, whose
 other members take its partitions over: the liveness ``max.poll.interval`` exists for.
@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._assignor import StickyAssignor
-from ._delivery import Checkpointed, Claim, Ledger, TopicPartition
-from ._internals import set_fetch_wait
-from ._output import OrderedProducer
-from ._writes import OwnedWrites
-from .core.ownership import ChangelogView, ValidState
-from .settings import WorkerSettings
+from ..core.ownership import ChangelogView, ValidState
+from ..settings import WorkerSettings
+from .assignor import StickyAssignor
+from .internals import set_fetch_wait
+from .ledger import Checkpointed, Claim, Ledger, TopicPartition
+from .output import OrderedProducer
+from .writes import OwnedWrites
 
 __all__ = ["ChangelogReader", "DeliveryDriver", "InputRoute", "StageHooks"]
 

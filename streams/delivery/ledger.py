@@ -1,6 +1,6 @@
 """The delivery rules: which input a stage applies, and when a partition is ready.
 
-Sans-IO: no asyncio, no Kafka. Each stage has one route for its input (``_routes``):
+Sans-IO: no asyncio, no Kafka. Each stage has one route for its input (``routes``):
 the route's consumer is a member of the stage's consumer group, which says which
 partitions are this worker's; a partition's state is taken over and restored from its
 changelog (``core.ownership``); then the route reads the partition from the state's

@@ -11,7 +11,7 @@ partition's 1 MiB batch is full), so the order per partition is the order of
 
 ``flush`` returns when everything sent before it is acknowledged; the shell
 calls it before a partition is given up, at crash points and at shutdown. A message
-may name ``on_ack``, called with the offset Kafka gave it (``_writes`` checks that an
+may name ``on_ack``, called with the offset Kafka gave it (``writes`` checks that an
 owner's changelog writes land where it expects them).
 
 **Fail fast.** The first message Kafka refuses after the producer's own retries
@@ -22,7 +22,7 @@ partial or a publication must never become durable after a write it follows was 
 its successor then resumes from the last state that is whole.
 
 Each message goes into aiokafka's batch for its partition without ``send``, which
-built a set of all the topic's partitions for every message (``_internals.
+built a set of all the topic's partitions for every message (``internals.
 message_appender``): the partitions of each topic are looked up once (again after
 a metadata refresh), and a keyed message's partition is aiokafka's default
 partitioner's choice, remembered per key (murmur2 is pure Python; the keys are
@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import _internals
+from . import internals
 
 __all__ = ["OrderedProducer"]
 
@@ -136,7 +136,7 @@ class OrderedProducer:
             await producer.stop()
             raise
         self._producer = producer
-        self._add = _internals.message_appender(producer)
+        self._add = internals.message_appender(producer)
         producer.client.cluster.add_listener(self._forget_partitions)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="specmeter-output")
         if self._queue:  # sent before the start
@@ -210,7 +210,7 @@ class OrderedProducer:
             if self._task is not None:
                 self._task.cancel()
             self._producer.client.cluster.remove_listener(self._forget_partitions)
-            await _internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
+            await internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
             self._producer = None
             return
         try:

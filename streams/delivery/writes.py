@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._output import OrderedProducer
-from .core.ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+from ..core.ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+from .output import OrderedProducer
 
 __all__ = ["OwnedWrites", "Ownership"]
 
