@@ -559,7 +559,7 @@ def run_tail(
                     loop.remove_signal_handler(signal.SIGTERM)
 
         async def folded() -> None:
-            from ._outages import folded_outages
+            from .report.outages import folded_outages
 
             async with folded_outages("tail"):
                 await until_stopped()

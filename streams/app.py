@@ -34,12 +34,7 @@ from specmeter.schemas import (
     encode_partial,
 )
 
-from ._counters import PublishedTotals
-from ._dead_letters import DeadLetterLog
 from ._faults import CrashPoints, WriteFaults, write_kind
-from ._outages import Outages
-from ._readiness import Readiness, decide
-from ._waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from .core.counts import WorkerCounters
 from .core.layout import changelog_topics
 from .core.ownership import ValidState
@@ -48,6 +43,11 @@ from .core.stage2 import BatchMerger, MergeEffects
 from .delivery import internals
 from .delivery.output import OrderedProducer
 from .delivery.routes import DeliveryDriver, Restored
+from .report.counters import PublishedTotals
+from .report.dead_letters import DeadLetterLog
+from .report.outages import Outages
+from .report.readiness import Readiness, decide
+from .report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from .settings import WorkerSettings, faust_security_kwargs
 
 __all__ = ["build_app", "StreamShell"]
@@ -393,7 +393,7 @@ class StreamShell:
         return self.delivery.ledger.ready()
 
     def readiness(self) -> Readiness:
-        """Whether this worker can do its work now (``_readiness``): it serves its
+        """Whether this worker can do its work now (``report.readiness``): it serves its
         partitions and its writes go through, whatever one broker does."""
         return decide(
             serving=not self.delivery.rebalancing and self.ready(),
@@ -525,7 +525,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/metrics")
     async def prometheus(self: Any, request: Any) -> Any:
-        from ._prometheus import render
+        from .report.prometheus import render
 
         return self.bytes(render(shell), content_type="text/plain; version=0.0.4")
 
@@ -536,7 +536,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/specmeter/readyz")
     async def readyz(self: Any, request: Any) -> Any:
-        """Readiness: it serves its partitions and can write (``_readiness``); one broker
+        """Readiness: it serves its partitions and can write (``report.readiness``); one broker
         away while the others serve is no reason to take the pod out."""
         readiness = shell.readiness()
         return self.json(readiness.as_dict(), status=200 if readiness.ready else 503)

@@ -794,8 +794,8 @@ def replay(
 
 async def _folded(command: str, work: Coroutine[Any, Any, T]) -> T:
     """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
-    folds them (``_outages.folded_outages``)."""
-    from ._outages import folded_outages
+    folds them (``report.outages.folded_outages``)."""
+    from .report.outages import folded_outages
 
     async with folded_outages(command):
         return await work

@@ -60,7 +60,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         session_timeout_s: how long a silent worker keeps its partitions (its group
             coordinator hears no heartbeat for this long: the group rebalances).
         ready_write_timeout_s: readiness (``/specmeter/readyz``) drops when the worker's
-            writes have waited this long with none acknowledged (``_readiness``); a
+            writes have waited this long with none acknowledged (``report.readiness``); a
             broker that leads some partitions and goes away stalls writes for about
             the cluster's broker session timeout (9 s by default), well below it.
         max_poll_interval_s: how long a stage's route may go without asking for input

@@ -9,10 +9,10 @@ import sys
 
 import msgspec
 
-from ._logging import bound_log_lines
-from ._outages import fold_outage_logs
 from ._topics import ensure_topics
 from .app import build_app
+from .report.log_lines import bound_log_lines
+from .report.outages import fold_outage_logs
 from .settings import WorkerSettings
 
 __all__ = ["run_worker"]

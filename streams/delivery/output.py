@@ -33,7 +33,7 @@ with none of them acknowledged (0 while nothing waits). A broker that leaves whi
 leads some partitions stalls the writes to those alone, until its partitions have new
 leaders; a cluster that cannot take a write at all (no broker, fewer in-sync replicas
 than ``min.insync.replicas``) stalls them all, and it grows. The worker's readiness
-reads it (``_readiness``).
+reads it (``report.readiness``).
 
 ``room`` is the back-pressure: the stages await it after each chunk, and it waits
 while more than a limit of bytes is queued and not yet handed over. A worker

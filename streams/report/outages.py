@@ -14,7 +14,7 @@ A broker is back when nothing was heard about it for ``quiet_s`` and its address
 accepts a connection (aiokafka stops asking a broker that left the cluster's
 metadata, so silence alone does not mean back); the group coordinator is back when
 aiokafka discovers one, or after a longer silence. ``/specmeter/stats`` shows
-``as_dict()``. Readiness does not follow an outage (``_readiness``): only when no
+``as_dict()``. Readiness does not follow an outage (``readiness``): only when no
 broker of the cluster answers (``no_broker_answers``) is the worker not ready.
 """
 

@@ -51,7 +51,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from ._counters import (
+from ..core.counts import CLOSE_LATENCY_BUCKETS
+from ..core.merge import accept_rate_by_position
+from .counters import (
     MAX_EXPORTED_POSITION,
     MORE_COUNTERS,
     PUBLISHED_QUANTITIES,
@@ -62,8 +64,6 @@ from ._counters import (
     published_labels,
     version_ages,
 )
-from .core.counts import CLOSE_LATENCY_BUCKETS
-from .core.merge import accept_rate_by_position
 
 __all__ = ["WorkerCollector", "render", "CLOSE_LATENCY_BUCKETS", "EXPORTED_METRICS", "LATEST_LABELS"]
 
@@ -257,7 +257,7 @@ def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | No
 
 def _kafka(shell: Any) -> Iterator[Any]:
     """Readiness and what the worker sees of Kafka (for a shell that has them): the
-    outages go here and to the log, not to readiness (``_readiness``)."""
+    outages go here and to the log, not to readiness (``readiness``)."""
     outages, output = getattr(shell, "outages", None), getattr(shell, "output", None)
     if outages is None or output is None:
         return

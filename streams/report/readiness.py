@@ -13,7 +13,7 @@ A broker that is away while the others serve — a rolling restart, a crash, a d
 replaced, on a cluster with replication factor 3 and ``min.insync.replicas=2`` — is
 none of these: the worker's clients retry, the other brokers take over the
 partitions it led, and nothing is lost (``tests/test_cluster.py``). It is said in
-the log, on ``/specmeter/stats`` and in Prometheus (``_outages``), and readiness
+the log, on ``/specmeter/stats`` and in Prometheus (``outages``), and readiness
 stays up: a readiness that fell with any broker took every pod of the fleet out of
 service at once, and stalled a rolling restart of the brokers (issue 33).
 """

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.stage1 import Waiting, shorten
-from .core.stage2 import MergeWaiting
+from ..core.stage1 import Waiting, shorten
+from ..core.stage2 import MergeWaiting
 
 __all__ = ["BatchWait", "WaitReporter", "merge_waits", "stage1_waits"]
 

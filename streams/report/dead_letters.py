@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specmeter.schemas import DeadLetter
 
-from .core.stage1 import shorten
+from ..core.stage1 import shorten
 
 __all__ = ["DeadLetterLog"]
 
