@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from specmeter.producers import KafkaSecurity
 
 from ._errors import SpecmeterError
-from ._topics import TopicMismatch
 from .settings import WorkerSettings
+from .worker.topics import TopicMismatch
 
 __all__ = [
     "BadSecurity",
@@ -153,7 +153,7 @@ async def check_broker(
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
-    from ._topics import describe_cluster, plan_topics, worker_topics
+    from .worker.topics import describe_cluster, plan_topics, worker_topics
 
     admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
     plan = None

@@ -88,7 +88,7 @@ def _env_naming(path: str | None) -> list[str]:
 def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
     """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
     from ._preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
-    from ._topics import TopicProblem
+    from .worker.topics import TopicProblem
 
     broker = params.get("broker", "the broker")
     set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
@@ -697,7 +697,7 @@ def worker(
     _preflight(broker, security, settings)
     if not no_web:
         check_web_port(web_host, web_port)
-    from .worker import run_worker
+    from .worker.run import run_worker
 
     run_worker(settings)
 

@@ -183,8 +183,8 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     from specmeter.streams import OfflineAggregator
     from specmeter.streams._dump import parse_dump_line
     from specmeter.streams._replay import replay_lines
-    from specmeter.streams._topics import ensure_topics
     from specmeter.streams.settings import TopicNames, WorkerSettings
+    from specmeter.streams.worker.topics import ensure_topics
 
     console = Console(stderr=True)
     broker, started_broker = _start_broker(console)

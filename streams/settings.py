@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from specmeter.producers import KafkaSecurity
 from specmeter.producers import plain_bootstrap as bootstrap_servers
 from specmeter.schemas import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
 
-__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "faust_security_kwargs"]
+__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers"]
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,23 +109,3 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     def consumer_groups(self) -> tuple[str, str]:
         """The consumer groups of stage 1 (the records topic) and stage 2 (the partials topic)."""
         return f"{self.app_id}-stage1", f"{self.app_id}-stage2"
-
-
-def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
-    """Keyword arguments for faust.App (``broker_credentials``) from the KAFKA_* security:
-    kept on the stream side, so the producer library never imports Faust."""
-    if security.protocol == "PLAINTEXT":
-        return {}
-    import faust
-
-    ssl_context = security.ssl_context()
-    if "SASL" in security.protocol:
-        return {
-            "broker_credentials": faust.SASLCredentials(
-                username=security.username,
-                password=security.password,
-                mechanism=security.sasl_mechanism or "PLAIN",
-                ssl_context=ssl_context,
-            )
-        }
-    return {"broker_credentials": ssl_context}

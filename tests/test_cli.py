@@ -392,7 +392,7 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
     """Each tuning flag of `specmeter worker` lands in the one settings object, and the
     flags' defaults are the settings' defaults."""
     import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
+    import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []
@@ -433,8 +433,8 @@ def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_enviro
     """The bound on task labels (issue 31): --max-exported-tasks, or
     SPECMETER_WORKER_MAX_EXPORTED_TASKS, reaches the counters the worker's /metrics reads."""
     import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
-    from specmeter.streams.app import StreamShell
+    import specmeter.streams.worker.run as worker_module
+    from specmeter.streams.worker.app import StreamShell
 
     seen = []
     monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
@@ -456,7 +456,7 @@ def test_expired_retention_reaches_the_settings_by_flag_and_environment(monkeypa
     """How long expired batches are remembered (issue 21): --expired-retention, or
     SPECMETER_WORKER_EXPIRED_RETENTION; a week by default."""
     import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
+    import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []

@@ -13,7 +13,7 @@ import time
 import msgspec
 import pytest
 
-from specmeter.streams._faults import CRASH_POINTS
+from specmeter.streams.worker.faults import CRASH_POINTS
 
 from .support.worker_harness import (
     assert_conserved,

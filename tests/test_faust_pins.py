@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
-from specmeter.streams.app import boot_strategy
 from specmeter.streams.delivery import internals
 from specmeter.streams.delivery.internals import AIOKAFKA_PINNED, FAUST_PINNED, check_pins
+from specmeter.streams.worker.app import boot_strategy
 
 
 def test_the_installed_releases_are_the_pinned_ones():

@@ -16,10 +16,10 @@ import tracemalloc
 import msgspec
 
 from specmeter.schemas import RecordBatch, encode_records_message
-from specmeter.streams.app import _compact_closed
 from specmeter.streams.core.stage1 import PartitionProcessor
 from specmeter.streams.core.state import BatchState as PythonBatchState
 from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.worker.app import _compact_closed
 
 
 def _fleet_messages(batches: int = 2, sessions: int = 30) -> list[bytes]:
@@ -120,7 +120,7 @@ def test_the_worker_times_every_garbage_collection():
     """Collector pauses stop the event loop (a marker waits meanwhile): the worker
     counts them per generation, longest included, on /specmeter/stats."""
     from specmeter.streams.core.counts import WorkerCounters
-    from specmeter.streams.worker import _gc_timer
+    from specmeter.streams.worker.run import _gc_timer
 
     counters = WorkerCounters()
     timer = _gc_timer(counters)

@@ -6,7 +6,7 @@ the pinned release changes what it relies on. ``check_pins`` runs when the worke
 starts, so a worker on another release stops with one line saying what to update
 instead of misbehaving.
 
-Faust runs no Kafka client of the worker's (``app.boot_strategy``, public API):
+Faust runs no Kafka client of the worker's (``worker.app.boot_strategy``, public API):
 every client is aiokafka's, in this folder: each stage's route is a member of its own
 consumer group (``routes``) and every state write and output goes through the worker's
 ordered producer (``output``). No private member of Faust is used, and nothing here

@@ -45,7 +45,7 @@ Restored = tuple[Checkpointed, Callable[[], None]]
 
 
 class StageHooks(Protocol):
-    """What the driver needs of the stages (``app.StreamShell``)."""
+    """What the driver needs of the stages (``worker.app.StreamShell``)."""
 
     def changelog_of(self, topic: str) -> str:
         """The changelog topic of a stage's input topic."""
@@ -63,7 +63,7 @@ class StageHooks(Protocol):
         ...
 
     async def reached(self, point: str) -> None:
-        """A crash point (``_faults``): tests kill the worker here."""
+        """A crash point (``worker.faults``): tests kill the worker here."""
         ...
 
 

@@ -359,7 +359,7 @@ class OutageLogFilter(logging.Filter):
                     if found:
                         self.outages.found_coordinator(found.group(1), self._clock())
                 # the coordinator's logger is kept at INFO for that line alone: its INFO
-                # lines show only where aiokafka's own level lets them (worker.py quiets it)
+                # lines show only where aiokafka's own level lets them (worker/run.py quiets it)
                 return record.name != COORDINATOR_LOGGER or logging.getLogger("aiokafka").isEnabledFor(record.levelno)
             if self._retries is not None and not str(record.msg).startswith(self._retries):
                 return True
@@ -378,7 +378,7 @@ class OutageLogFilter(logging.Filter):
 
 #: the loggers whose lines are folded; aiokafka logs with one logger per module
 FOLDED_PREFIXES = ("aiokafka",)
-#: the worker's own lines that repeat at every try while Kafka is away (streams/app.py);
+#: the worker's own lines that repeat at every try while Kafka is away (streams/worker/app.py);
 #: they are folded only when they name an unreachable endpoint
 WORKER_RETRIES = (
     "committing the input offsets failed",

@@ -9,11 +9,11 @@ import sys
 
 import msgspec
 
-from ._topics import ensure_topics
+from ..report.log_lines import bound_log_lines
+from ..report.outages import fold_outage_logs
+from ..settings import WorkerSettings
 from .app import build_app
-from .report.log_lines import bound_log_lines
-from .report.outages import fold_outage_logs
-from .settings import WorkerSettings
+from .topics import ensure_topics
 
 __all__ = ["run_worker"]
 

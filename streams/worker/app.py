@@ -25,6 +25,7 @@ import time
 from collections.abc import Generator, Iterable
 from typing import Any
 
+from specmeter.producers import KafkaSecurity
 from specmeter.schemas import (
     BatchMetrics,
     decode_partial,
@@ -34,21 +35,21 @@ from specmeter.schemas import (
     encode_partial,
 )
 
-from ._faults import CrashPoints, WriteFaults, write_kind
-from .core.counts import WorkerCounters
-from .core.layout import changelog_topics
-from .core.ownership import ValidState
-from .core.stage1 import Effects, PartitionProcessor, shorten
-from .core.stage2 import BatchMerger, MergeEffects
-from .delivery import internals
-from .delivery.output import OrderedProducer
-from .delivery.routes import DeliveryDriver, Restored
-from .report.counters import PublishedTotals
-from .report.dead_letters import DeadLetterLog
-from .report.outages import Outages
-from .report.readiness import Readiness, decide
-from .report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
-from .settings import WorkerSettings, faust_security_kwargs
+from ..core.counts import WorkerCounters
+from ..core.layout import changelog_topics
+from ..core.ownership import ValidState
+from ..core.stage1 import Effects, PartitionProcessor, shorten
+from ..core.stage2 import BatchMerger, MergeEffects
+from ..delivery import internals
+from ..delivery.output import OrderedProducer
+from ..delivery.routes import DeliveryDriver, Restored
+from ..report.counters import PublishedTotals
+from ..report.dead_letters import DeadLetterLog
+from ..report.outages import Outages
+from ..report.readiness import Readiness, decide
+from ..report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
+from ..settings import WorkerSettings
+from .faults import CrashPoints, WriteFaults, write_kind
 
 __all__ = ["build_app", "StreamShell"]
 
@@ -284,7 +285,7 @@ class StreamShell:
         self.writes.submit(self.stage2_log, partition, self._armed(effects.changelog), release)
 
     def _armed(self, writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
-        """Changelog writes, one of them padded to be refused when a test armed it (``_faults``)."""
+        """Changelog writes, one of them padded to be refused when a test armed it (``faults``)."""
         if self.write_faults.kind is None:
             return writes
         return [(key, self.write_faults.apply(write_kind(key), value)) for key, value in writes]
@@ -451,6 +452,26 @@ def _compact_closed(
     return done
 
 
+def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
+    """Keyword arguments for faust.App (``broker_credentials``) from the KAFKA_* security:
+    kept with the app, so neither the settings nor the producer library imports Faust."""
+    if security.protocol == "PLAINTEXT":
+        return {}
+    import faust
+
+    ssl_context = security.ssl_context()
+    if "SASL" in security.protocol:
+        return {
+            "broker_credentials": faust.SASLCredentials(
+                username=security.username,
+                password=security.password,
+                mechanism=security.sasl_mechanism or "PLAIN",
+                ssl_context=ssl_context,
+            )
+        }
+    return {"broker_credentials": ssl_context}
+
+
 def boot_strategy() -> type:
     """Faust's services less every Kafka client of its own (consumer, producer, tables) and
     its sensors: the app's lifecycle, timers and web server are what the worker uses.
@@ -525,7 +546,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     @app.page("/metrics")
     async def prometheus(self: Any, request: Any) -> Any:
-        from .report.prometheus import render
+        from ..report.prometheus import render
 
         return self.bytes(render(shell), content_type="text/plain; version=0.0.4")
 

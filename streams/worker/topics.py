@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-from ._errors import SpecmeterError
-from .core.layout import changelog_topics
-from .settings import WorkerSettings
+from .._errors import SpecmeterError
+from ..core.layout import changelog_topics
+from ..settings import WorkerSettings
 
 __all__ = [
     "ClusterView",
@@ -274,7 +274,7 @@ async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
     (``delivery.internals.metadata_without_auto_create``; ``tests/test_stream_app.py`` checks
     it against a real broker).
     """
-    from .delivery.internals import metadata_without_auto_create
+    from ..delivery.internals import metadata_without_auto_create
 
     # an empty list asks for no topic (None would ask for all): the brokers alone
     answer = await metadata_without_auto_create(admin, names)
