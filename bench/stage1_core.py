@@ -38,7 +38,7 @@ from _pipeline import fleet
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
 from specmeter.streams.core import cores
 from specmeter.streams.core.stage1 import PartitionProcessor, _digest
-from specmeter.streams.synthetic import synthetic_fleet
+from specmeter.streams.fleet.synthetic import synthetic_fleet
 
 PER_MESSAGE = 500
 CHUNK_RECORDS = 10_000

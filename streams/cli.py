@@ -325,7 +325,7 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
         if not quiet:
             click.echo(f"specmeter aggregate: {error}", err=True)
 
-    from specmeter.streams._dump import DumpEncodingError, dump_lines, parse_dump_line
+    from specmeter.streams.fleet.dumps import DumpEncodingError, dump_lines, parse_dump_line
 
     given = getattr(file, "name", "-")
     name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
@@ -744,8 +744,8 @@ def replay(
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._dump import DumpEncodingError
-    from specmeter.streams._replay import ReplaySummary, replay_lines
+    from specmeter.streams.fleet.dumps import DumpEncodingError
+    from specmeter.streams.fleet.replay import ReplaySummary, replay_lines
 
     security = _security()
     _preflight(broker, security)
@@ -982,8 +982,8 @@ def loadgen(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._loadgen import publish_fleet, write_dump, write_expected
-    from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+    from specmeter.streams.fleet.publish import publish_fleet, write_dump, write_expected
+    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
     spec = FleetSpec(
         batches=batches,

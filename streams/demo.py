@@ -181,8 +181,8 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     from specmeter.producers import PublisherSettings
     from specmeter.schemas import encode_metrics
     from specmeter.streams import OfflineAggregator
-    from specmeter.streams._dump import parse_dump_line
-    from specmeter.streams._replay import replay_lines
+    from specmeter.streams.fleet.dumps import parse_dump_line
+    from specmeter.streams.fleet.replay import replay_lines
     from specmeter.streams.settings import TopicNames, WorkerSettings
     from specmeter.streams.worker.topics import ensure_topics
 

@@ -214,13 +214,13 @@ class _Captured:
         self.settings = None
 
     async def publish_fleet(self, events, settings, **kwargs):
-        from specmeter.streams._loadgen import LoadSummary
+        from specmeter.streams.fleet.publish import LoadSummary
 
         self.settings, self.events = settings, list(events)
         return LoadSummary()
 
     async def replay_lines(self, lines, settings, **kwargs):
-        from specmeter.streams._replay import ReplaySummary
+        from specmeter.streams.fleet.replay import ReplaySummary
 
         self.settings = settings
         return ReplaySummary()
@@ -228,9 +228,9 @@ class _Captured:
 
 @pytest.mark.parametrize("from_env", [False, True])
 def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
-    import specmeter.streams._loadgen as loadgen_module
-    import specmeter.streams._replay as replay_module
     import specmeter.streams.cli as cli
+    import specmeter.streams.fleet.publish as loadgen_module
+    import specmeter.streams.fleet.replay as replay_module
 
     captured = _Captured()
     monkeypatch.setattr(cli, "_preflight", lambda *a, **k: None)

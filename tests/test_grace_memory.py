@@ -18,7 +18,7 @@ import msgspec
 from specmeter.schemas import RecordBatch, encode_records_message
 from specmeter.streams.core.stage1 import PartitionProcessor
 from specmeter.streams.core.state import BatchState as PythonBatchState
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 from specmeter.streams.worker.app import _compact_closed
 
 

@@ -17,7 +17,7 @@ from specmeter.streams.core.layout import (
     state_key_prefix,
 )
 from specmeter.streams.core.stage1 import PartitionProcessor, _digest
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
 def _fleet_messages(batches: int = 3, sessions: int = 40) -> list[tuple[int, bytes]]:

@@ -107,7 +107,7 @@ def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
                 producer_id="p0",
             )
 
-        from specmeter.streams.synthetic import FleetEvent
+        from specmeter.streams.fleet.synthetic import FleetEvent
 
         first = [FleetEvent("record", "p0", "lonely", record(f"s{i}", "g", i)) for i in range(6)]
         asyncio.run(publish_events(kafka_bootstrap, d.topics.records, first))  # no marker: never completes

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specmeter.schemas import BatchMarker, GenerationRecord
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""``specmeter replay``: publish a saved dump to Kafka as the fleet would have.
+"""A saved dump published to Kafka as the fleet would have (``specmeter replay``, the demo).
 
 Each ``producer_id`` (per run) found in the file gets its own publisher, so a
 marker line closes that producer's batch exactly as the protocol does (flush,
@@ -21,7 +21,7 @@ import msgspec
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMarker, GenerationRecord
 
-from ._dump import dump_lines, parse_dump_line
+from .dumps import dump_lines, parse_dump_line
 
 __all__ = ["replay_lines", "ReplaySummary"]
 

@@ -1,4 +1,4 @@
-"""``specmeter loadgen``: a synthetic fleet publishing to Kafka (or to a dump file).
+"""A synthetic fleet publishing to Kafka (``specmeter loadgen``, tests, benchmarks), or to a dump file.
 
 One publisher per producer id, records paced at ``rate``, each producer closing
 its batches with markers as the protocol says; ``expect`` writes the metrics the
@@ -93,7 +93,7 @@ def write_dump(events: Iterable[FleetEvent], out) -> int:
 
 def write_expected(events: Iterable[FleetEvent], out) -> int:
     """The BatchMetrics the offline core computes for these events, one JSON line per batch."""
-    from .core.offline import OfflineAggregator
+    from ..core.offline import OfflineAggregator
 
     aggregator = OfflineAggregator()
     encoder = msgspec.json.Encoder()
