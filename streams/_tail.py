@@ -28,7 +28,7 @@ from typing import Any
 
 from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
 
-from ._topic_lookup import subscribe_existing
+from .readers.topic_lookup import subscribe_existing
 
 __all__ = [
     "follow_metrics",

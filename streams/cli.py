@@ -113,7 +113,7 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
         return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
     if isinstance(exc, TopicProblem):
         return str(exc), exc.fix
-    from ._topic_lookup import TopicNotFound
+    from .readers.topic_lookup import TopicNotFound
 
     if isinstance(exc, TopicNotFound):
         variable = f"SPECMETER_{command.upper()}_TOPIC"
@@ -1195,7 +1195,7 @@ def advise(
     else:
         import asyncio
 
-        from ._consume import consume_metrics
+        from .readers.consume import consume_metrics
 
         security = _security()
         _preflight(broker, security)

@@ -36,7 +36,7 @@ def test_every_error_the_streams_package_defines_is_a_specmeter_error():
 
 def test_each_is_also_the_built_in_kind_it_is():
     from specmeter.streams._preflight import BrokerUnreachable, PortInUse
-    from specmeter.streams._topic_lookup import TopicNotFound
+    from specmeter.streams.readers.topic_lookup import TopicNotFound
     from specmeter.streams.worker.topics import TopicsNotCreated
 
     assert issubclass(BrokerUnreachable, ConnectionError) and BrokerUnreachable.retriable

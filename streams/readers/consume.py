@@ -37,7 +37,7 @@ from typing import Any, TypeGuard
 
 from specmeter.schemas import METRICS_TOPIC, BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics
 
-from ._topic_lookup import TopicNotFound, subscribe_existing
+from .topic_lookup import TopicNotFound, subscribe_existing
 
 __all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC", "TopicNotFound"]
 
