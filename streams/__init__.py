@@ -8,12 +8,12 @@ trainer, ``consume_metrics`` (and ``consume_metrics_sync``) read each batch's
 newest BatchMetrics from the metrics topic.
 """
 
-from ._errors import SpecmeterError
 from .core.cores import CORE, NATIVE_CORE
 from .core.exact import expansion_value, merge_expansions
 from .core.merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
 from .core.offline import LineError, OfflineAggregator
 from .core.state import Outcome
+from .errors import SpecmeterError
 from .readers.consume import consume_metrics, consume_metrics_sync, metrics_scalars
 
 #: the loaded core's batch state (native when built; see ``core.cores``)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from specmeter.producers import KafkaSecurity
 
-from ._errors import SpecmeterError
+from .errors import SpecmeterError
 from .settings import WorkerSettings
 from .worker.topics import TopicMismatch
 

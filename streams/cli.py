@@ -23,8 +23,8 @@ from click.core import ParameterSource
 
 from specmeter.schemas import MAX_ID, encode_metrics
 
-from ._errors import SpecmeterError
 from .core.offline import LineError, OfflineAggregator
+from .errors import SpecmeterError
 from .settings import WorkerSettings
 
 #: every worker flag's default is the settings object's (one home for each default)

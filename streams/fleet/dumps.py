@@ -17,7 +17,7 @@ import msgspec
 from specmeter.producers import record_from_attempts, record_from_meta_info
 from specmeter.schemas import MAX_ID, BatchMarker, GenerationRecord, InvalidRecord, decode_json_line
 
-from .._errors import SpecmeterError
+from ..errors import SpecmeterError
 
 __all__ = ["parse_dump_line", "dump_lines", "DumpEncodingError"]
 

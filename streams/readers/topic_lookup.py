@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._errors import SpecmeterError
+from ..errors import SpecmeterError
 
 __all__ = ["TopicNotFound", "similar_topics", "subscribe_existing", "topics_of_role"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from .._errors import SpecmeterError
 from ..core.layout import changelog_topics
+from ..errors import SpecmeterError
 from ..settings import WorkerSettings
 
 __all__ = [
