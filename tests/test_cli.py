@@ -86,7 +86,7 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert "specmeter" in tops and not tops & {"schemas", "producers", "streams"}, tops
-    assert "specmeter/schemas/__init__.py" in names and "specmeter/streams/cli.py" in names
+    assert "specmeter/schemas/__init__.py" in names and "specmeter/streams/cli/__init__.py" in names
     # every module of every folder ships (a subpackage missing from pyproject's list would not)
     sources = {
         f"specmeter/{p.relative_to(REPO).as_posix()}"
@@ -305,7 +305,7 @@ def test_dev_script_help_is_a_clean_usage_text():
 
 
 def test_demo_says_what_to_try_next():
-    from specmeter.streams.demo import next_steps
+    from specmeter.streams.cli.demo import next_steps
 
     text = next_steps("127.0.0.1:9092", "demo-1.metrics", broker_running=True)
     assert "specmeter tail --broker 127.0.0.1:9092 --topic demo-1.metrics --from-beginning" in text

@@ -3,7 +3,7 @@
 A broker that is not there, a web port in use or a records topic of another
 shape would otherwise surface as a traceback from deep inside aiokafka or Faust,
 after a progress bar or a worker banner was already on the screen. These checks
-raise small typed errors instead; ``cli.py`` turns each into one line that says
+raise small typed errors instead; the command line turns each into one line that says
 what is wrong and what to set.
 """
 
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 from specmeter.producers import KafkaSecurity
 
-from .errors import SpecmeterError
-from .settings import WorkerSettings
-from .worker.topics import TopicMismatch
+from ..errors import SpecmeterError
+from ..settings import WorkerSettings
+from ..worker.topics import TopicMismatch
 
 __all__ = [
     "BadSecurity",
@@ -153,7 +153,7 @@ async def check_broker(
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
-    from .worker.topics import describe_cluster, plan_topics, worker_topics
+    from ..worker.topics import describe_cluster, plan_topics, worker_topics
 
     admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
     plan = None

@@ -28,7 +28,7 @@ from typing import Any
 
 from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
 
-from .readers.topic_lookup import subscribe_existing
+from ..readers.topic_lookup import subscribe_existing
 
 __all__ = [
     "follow_metrics",
@@ -559,7 +559,7 @@ def run_tail(
                     loop.remove_signal_handler(signal.SIGTERM)
 
         async def folded() -> None:
-            from .report.outages import folded_outages
+            from ..report.outages import folded_outages
 
             async with folded_outages("tail"):
                 await until_stopped()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._advise import CAVEAT, Advice, Curve
+from .advise import CAVEAT, Advice, Curve
 
 __all__ = ["advice_tables", "advice_notes"]
 

@@ -23,9 +23,9 @@ from click.core import ParameterSource
 
 from specmeter.schemas import MAX_ID, encode_metrics
 
-from .core.offline import LineError, OfflineAggregator
-from .errors import SpecmeterError
-from .settings import WorkerSettings
+from ..core.offline import LineError, OfflineAggregator
+from ..errors import SpecmeterError
+from ..settings import WorkerSettings
 
 #: every worker flag's default is the settings object's (one home for each default)
 _DEFAULTS = WorkerSettings()
@@ -87,8 +87,8 @@ def _env_naming(path: str | None) -> list[str]:
 
 def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
     """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
-    from ._preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
-    from .worker.topics import TopicProblem
+    from ..worker.topics import TopicProblem
+    from .preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
 
     broker = params.get("broker", "the broker")
     set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
@@ -113,7 +113,7 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
         return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
     if isinstance(exc, TopicProblem):
         return str(exc), exc.fix
-    from .readers.topic_lookup import TopicNotFound
+    from ..readers.topic_lookup import TopicNotFound
 
     if isinstance(exc, TopicNotFound):
         variable = f"SPECMETER_{command.upper()}_TOPIC"
@@ -186,7 +186,7 @@ def _security() -> Any:
     """KAFKA_* security from the environment, checked before anything connects."""
     from specmeter.producers import KafkaSecurity
 
-    from ._preflight import check_security
+    from .preflight import check_security
 
     security = KafkaSecurity.from_env()
     check_security(security)
@@ -197,7 +197,7 @@ def _security() -> Any:
 def _preflight(broker: str, security: Any, settings: WorkerSettings | None = None) -> None:
     import asyncio
 
-    from ._preflight import check_broker
+    from .preflight import check_broker
 
     asyncio.run(check_broker(broker, security, settings=settings))
 
@@ -243,7 +243,7 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from .core.cores import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
+    from ..core.cores import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
 
     def of(name: str) -> str:
         try:
@@ -358,7 +358,7 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
     elif results:
         from rich.console import Console
 
-        from ._tail import metrics_table, task_table
+        from .tables import metrics_table, task_table
 
         console = Console()
         latest = {(m.run_id, m.batch_id): m for m in results}
@@ -662,8 +662,8 @@ def worker(
     its own that exists has --partitions partitions (the records, partials and
     state topics; nothing is created otherwise) and that the web port is free.
     """
-    from ._preflight import check_web_port
-    from .settings import TopicNames, WorkerSettings
+    from ..settings import TopicNames, WorkerSettings
+    from .preflight import check_web_port
 
     security = _security()
     settings = WorkerSettings(
@@ -697,7 +697,7 @@ def worker(
     _preflight(broker, security, settings)
     if not no_web:
         check_web_port(web_host, web_port)
-    from .worker.run import run_worker
+    from ..worker.run import run_worker
 
     run_worker(settings)
 
@@ -795,7 +795,7 @@ def replay(
 async def _folded(command: str, work: Coroutine[Any, Any, T]) -> T:
     """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
     folds them (``report.outages.folded_outages``)."""
-    from .report.outages import folded_outages
+    from ..report.outages import folded_outages
 
     async with folded_outages(command):
         return await work
@@ -1090,7 +1090,7 @@ def tail(
     do not all fit. Piped, it prints a line per message as it arrives, then the
     final table when it ends (a limit, Ctrl-C or SIGTERM).
     """
-    from ._tail import run_tail
+    from .tables import run_tail
 
     security = _security()
     _preflight(broker, security)
@@ -1185,8 +1185,8 @@ def advise(
     tree drafters (EAGLE-2/3 trees), and says nothing about budgets above the
     one the fleet ran.
     """
-    from ._advise import advise as advise_on
-    from ._advise import metrics_from_lines
+    from .advise import advise as advise_on
+    from .advise import metrics_from_lines
 
     if file is not None:
         given = getattr(file, "name", "-")
@@ -1195,7 +1195,7 @@ def advise(
     else:
         import asyncio
 
-        from .readers.consume import consume_metrics
+        from ..readers.consume import consume_metrics
 
         security = _security()
         _preflight(broker, security)
@@ -1221,7 +1221,7 @@ def advise(
         return
     from rich.console import Console
 
-    from ._advise_table import advice_notes, advice_tables
+    from .advise_table import advice_notes, advice_tables
 
     console = Console()
     first, *rest = advice_notes(advice)
@@ -1256,7 +1256,3 @@ def _name_envvars(group: click.Group) -> None:
 
 
 _name_envvars(main)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main(prog_name="specmeter")

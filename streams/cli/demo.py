@@ -25,15 +25,15 @@ from pathlib import Path
 
 import click
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: the bundled sample rollout ships inside the package (it works from an installed wheel)
-SAMPLE = Path(__file__).resolve().parent / "data" / "sample_rollout.jsonl"
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_rollout.jsonl"
 #: the local broker script exists in a checkout only; elsewhere KAFKA_BOOTSTRAP_SERVERS names a broker
 BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
 def _start_broker(console) -> tuple[str, bool]:
-    from .settings import bootstrap_servers
+    from ..settings import bootstrap_servers
 
     configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if configured:
@@ -57,7 +57,7 @@ def _start_broker(console) -> tuple[str, bool]:
 def _check_broker(broker: str) -> None:
     from specmeter.producers import KafkaSecurity
 
-    from ._preflight import BrokerUnreachable, check_broker
+    from .preflight import BrokerUnreachable, check_broker
 
     try:  # the demo's own clients use no security (it runs on a local broker)
         asyncio.run(check_broker(broker, KafkaSecurity()))
@@ -96,7 +96,7 @@ def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) 
 def _table(results: list, offline: dict):
     from rich.table import Table
 
-    from ._tail import drift_text
+    from .tables import drift_text
 
     table = Table(
         title="specmeter: per-batch speculative decoding metrics (from the stream)",
@@ -278,7 +278,3 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
             subprocess.run([str(BROKER), "stop"], capture_output=True)
     if succeeded:
         click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
-
-
-if __name__ == "__main__":
-    main()

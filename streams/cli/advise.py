@@ -27,10 +27,10 @@ import msgspec
 
 from specmeter.schemas import BatchMetrics, decode_metrics
 
-from ._tail import batch_order
-from .core.merge import tokens_per_verify_by_budget
-from .core.state import add_histograms
-from .errors import SpecmeterError
+from ..core.merge import tokens_per_verify_by_budget
+from ..core.state import add_histograms
+from ..errors import SpecmeterError
+from .tables import batch_order
 
 __all__ = [
     "Advice",
