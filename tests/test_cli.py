@@ -164,9 +164,7 @@ def test_help_lists_the_environment_each_command_reads(command, own):
 
 
 def test_every_loadgen_option_explains_itself():
-    from specmeter.streams.cli import loadgen
-
-    undocumented = [p.name for p in loadgen.params if isinstance(p, click.Option) and not p.help]
+    undocumented = [p.name for p in main.commands["loadgen"].params if isinstance(p, click.Option) and not p.help]
     assert not undocumented
 
 
@@ -228,12 +226,12 @@ class _Captured:
 
 @pytest.mark.parametrize("from_env", [False, True])
 def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
-    import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
     import specmeter.streams.fleet.publish as loadgen_module
     import specmeter.streams.fleet.replay as replay_module
 
     captured = _Captured()
-    monkeypatch.setattr(cli, "_preflight", lambda *a, **k: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *a, **k: None)
     monkeypatch.setattr(loadgen_module, "publish_fleet", captured.publish_fleet)
     monkeypatch.setattr(replay_module, "replay_lines", captured.replay_lines)
     args, env = ([], {"SPECMETER_RUN_ID": "run-42"}) if from_env else (["--run-id", "run-42"], {})
@@ -391,12 +389,12 @@ def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
 def test_every_worker_flag_reaches_the_settings(monkeypatch):
     """Each tuning flag of `specmeter worker` lands in the one settings object, and the
     flags' defaults are the settings' defaults."""
-    import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
     import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     flags = {
         "--chunk-bytes": ("chunk_bytes", 4096),
@@ -432,12 +430,12 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
 def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_environment(monkeypatch):
     """The bound on task labels (issue 31): --max-exported-tasks, or
     SPECMETER_WORKER_MAX_EXPORTED_TASKS, reaches the counters the worker's /metrics reads."""
-    import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
     import specmeter.streams.worker.run as worker_module
     from specmeter.streams.worker.app import StreamShell
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     for args, env, want in (
@@ -455,12 +453,12 @@ def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_enviro
 def test_expired_retention_reaches_the_settings_by_flag_and_environment(monkeypatch):
     """How long expired batches are remembered (issue 21): --expired-retention, or
     SPECMETER_WORKER_EXPIRED_RETENTION; a week by default."""
-    import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
     import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     runs = [

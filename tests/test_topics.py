@@ -167,10 +167,11 @@ def test_the_replication_factor_flag_and_its_variable_reach_the_settings(monkeyp
     from click.testing import CliRunner
 
     import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
     import specmeter.streams.worker.run as worker_module
 
     seen: list[WorkerSettings] = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     result = CliRunner().invoke(cli.main, ["worker", "--no-web", "--broker", "127.0.0.1:1", *args], env=env)
     assert result.exit_code == 0, result.output

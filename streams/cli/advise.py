@@ -18,11 +18,13 @@ decoding is memory-bound); the best budget is the one with the greatest speedup.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import EllipsisType
-from typing import Any
+from typing import IO, Any
 
+import click
 import msgspec
 
 from specmeter.schemas import BatchMetrics, decode_metrics
@@ -30,6 +32,8 @@ from specmeter.schemas import BatchMetrics, decode_metrics
 from ..core.merge import tokens_per_verify_by_budget
 from ..core.state import add_histograms
 from ..errors import SpecmeterError
+from . import preflight
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, one_line_errors, run_id
 from .tables import batch_order
 
 __all__ = [
@@ -42,6 +46,9 @@ __all__ = [
     "advise",
     "budget_curve",
     "metrics_from_lines",
+    "advice_tables",
+    "advice_notes",
+    "advise_command",
 ]
 
 #: what ``by`` may name: the breakdown of a BatchMetrics, and the attribute naming its entries
@@ -291,3 +298,195 @@ def _not_metrics(name: str, where: str, exc: Exception) -> AdviceError:
         "advise reads published metrics: `specmeter aggregate --format jsonl DUMP` or `specmeter tail --json` "
         "output, not a records dump",
     )
+
+
+# -- the terminal output: one rich table per curve, and what the curve can say --
+
+
+def _group_name(advice: Advice, curve: Curve) -> str:
+    if advice.by is None:
+        return "all generations"
+    name = "(unknown)" if curve.group is None else curve.group
+    return f"{advice.by.replace('_', ' ')} {name}"
+
+
+def _table(advice: Advice, curve: Curve) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title=f"{_group_name(advice, curve)}: {curve.verify_steps:,} verify steps",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title_justify="left",
+    )
+    table.add_column("budget k", justify="right")
+    table.add_column("tokens/verify", justify="right")
+    if advice.draft_cost is not None:
+        table.add_column(f"speedup (c={advice.draft_cost:g})", justify="right")
+    table.add_column("")
+    for point in curve.points:
+        marks = []
+        if point.budget == curve.best:
+            marks.append("◀ best")
+        if point.budget == curve.budget_ran:
+            marks.append("the fleet ran this")
+        speedup = [] if point.speedup is None else [f"{point.speedup:.3f}×"]
+        table.add_row(
+            str(point.budget),
+            f"{point.tokens_per_verify:.3f}",
+            *speedup,
+            ", ".join(marks),
+            style="bold" if point.budget == curve.best else None,
+        )
+    return table
+
+
+def advice_tables(advice: Advice) -> list[Any]:
+    """A rich Table per curve: per budget k the tokens per verify step, the speedup with a
+    draft cost, the best budget and the one the fleet ran marked."""
+    return [_table(advice, curve) for curve in advice.curves]
+
+
+def advice_notes(advice: Advice) -> list[str]:
+    """The lines around the tables: what was read, what the curve can say, what is missing."""
+    run = "the default run" if advice.run_id is None else f"run {advice.run_id}"
+    batches = advice.batches
+    span = batches[0] if len(batches) == 1 else f"{batches[0]} .. {batches[-1]}"
+    by = f", one curve per {advice.by.replace('_', ' ')}" if advice.by else ""
+    notes = [f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}"]
+    for group, reason in advice.skipped:
+        name = "(unknown)" if group is None else group
+        notes.append(f"no curve for {advice.by.replace('_', ' ') if advice.by else 'it'} {name}: {reason}")
+    notes.append(f"The curve is {CAVEAT}.")
+    if advice.draft_cost is None:
+        notes.append(
+            "Pass --draft-cost C (one draft step's time over one target forward pass) to rank the budgets "
+            "by expected speedup, tokens/verify / (1 + C·k)."
+        )
+    else:
+        notes.append(
+            f"speedup = tokens/verify / (1 + {advice.draft_cost:g}·k): over decoding without speculation, "
+            "counting k draft steps and one verify pass per step."
+        )
+    return notes
+
+
+# -- the command --
+
+
+def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``--run-id``: not given is every run (one is then required), '' the default run."""
+    if value is None:
+        return ...
+    if value == "":
+        return None
+    return run_id(ctx, param, value)
+
+
+@click.command("advise", cls=Command, epilog=KAFKA_ENV_HELP)
+@click.argument("file", type=click.File("rb"), required=False, default=None, metavar="[FILE.jsonl]")
+@broker_option
+@click.option(
+    "--topic",
+    default=DEFAULTS.topics.metrics,
+    show_default=True,
+    help="The metrics topic to read when no FILE is given (the worker's --metrics-topic).",
+)
+@click.option(
+    "--run-id",
+    envvar="SPECMETER_RUN_ID",
+    default=None,
+    metavar="ID",
+    callback=_advise_run,
+    help="The training run whose batches to read; '' is the default run (batches that name none). "
+    "Needed when the metrics hold several runs.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Read the run's last N batches, in natural order of their ids (step-2 before step-10), each at its "
+    "newest revision; 0 reads all of them.",
+)
+@click.option(
+    "--by",
+    type=click.Choice(["task", "weight_version"]),
+    default=None,
+    help="One curve per task or per weight version, from the batches' by_task / by_weight_version entries "
+    "(default: one curve for the whole batches).",
+)
+@click.option(
+    "--draft-cost",
+    type=click.FloatRange(0),
+    default=None,
+    metavar="C",
+    help="The time of one draft step relative to one target forward pass (decode, at your serving batch size): "
+    "time both from a profile or the engine's step timings and divide; about 0 for NGRAM, a small share for an "
+    "EAGLE head, roughly the parameter ratio for a separate draft model. Adds the expected speedup over no "
+    "speculation, tokens/verify / (1 + C*k), and marks the best budget.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the curves as one JSON document (for scripts).")
+@one_line_errors
+def advise_command(
+    file: IO[bytes] | None,
+    broker: str,
+    topic: str,
+    run_id: Any,
+    last: int,
+    by: str | None,
+    draft_cost: float | None,
+    as_json: bool,
+) -> None:
+    """Which draft budget would pay: tokens per verify step for each budget k, from the histograms.
+
+    Reads published metrics: FILE (BatchMetrics JSON lines, e.g. `specmeter
+    aggregate --format jsonl` or `specmeter tail --json` output; '-' for stdin),
+    or without FILE the metrics topic at --broker. Sums the acceptance
+    histograms of the run's last --last batches (never averaging curves) and
+    prints, per budget k up to the one the fleet ran, the tokens per verify
+    step it would have given (docs/contract.md, draft budget); with
+    --draft-cost, the expected speedup and the best k. The curve is exact for
+    chain drafters (EAGLE/MTP chains, NGRAM, a draft model), an upper bound for
+    tree drafters (EAGLE-2/3 trees), and says nothing about budgets above the
+    one the fleet ran.
+    """
+    if file is not None:
+        given = getattr(file, "name", "-")
+        name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
+        advice = advise(metrics_from_lines(file, name), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+    else:
+        import asyncio
+
+        from ..readers.consume import consume_metrics
+
+        security = preflight.security_from_env()
+        preflight.check_before_start(broker, security)
+
+        async def read() -> list[Any]:  # every run: advise names the runs there when --run-id is not one
+            stream = consume_metrics(
+                broker,
+                topic=topic,
+                from_beginning=True,
+                stop_at_end=True,
+                topic_wait_s=0,
+                kafka=security.aiokafka_kwargs(),
+            )
+            return [m async for m in stream]
+
+        advice = advise(asyncio.run(folded("advise", read())), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+    if as_json:
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(advice.as_document()), indent=2) + b"\n")
+        return
+    from rich.console import Console
+
+    console = Console()
+    first, *rest = advice_notes(advice)
+    console.print(first, highlight=False)
+    for table in advice_tables(advice):
+        console.print(table)
+    for line in rest:
+        console.print(line, highlight=False)

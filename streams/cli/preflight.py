@@ -192,3 +192,18 @@ def check_web_port(host: str, port: int) -> None:
                 if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
                     raise WebHostInvalid(host, exc.strerror or str(exc)) from None
                 raise
+
+
+def security_from_env() -> KafkaSecurity:
+    """KAFKA_* security from the environment, checked before anything connects."""
+    security = KafkaSecurity.from_env()
+    check_security(security)
+    security.aiokafka_kwargs()  # reads KAFKA_SSL_CAFILE now, not in the middle of a run
+    return security
+
+
+def check_before_start(broker: str, security: KafkaSecurity, settings: WorkerSettings | None = None) -> None:
+    """``check_broker``, run to the end: what a command checks before it starts anything."""
+    import asyncio
+
+    asyncio.run(check_broker(broker, security, settings=settings))

@@ -1,37 +1,25 @@
-"""``specmeter tail``: follow the metrics topic, as a live table, rows or JSON lines.
+"""The metrics as a terminal table, for ``tail``, ``aggregate`` and the demo.
 
-Like ``tail`` it starts with what is already there (the last ``last`` messages of
-each partition), then follows. Piped, it prints a line per message as it arrives
-(flushed: ``timeout 60 specmeter tail | head`` shows rows at once) and the table when
-it ends, at a limit, Ctrl-C or SIGTERM. The table fits the terminal (80 columns
-included), one row per batch sorted by run and batch (``step-2`` before
-``step-10``): fixed numeric columns, the rest shared by the batch name (never cut
-below what tells rows apart), the acceptance by draft position (``.81 .62 .40``,
-dropped first when short), the accept rate per task (``gsm8k .88 chat .71``, the
-largest tasks first, where the batch name and the drift view leave room) and a
-compact drift view, the accept rate per weight version (``v7 .75 v8 .71``).
-``task_table`` is the by-task view of ``specmeter aggregate``: a row per batch and task.
+The table fits the terminal (80 columns included), one row per batch sorted by run
+and batch (``step-2`` before ``step-10``): fixed numeric columns, the rest shared by
+the batch name (never cut below what tells rows apart), the acceptance by draft
+position (``.81 .62 .40``, dropped first when short), the accept rate per task
+(``gsm8k .88 chat .71``, the largest tasks first, where the batch name and the drift
+view leave room) and a compact drift view, the accept rate per weight version
+(``v7 .75 v8 .71``). ``RowPrinter`` prints the same cells a line at a time, for a
+pipe. ``task_table`` is the by-task view of ``specmeter aggregate``: a row per batch
+and task.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
-import os
 import re
-import signal
-import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics, encode_metrics
-
-from ..readers.topic_lookup import subscribe_existing
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
 
 __all__ = [
-    "follow_metrics",
     "metrics_table",
     "drift_text",
     "tasks_text",
@@ -40,7 +28,6 @@ __all__ = [
     "batch_label",
     "fit_labels",
     "batch_order",
-    "run_tail",
     "RowPrinter",
     "coverage_text",
 ]
@@ -62,76 +49,6 @@ _TASK_NAME = 12
 
 def _fixed(width: int) -> tuple[tuple[str, int], ...]:
     return _FIXED if width >= _WIDE else tuple(c for c in _FIXED if c[0] != "gens")
-
-
-async def follow_metrics(
-    broker: str,
-    topic: str,
-    on_metrics: Callable[[BatchMetrics], None],
-    *,
-    from_beginning: bool = False,
-    last: int = 0,
-    max_messages: int | None = None,
-    timeout_s: float | None = None,
-    kafka: dict | None = None,
-) -> int:
-    """Call ``on_metrics`` for each message until ``max_messages`` or ``timeout_s``; returns the count.
-
-    Starts at the topic's beginning (``from_beginning``), else ``last`` messages
-    before the end of each partition (those count towards ``max_messages``).
-
-    Raises:
-        TopicNotFound: ``topic`` does not exist (it is never created).
-    """
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(  # no topic here: subscribing to a missing one would create it
-        bootstrap_servers=broker,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest" if from_beginning else "latest",
-        **(kafka or {}),
-    )
-    seen = 0
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        await consumer.start()  # inside try: a failed start must still close the client
-        await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
-        if not from_beginning and last > 0:
-            await _rewind(consumer, last)
-        while (max_messages is None or seen < max_messages) and (deadline is None or time.monotonic() < deadline):
-            for messages in (await consumer.getmany(timeout_ms=250)).values():
-                for message in messages:
-                    if max_messages is not None and seen >= max_messages:
-                        break
-                    try:
-                        metrics = decode_metrics(message.value)
-                    except Exception as exc:  # noqa: BLE001 - a foreign message must not stop the tail
-                        print(f"specmeter tail: skipped offset {message.offset}: {exc}", file=sys.stderr)
-                        continue
-                    on_metrics(metrics)
-                    seen += 1
-    finally:
-        await consumer.stop()
-    return seen
-
-
-def _missing_topic_fix(similar: list[str], of_role: list[str]) -> str:
-    if similar:
-        return f"did you mean {' or '.join(similar)}?"
-    named = f" (metrics topics there: {', '.join(of_role)})" if of_role else ""
-    return f"start `specmeter worker` first, or name its --metrics-topic{named}"
-
-
-async def _rewind(consumer: Any, last: int) -> None:
-    """Seek every assigned partition to ``last`` messages before its end."""
-    partitions = list(consumer.assignment())
-    if not partitions:
-        return
-    begins = await consumer.beginning_offsets(partitions)
-    ends = await consumer.end_offsets(partitions)
-    for tp in partitions:
-        consumer.seek(tp, max(begins[tp], ends[tp] - last))
 
 
 def _natural(text: str | None) -> tuple:
@@ -516,115 +433,3 @@ class RowPrinter:
 
     def row(self, m: BatchMetrics) -> str:
         return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))
-
-
-def run_tail(
-    broker: str,
-    topic: str,
-    *,
-    as_json: bool,
-    from_beginning: bool,
-    rows: int,
-    last: int,
-    max_messages: int | None,
-    timeout_s: float | None,
-    kafka: dict | None = None,
-) -> int:
-    """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
-    a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
-    at once) and, at the end, the table; ``as_json`` a JSON line per message."""
-
-    def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
-        async def until_stopped() -> None:
-            loop = asyncio.get_running_loop()
-            task = asyncio.current_task()
-            assert task is not None
-            with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-            try:
-                await follow_metrics(
-                    broker,
-                    topic,
-                    on_metrics,
-                    from_beginning=from_beginning,
-                    last=last,
-                    max_messages=max_messages,
-                    timeout_s=timeout_s,
-                    kafka=kafka,
-                )
-            except asyncio.CancelledError:  # SIGTERM ends it as a limit does
-                task.uncancel()
-            finally:
-                with contextlib.suppress(NotImplementedError):
-                    loop.remove_signal_handler(signal.SIGTERM)
-
-        async def folded() -> None:
-            from ..report.outages import folded_outages
-
-            async with folded_outages("tail"):
-                await until_stopped()
-
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
-            asyncio.run(folded())
-
-    seen = 0
-    try:
-        if as_json:
-
-            def emit(m: BatchMetrics) -> None:
-                nonlocal seen
-                seen += 1
-                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
-                sys.stdout.flush()
-
-            follow(emit)
-            return seen
-        return _follow_table(follow, topic, rows)
-    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
-        return seen
-
-
-def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
-    console = Console()
-    latest: dict[tuple[str | None, str], BatchMetrics] = {}
-    seen = 0
-
-    def keep(m: BatchMetrics) -> None:
-        nonlocal seen
-        seen += 1
-        key = (m.run_id, m.batch_id)
-        previous = latest.pop(key, None)
-        latest[key] = m if previous is None or m.revision >= previous.revision else previous
-
-    def table() -> Any:
-        return metrics_table(
-            latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
-        )
-
-    if not console.is_terminal:  # piped: a line per message as it comes, then the final table
-        printer = RowPrinter(console.width)
-
-        def line(m: BatchMetrics) -> None:
-            if not seen:
-                print(printer.header())
-            keep(m)
-            print(printer.row(m), flush=True)
-
-        follow(line)
-        print(flush=True)
-        console.print(table())
-        sys.stdout.flush()
-        return seen
-    with Live(table(), refresh_per_second=4, console=console) as live:
-
-        def update(m: BatchMetrics) -> None:
-            keep(m)
-            live.update(table())
-
-        follow(update)
-    return seen
