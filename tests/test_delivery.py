@@ -157,6 +157,7 @@ class FakeLogs:
         self.consumers: list[FakeConsumer] = []
         self.committed: dict[tuple[str, str, int], int] = {}
         self.stale_commits = False
+        self.failing_commits = 0
 
     def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
         log = self.logs.setdefault(topic, {}).setdefault(partition, [])
@@ -239,8 +240,13 @@ class FakeConsumer:
         return self.logs.committed.get((self.group_id, tp.topic, tp.partition))
 
     async def commit(self, offsets: dict[Any, int]) -> None:
+        from aiokafka.errors import CommitFailedError, KafkaError
+
         if self.logs.stale_commits:
-            raise RuntimeError("CommitFailedError: the group rebalanced (a stale generation)")
+            raise CommitFailedError("the group rebalanced (a stale generation)")
+        if self.logs.failing_commits:
+            self.logs.failing_commits -= 1
+            raise KafkaError("the coordinator refused the commit")
         for tp, offset in offsets.items():
             self.logs.committed[(self.group_id, tp.topic, tp.partition)] = offset
 
@@ -390,6 +396,7 @@ def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_check
         logs.append(R, 0, b"late")  # the route keeps following
         await _until(lambda: stages.states[(R, 0)][-1].checkpoint == 10)
         await _until(lambda: (R, 0, 10) in stages.released)  # the group's output, once its writes were acked
+        await _until(lambda: logs.committed.get(("g-stage1", R, 0)) == 11)  # the group's lag follows
         await driver.close()
 
     asyncio.run(run())
@@ -402,7 +409,6 @@ def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_check
     epoch = _takeovers(logs, R, 0)[0]
     written = [k for o, k, _ in logs.logs[f"{R}-changelog"][0] if o > epoch]
     assert written and all(split_key(k)[1] == epoch for k in written)
-    assert logs.committed[("g-stage1", R, 0)] == 11  # the group's lag follows the checkpoints
     assert all(c.stopped for c in logs.consumers if c.started)
 
 
@@ -649,3 +655,29 @@ def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
         return elapsed
 
     assert asyncio.run(run()) < 1.0
+
+
+def test_a_commit_that_fails_is_said_and_retried_and_the_route_goes_on(caplog):
+    """Issue 30: an error in the offset commit crashed Faust's consumer service instead of
+    reaching the worker; the routes commit now, and a failure is a warning, retried."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(3):
+        logs.append(R, 0, b"r")
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await _until(lambda: stages.states.get((R, 0)) is not None and stages.states[(R, 0)][0].checkpoint == 2)
+        logs.failing_commits = 3
+        for _ in range(3):
+            logs.append(R, 0, b"r")
+        await _until(lambda: stages.states[(R, 0)][0].checkpoint == 5)
+        await _until(lambda: logs.committed.get(("g-stage1", R, 0)) == 6)  # retried at the next interval
+        await driver.close()
+
+    with caplog.at_level("WARNING", logger="specmeter.worker"):
+        asyncio.run(run())
+    assert [r for r in caplog.records if "committing the offsets of records failed" in r.getMessage()]

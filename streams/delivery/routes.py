@@ -361,8 +361,10 @@ class InputRoute:
     async def confirm_generation(self, partitions: Iterable[int]) -> bool:
         """Whether this member is still in the group's current generation and holds
         ``partitions``: a commit of their committed offsets succeeds only then (the group
-        coordinator refuses a stale generation). A worker frozen while its partitions moved
-        learns it here, before it writes a takeover."""
+        coordinator refuses a stale generation; aiokafka retries what is retriable). A worker
+        frozen while its partitions moved learns it here, before it writes a takeover. Any
+        other failure (a right missing) is raised: the takeover is tried again."""
+        from aiokafka.errors import CommitFailedError, IllegalStateError
         from aiokafka.structs import TopicPartition as TP
 
         consumer = self.consumer
@@ -375,7 +377,7 @@ class InputRoute:
                 committed = await consumer.committed(tp)
                 offsets[tp] = committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
             await consumer.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 - stale (or the broker away): the next assignment tries again
+        except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return False
         return True
