@@ -180,11 +180,12 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
 
     from specmeter.producers import PublisherSettings
     from specmeter.schemas import encode_metrics
-    from specmeter.streams import OfflineAggregator
-    from specmeter.streams.fleet.dumps import parse_dump_line
-    from specmeter.streams.fleet.replay import replay_lines
-    from specmeter.streams.settings import TopicNames, WorkerSettings
-    from specmeter.streams.worker.topics import ensure_topics
+
+    from ..core.offline import OfflineAggregator
+    from ..fleet.dumps import parse_dump_line
+    from ..fleet.replay import replay_lines
+    from ..settings import TopicNames, WorkerSettings
+    from ..worker.topics import ensure_topics
 
     console = Console(stderr=True)
     broker, started_broker = _start_broker(console)
