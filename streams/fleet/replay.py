@@ -15,11 +15,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.schemas import BatchMarker, GenerationRecord
+from specmeter.schemas import BatchMarker, GenerationRecord, InvalidRecord
 
 from .dumps import dump_lines, parse_dump_line
 
@@ -54,6 +55,138 @@ class ReplaySummary:
     half_sent: list[tuple[str | None, str]] = field(default_factory=list)
 
 
+class _Replay:
+    """One replay: a publisher per (producer, run) found in the dump, and what was sent of
+    each batch (which producers sent input, which sent their marker)."""
+
+    def __init__(self, settings: PublisherSettings, speculative_algorithm: str | None, summary: ReplaySummary) -> None:
+        self.settings = settings
+        self.speculative_algorithm = speculative_algorithm
+        self.summary = summary
+        self.default_run = settings.run_id
+        self.started = time.monotonic()
+        self.publishers: dict[tuple[str, str | None], Publisher] = {}
+        self.batch_producers: dict[tuple[str | None, str], set[str]] = defaultdict(set)
+        self.algorithms: dict[tuple[str | None, str], str] = {}
+        #: producers whose marker was sent (acknowledged), and the producers the markers expect, per batch
+        self.marked: dict[tuple[str | None, str], set[str]] = defaultdict(set)
+        self.expected_of: dict[tuple[str | None, str], int] = {}
+
+    async def publisher_for(self, producer_id: str, run_id: str | None) -> Publisher:
+        publisher = self.publishers.get((producer_id, run_id))
+        if publisher is None:
+            if len(self.publishers) >= MAX_PRODUCERS:
+                raise RuntimeError(f"more than {MAX_PRODUCERS} (producer_id, run_id) pairs in the dump")
+            publisher = self.publishers[(producer_id, run_id)] = Publisher(
+                msgspec.structs.replace(self.settings, producer_id=producer_id, run_id=run_id)
+            )
+            await publisher.start()
+        return publisher
+
+    async def line(self, line: bytes) -> None:
+        """Publish one line of the dump: a record, a marker or an invalid line."""
+        item = parse_dump_line(line)
+        if isinstance(item, GenerationRecord):
+            await self.record(item)
+        elif isinstance(item, BatchMarker):
+            await self.marker(item)
+        else:
+            await self.invalid(item)
+
+    async def record(self, item: GenerationRecord) -> None:
+        producer = item.producer_id or DEFAULT_PRODUCER
+        run = item.run_id or self.default_run
+        if item.producer_id is None or item.run_id != run:  # the replayer is its producer: markers
+            item = msgspec.structs.replace(item, producer_id=producer, run_id=run)  # must count it
+        self.batch_producers[(run, item.batch_id)].add(producer)
+        await (await self.publisher_for(producer, run)).publish(item)
+        self.summary.records += 1
+
+    async def marker(self, item: BatchMarker) -> None:
+        run = item.run_id or self.default_run
+        if item.speculative_algorithm:
+            self.algorithms[(run, item.batch_id)] = item.speculative_algorithm
+        publisher = await self.publisher_for(item.producer_id, run)
+        await publisher.close_batch(
+            item.batch_id, item.speculative_algorithm or self.speculative_algorithm, item.expected_producers
+        )
+        self.closed((run, item.batch_id), item.producer_id, item.expected_producers)
+        self.summary.markers += 1
+
+    async def invalid(self, item: InvalidRecord) -> None:
+        """An invalid line goes out as it is (re-encoded when it is JSON), counted in its
+        batch and run as the worker will count it."""
+        producer = item.producer_id or DEFAULT_PRODUCER
+        obj, run = _as_replayed(item.raw, producer, self.default_run)
+        if item.batch_id:
+            self.batch_producers[(run, item.batch_id)].add(producer)
+        value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
+        session = obj.get("session_id") if isinstance(obj, dict) else None
+        (await self.publisher_for(producer, run)).publish_raw(
+            value, session_id=session if isinstance(session, str) and session else None, batch_id=item.batch_id
+        )
+        self.summary.invalid += 1
+
+    async def pace(self, rate: float) -> None:
+        """Wait while the replay is ahead of ``rate`` records per second."""
+        ahead = (self.summary.records + self.summary.invalid) / rate - (time.monotonic() - self.started)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+
+    async def close_open_batches(self) -> None:
+        """The end of the file: close every batch a producer left open, as its marker would."""
+        for (_, run), publisher in self.publishers.items():
+            for batch_id in publisher.open_batches():
+                expected = len(self.batch_producers.get((run, batch_id), ())) or 1
+                algorithm = self.algorithms.get((run, batch_id), self.speculative_algorithm)
+                await publisher.close_batch(batch_id, algorithm, expected)
+                self.closed((run, batch_id), publisher.settings.producer_id, expected)
+                self.summary.batches_closed_at_end += 1
+
+    def closed(self, key: tuple[str | None, str], producer: str, expected: int) -> None:
+        self.marked[key].add(producer)
+        self.expected_of[key] = max(self.expected_of.get(key, 0), expected)
+
+    def half_sent(self) -> list[tuple[str | None, str]]:
+        """The batches with input sent but not every producer's marker."""
+        keys = dict.fromkeys([*self.batch_producers, *self.marked])
+        return [key for key in keys if len(self.marked.get(key, ())) < self._producers_expected(key)]
+
+    def _producers_expected(self, key: tuple[str | None, str]) -> int:
+        return max(self.expected_of.get(key, 0), len(self.batch_producers.get(key, ())), 1)
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop every publisher (each delivers what it accepted, up to ``timeout_s``) and
+        fill in what Kafka acknowledged."""
+        try:
+            for publisher in self.publishers.values():
+                await publisher.stop(timeout_s)
+        finally:
+            self.summary.acknowledged = sum(p.stats["records_acked"] for p in self.publishers.values())
+            self.summary.producers = len({producer for producer, _ in self.publishers})
+            self.summary.seconds = time.monotonic() - self.started
+
+
+def _as_replayed(raw: bytes, producer: str, default_run: str | None) -> tuple[Any, str | None]:
+    """An invalid line's JSON value (None when it is not JSON) and the run it is counted
+    in; an object that names no producer gets the replay's, one that names no run the
+    default run (it is counted in the run it is replayed in)."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None, default_run
+    run = default_run
+    if isinstance(obj, dict):
+        named = obj.get("run_id")
+        if isinstance(named, str) and named:
+            run = named
+        elif named is None and default_run is not None:
+            obj["run_id"] = default_run
+        if not obj.get("producer_id"):
+            obj["producer_id"] = producer
+    return obj, run
+
+
 async def replay_lines(
     lines: Iterable[bytes],
     settings: PublisherSettings,
@@ -70,39 +203,7 @@ async def replay_lines(
     their markers). Cancelled, the publishers still deliver what they had accepted
     (up to ``STOP_AFTER_INTERRUPT_S``) and send no marker.
     """
-    publishers: dict[tuple[str, str | None], Publisher] = {}
-    batch_producers: dict[tuple[str | None, str], set[str]] = defaultdict(set)
-    algorithms: dict[tuple[str | None, str], str] = {}
-    #: producers whose marker was sent (acknowledged), and the producers the markers expect, per batch
-    marked: dict[tuple[str | None, str], set[str]] = defaultdict(set)
-    expected_of: dict[tuple[str | None, str], int] = {}
-    summary = ReplaySummary() if summary is None else summary
-    started = time.monotonic()
-    default_run = settings.run_id
-
-    async def publisher_for(producer_id: str, run_id: str | None) -> Publisher:
-        publisher = publishers.get((producer_id, run_id))
-        if publisher is None:
-            if len(publishers) >= MAX_PRODUCERS:
-                raise RuntimeError(f"more than {MAX_PRODUCERS} (producer_id, run_id) pairs in the dump")
-            publisher = publishers[(producer_id, run_id)] = Publisher(
-                msgspec.structs.replace(settings, producer_id=producer_id, run_id=run_id)
-            )
-            await publisher.start()
-        return publisher
-
-    def closed(key: tuple[str | None, str], producer: str, expected: int) -> None:
-        marked[key].add(producer)
-        expected_of[key] = max(expected_of.get(key, 0), expected)
-
-    def half_sent() -> list[tuple[str | None, str]]:
-        keys = dict.fromkeys([*batch_producers, *marked])
-        return [
-            key
-            for key in keys
-            if len(marked.get(key, ())) < max(expected_of.get(key, 0), len(batch_producers.get(key, ())), 1)
-        ]
-
+    replay = _Replay(settings, speculative_algorithm, ReplaySummary() if summary is None else summary)
     stop_timeout_s = 30.0
     try:
         for number, line in enumerate(dump_lines(lines), start=1):
@@ -112,70 +213,15 @@ async def replay_lines(
                 on_line(len(line))
             if not line.strip():
                 continue
-            item = parse_dump_line(line)
-            if isinstance(item, GenerationRecord):
-                producer = item.producer_id or DEFAULT_PRODUCER
-                run = item.run_id or default_run
-                if item.producer_id is None or item.run_id != run:  # the replayer is its producer: markers
-                    item = msgspec.structs.replace(item, producer_id=producer, run_id=run)  # must count it
-                batch_producers[(run, item.batch_id)].add(producer)
-                await (await publisher_for(producer, run)).publish(item)
-                summary.records += 1
-            elif isinstance(item, BatchMarker):
-                run = item.run_id or default_run
-                if item.speculative_algorithm:
-                    algorithms[(run, item.batch_id)] = item.speculative_algorithm
-                publisher = await publisher_for(item.producer_id, run)
-                await publisher.close_batch(
-                    item.batch_id, item.speculative_algorithm or speculative_algorithm, item.expected_producers
-                )
-                closed((run, item.batch_id), item.producer_id, item.expected_producers)
-                summary.markers += 1
-            else:
-                producer = item.producer_id or DEFAULT_PRODUCER
-                obj = None
-                try:
-                    obj = msgspec.json.decode(item.raw)
-                except msgspec.DecodeError:
-                    pass
-                run = default_run
-                if isinstance(obj, dict):
-                    named = obj.get("run_id")
-                    if isinstance(named, str) and named:
-                        run = named
-                    elif named is None and default_run is not None:
-                        obj["run_id"] = default_run  # counted in the run it is replayed in
-                    if not obj.get("producer_id"):
-                        obj["producer_id"] = producer
-                if item.batch_id:
-                    batch_producers[(run, item.batch_id)].add(producer)
-                value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
-                session = obj.get("session_id") if isinstance(obj, dict) else None
-                (await publisher_for(producer, run)).publish_raw(
-                    value, session_id=session if isinstance(session, str) and session else None, batch_id=item.batch_id
-                )
-                summary.invalid += 1
+            await replay.line(line)
             if rate:
-                ahead = (summary.records + summary.invalid) / rate - (time.monotonic() - started)
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-        for (_, run), publisher in publishers.items():
-            for batch_id in publisher.open_batches():
-                expected = len(batch_producers.get((run, batch_id), ())) or 1
-                await publisher.close_batch(batch_id, algorithms.get((run, batch_id), speculative_algorithm), expected)
-                closed((run, batch_id), publisher.settings.producer_id, expected)
-                summary.batches_closed_at_end += 1
+                await replay.pace(rate)
+        await replay.close_open_batches()
     except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: asyncio.run cancels, a second one raises
-        summary.interrupted = True
-        summary.half_sent = half_sent()
+        replay.summary.interrupted = True
+        replay.summary.half_sent = replay.half_sent()
         stop_timeout_s = STOP_AFTER_INTERRUPT_S
         raise
     finally:
-        try:
-            for publisher in publishers.values():
-                await publisher.stop(stop_timeout_s)
-        finally:
-            summary.acknowledged = sum(p.stats["records_acked"] for p in publishers.values())
-            summary.producers = len({producer for producer, _ in publishers})
-            summary.seconds = time.monotonic() - started
-    return summary
+        await replay.stop(stop_timeout_s)
+    return replay.summary
