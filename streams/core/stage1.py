@@ -31,8 +31,9 @@ its input is dead-lettered and it never opens again, however many batches came s
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -53,6 +54,7 @@ from .counts import WorkerCounters
 from .exact import exact_sum
 from .expired import GoneIds
 from .layout import (
+    BatchDelta,
     BatchKey,
     BatchStatus,
     Checkpoint,
@@ -167,6 +169,25 @@ def _digest(partial: PartialAggregate) -> bytes:
     return content_digest(body)
 
 
+@dataclass
+class _Found:
+    """What a restore read from a partition's changelog, by kind."""
+
+    now_ms: int
+    #: the restore's effects: the deletions decided while reading go first
+    effects: Effects
+    deltas: list[tuple[bytes, BatchDelta]] = field(default_factory=list)
+    #: (run_id, batch_id) -> (its key, its status)
+    statuses: dict[BatchKey, tuple[bytes, BatchStatus]] = field(default_factory=dict)
+    overflow_partials: list[PartialAggregate] = field(default_factory=list)
+    #: kind (x: expired, y: overflowed) -> (number, at_ms, hashes)
+    gone: dict[bytes, list[tuple[int, int, bytes]]] = field(default_factory=lambda: {b"x": [], b"y": []})
+    #: a checkpoint written before issue 21, whose lists are written again
+    legacy: Checkpoint | None = None
+    #: the key the checkpoint was found under
+    checkpoint_at: bytes | None = None
+
+
 class PartitionProcessor:
     """All open and recently closed batches of one records-topic partition."""
 
@@ -242,43 +263,81 @@ class PartitionProcessor:
         batches), the checkpoint and statuses written again under this owner's tag, and
         the partials of closed batches, to send again.
         """
-        prefix = state_key_prefix(self.partition)
-        deltas = []
-        statuses = {}
-        overflow_partials: list[PartialAggregate] = []
-        gone: dict[bytes, list[tuple[int, int, bytes]]] = {b"x": [], b"y": []}  # kind -> (number, at, hashes)
-        legacy: Checkpoint | None = None
-        checkpoint_at: bytes | None = None
         effects = Effects()
+        found = self._read_changelog(entries, now_ms, effects)
+        self._restore_gone(found.gone, found.legacy, now_ms, effects)
+        yield from self._apply_deltas(found.deltas, effects)
+        replaced = self._own_checkpoint_and_statuses(found, effects)
+        self.open_generations = sum(b.state.generation_count for b in self.batches.values())
+        self._send_partials_again(now_ms, effects)
+        self._flush_statuses(effects)
+        effects.changelog.extend((key, None) for key in replaced)
+        effects.partials.extend(found.overflow_partials)
+        log.info(
+            "partition=%d restored batches=%d checkpoint=%d expired=%d overflowed=%d changelog_writes=%d",
+            self.partition,
+            len(self.batches),
+            self.checkpoint,
+            len(self.expired),
+            len(self.overflowed),
+            len(effects.changelog),
+        )
+        return effects
+
+    def _read_changelog(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int, effects: Effects) -> _Found:
+        """Sort this partition's changelog records by kind (``layout``'s key letters; upper
+        case: a named run's); the checkpoint's offset is restored at once."""
+        prefix = state_key_prefix(self.partition)
+        found = _Found(now_ms=now_ms, effects=effects)
+        readers: dict[bytes, Callable[[bytes, bytes, _Found], None]] = {
+            b"c": self._read_checkpoint,
+            b"x": functools.partial(self._read_gone, b"x"),
+            b"y": functools.partial(self._read_gone, b"y"),
+            b"d": self._read_delta,
+            b"s": self._read_status,
+            b"o": self._read_overflow_partial,
+        }
         for key, value in entries:
             logical, _ = split_key(key)
             if not logical.startswith(prefix) or value is None:
                 continue
-            kind = logical[len(prefix) : len(prefix) + 1].lower()  # upper case: a named run's
-            if kind == b"c":
-                checkpoint = decode_checkpoint(value)
-                self.checkpoint, checkpoint_at = checkpoint.offset, key
-                if checkpoint.expired or checkpoint.overflowed:
-                    legacy = checkpoint  # written before issue 21: its lists are written again below
-            elif kind in gone:
-                record = decode_gone(value)
-                number = key_number(key)
-                gone[kind].append((number, record.at_ms, record.hashes))
-                self._gone_keys[(kind, number)] = key
-            elif kind == b"d":
-                deltas.append((key, decode_delta(value)))
-            elif kind == b"s":
-                status = decode_status(value)
-                statuses[(status.run_id, status.batch_id)] = (key, status)
-            elif kind == b"o":
-                partial = decode_partial(value)
-                if now_ms - partial.closed_at_ms >= self.grace_ms:
-                    effects.changelog.append((key, None))  # stage 2 has forgotten the batch too
-                else:
-                    overflow_partials.append(partial)
-                    self._overflow_partials[(partial.run_id, partial.batch_id)] = partial.closed_at_ms
-                    self._overflow_keys[(partial.run_id, partial.batch_id)] = key
-        self._restore_gone(gone, legacy, now_ms, effects)
+            kind = logical[len(prefix) : len(prefix) + 1].lower()
+            read = readers.get(kind)
+            if read is not None:
+                read(key, value, found)
+        return found
+
+    def _read_checkpoint(self, key: bytes, value: bytes, found: _Found) -> None:
+        checkpoint = decode_checkpoint(value)
+        self.checkpoint, found.checkpoint_at = checkpoint.offset, key
+        if checkpoint.expired or checkpoint.overflowed:
+            found.legacy = checkpoint  # written before issue 21: its lists are written again below
+
+    def _read_gone(self, kind: bytes, key: bytes, value: bytes, found: _Found) -> None:
+        record = decode_gone(value)
+        number = key_number(key)
+        found.gone[kind].append((number, record.at_ms, record.hashes))
+        self._gone_keys[(kind, number)] = key
+
+    def _read_delta(self, key: bytes, value: bytes, found: _Found) -> None:
+        found.deltas.append((key, decode_delta(value)))
+
+    def _read_status(self, key: bytes, value: bytes, found: _Found) -> None:
+        status = decode_status(value)
+        found.statuses[(status.run_id, status.batch_id)] = (key, status)
+
+    def _read_overflow_partial(self, key: bytes, value: bytes, found: _Found) -> None:
+        partial = decode_partial(value)
+        if found.now_ms - partial.closed_at_ms >= self.grace_ms:
+            found.effects.changelog.append((key, None))  # stage 2 has forgotten the batch too
+            return
+        found.overflow_partials.append(partial)
+        self._overflow_partials[(partial.run_id, partial.batch_id)] = partial.closed_at_ms
+        self._overflow_keys[(partial.run_id, partial.batch_id)] = key
+
+    def _apply_deltas(self, deltas: list[tuple[bytes, BatchDelta]], effects: Effects) -> Generator[None, None, None]:
+        """Apply the deltas up to the checkpoint in offset order, one per step; delete
+        those past it (their chunk is read again) and those of batches gone for good."""
         for key, delta in sorted(deltas, key=lambda kd: kd[1].last_offset):
             batch_key = (delta.run_id, delta.batch_id)
             if delta.last_offset > self.checkpoint or self._gone_reason(batch_key) is not None:
@@ -290,15 +349,19 @@ class PartitionProcessor:
             batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
             batch.delta_keys.append(key)
             yield
-        # The checkpoint and every status are written again under this owner's tag (before
-        # the statuses: a status follows the checkpoint that covers it), the keys they
-        # replace deleted: a late write of the previous owner under its own tag can then
-        # never leave a restore without them (``ownership``).
+
+    def _own_checkpoint_and_statuses(self, found: _Found, effects: Effects) -> list[bytes]:
+        """Write the checkpoint and every status again under this owner's tag (before the
+        statuses: a status follows the checkpoint that covers it); returns the keys they
+        replace, deleted once written: a late write of the previous owner under its own
+        tag can then never leave a restore without them (``ownership``). A status of a
+        batch no delta restored is deleted."""
         own_checkpoint = checkpoint_key(self.key_part)
-        if checkpoint_at is not None and checkpoint_at != own_checkpoint:
+        replaced = []
+        if found.checkpoint_at is not None and found.checkpoint_at != own_checkpoint:
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))
-        replaced = [checkpoint_at] if checkpoint_at not in (None, own_checkpoint) else []
-        for batch_key, (key, status) in statuses.items():
+            replaced.append(found.checkpoint_at)
+        for batch_key, (key, status) in found.statuses.items():
             restored = self.batches.get(batch_key)
             if restored is None:
                 effects.changelog.append((key, None))
@@ -310,11 +373,13 @@ class PartitionProcessor:
             if key != own:
                 self._statuses.append((own, encode_state(restored.status())))
                 replaced.append(key)
-        self.open_generations = sum(b.state.generation_count for b in self.batches.values())
-        # Send every closed batch's latest partial again: its status may be durable while
-        # the partial itself was lost in a crash (stage 2 ignores a revision it has).
-        # A status may also be older than the state (lost in a crash after the checkpoint):
-        # then close or emit now what the closing chunk would have.
+        return replaced
+
+    def _send_partials_again(self, now_ms: int, effects: Effects) -> None:
+        """Send every closed batch's latest partial again: its status may be durable while
+        the partial itself was lost in a crash (stage 2 ignores a revision it has). A
+        status may also be older than the state (lost in a crash after the checkpoint):
+        then close or emit now what the closing chunk would have."""
         for batch in self.batches.values():
             if not batch.closed:
                 if batch.state.markers_complete:
@@ -327,19 +392,6 @@ class PartitionProcessor:
                 effects.partials.append(partial)
             else:
                 self._emit(batch, now_ms, effects)
-        self._flush_statuses(effects)
-        effects.changelog.extend((key, None) for key in replaced if key is not None)
-        effects.partials.extend(overflow_partials)
-        log.info(
-            "partition=%d restored batches=%d checkpoint=%d expired=%d overflowed=%d changelog_writes=%d",
-            self.partition,
-            len(self.batches),
-            self.checkpoint,
-            len(self.expired),
-            len(self.overflowed),
-            len(effects.changelog),
-        )
-        return effects
 
     def _restore_gone(
         self,
@@ -354,18 +406,8 @@ class PartitionProcessor:
         an older worker wrote (the next checkpoint drops them)."""
         overflowed = {number: (at_ms, hashes) for number, at_ms, hashes in gone[b"y"]}
         if legacy is not None:
-            migrated = [batch_hash(batch_from_durable(item)) for item in legacy.expired]
-            if migrated:
-                at_ms = max([now_ms, *(number + 1 for number, _, _ in gone[b"x"])])
-                record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(migrated))
-                effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
-                gone[b"x"].append((at_ms, at_ms, record.hashes))
-            migrated = [batch_hash(batch_from_durable(item)) for item in legacy.overflowed]
-            if migrated:
-                at_ms, hashes = overflowed.get(legacy.offset, (now_ms, b""))
-                record = GoneBatches(at_ms=at_ms, hashes=hashes + pack_hashes(migrated))
-                effects.changelog.append((overflowed_key(self.key_part, legacy.offset), encode_state(record)))
-                overflowed[legacy.offset] = (at_ms, record.hashes)
+            self._migrate_expired(legacy, gone[b"x"], now_ms, effects)
+            self._migrate_overflowed(legacy, overflowed, now_ms, effects)
         kinds = (
             (b"x", self.expired, gone[b"x"]),
             (b"y", self.overflowed, [(n, at, h) for n, (at, h) in overflowed.items()]),
@@ -378,6 +420,30 @@ class PartitionProcessor:
                 else:
                     ids.add(unpack_hashes(hashes), at_ms, number)
         self._last_expired_ms = max((number for number, _, _ in gone[b"x"]), default=-1)
+
+    def _migrate_expired(
+        self, legacy: Checkpoint, expired: list[tuple[int, int, bytes]], now_ms: int, effects: Effects
+    ) -> None:
+        """The expired batches an older checkpoint listed, as an ``x`` record of their own."""
+        migrated = [batch_hash(batch_from_durable(item)) for item in legacy.expired]
+        if not migrated:
+            return
+        at_ms = max([now_ms, *(number + 1 for number, _, _ in expired)])
+        record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(migrated))
+        effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
+        expired.append((at_ms, at_ms, record.hashes))
+
+    def _migrate_overflowed(
+        self, legacy: Checkpoint, overflowed: dict[int, tuple[int, bytes]], now_ms: int, effects: Effects
+    ) -> None:
+        """The overflowed batches an older checkpoint listed, added to the ``y`` record of its offset."""
+        migrated = [batch_hash(batch_from_durable(item)) for item in legacy.overflowed]
+        if not migrated:
+            return
+        at_ms, hashes = overflowed.get(legacy.offset, (now_ms, b""))
+        record = GoneBatches(at_ms=at_ms, hashes=hashes + pack_hashes(migrated))
+        effects.changelog.append((overflowed_key(self.key_part, legacy.offset), encode_state(record)))
+        overflowed[legacy.offset] = (at_ms, record.hashes)
 
     def _gone_key(self, kind: bytes, number: int) -> bytes:
         """The key of an expired (x) or overflowed (y) record: the restored one's own (its
@@ -407,65 +473,89 @@ class PartitionProcessor:
     def process(self, messages: Iterable[tuple[int, bytes]], now_ms: int) -> Effects:
         """Apply one chunk of ``(offset, value)`` messages of this partition, in offset order."""
         effects = self._effects()
-        counters = self.counters
         touched: dict[BatchKey, _Batch] = {}
-        first = last = None
-        for offset, value in messages:
-            if offset <= self.checkpoint:
-                counters.messages_replayed_skipped += 1
-                continue
-            counters.messages += 1
-            if first is None:
-                first = offset
-            last = offset
-            try:
-                self._apply_message(offset, value, now_ms, touched, effects)
-            except Exception as exc:
-                log.exception(
-                    "partition=%d offset=%d: applying the message failed; dead-lettered", self.partition, offset
-                )
-                counters.dead_letter("internal_error")
-                effects.dead_letters.append(
-                    self._dead_letter(
-                        "internal_error",
-                        f"the worker failed on this message ({shorten(exc, 400)}); please report it",
-                        value,
-                        offset,
-                        None,
-                        now_ms,
-                    )
-                )
-        if last is None:
+        offsets = self._apply_chunk(messages, now_ms, touched, effects)
+        if offsets is None:
             return effects
-        assert first is not None
+        first, last = offsets
         for batch_key, batch in touched.items():
-            delta = batch.state.take_delta_encoded(
-                first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms
-            )
-            if delta is not None:
-                key = delta_key(self.key_part, batch_key, last)
-                effects.changelog.append((key, delta))
-                batch.delta_keys.append(key)
-            if not batch.closed and batch.state.markers_complete:
-                self._close(batch, "markers", now_ms, effects)
-            elif batch.closed:
-                if batch.close_reason == "timeout" and batch.state.markers_complete:
-                    batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
-                self._emit(batch, now_ms, effects)  # late input within grace: a new revision if it changed
-        if self._overflowed_now:  # before the checkpoint: stale (replayed, overflowing again) without it
-            hashes = sorted(self._overflowed_now)
-            record = GoneBatches(at_ms=now_ms, hashes=pack_hashes(hashes))
-            effects.changelog.append((overflowed_key(self.key_part, last), encode_state(record)))
-            self.overflowed.add(hashes, now_ms, last)
-            self._overflowed_now.clear()
+            self._write_delta(batch_key, batch, first, last, effects)
+            self._after_input(batch, now_ms, effects)
+        self._write_overflowed(last, now_ms, effects)
         self.checkpoint = last
         effects.changelog.append((checkpoint_key(self.key_part), self._checkpoint_value()))
         self._flush_statuses(effects)
-        if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
-            for batch in self._dropped:
-                self._forget_state(batch)
-            self._dropped.clear()
+        for batch in self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
+            self._forget_state(batch)
+        self._dropped.clear()
         return effects
+
+    def _apply_chunk(
+        self, messages: Iterable[tuple[int, bytes]], now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
+    ) -> tuple[int, int] | None:
+        """Apply each message past the checkpoint (those at or below it are redeliveries);
+        returns the first and last offsets applied, None when there was none."""
+        first = last = None
+        for offset, value in messages:
+            if offset <= self.checkpoint:
+                self.counters.messages_replayed_skipped += 1
+                continue
+            self.counters.messages += 1
+            if first is None:
+                first = offset
+            last = offset
+            self._apply_or_dead_letter(offset, value, now_ms, touched, effects)
+        return None if first is None or last is None else (first, last)
+
+    def _apply_or_dead_letter(
+        self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
+    ) -> None:
+        """Apply one message; one the worker fails on is dead-lettered, never a crash."""
+        try:
+            self._apply_message(offset, value, now_ms, touched, effects)
+        except Exception as exc:
+            log.exception("partition=%d offset=%d: applying the message failed; dead-lettered", self.partition, offset)
+            self.counters.dead_letter("internal_error")
+            effects.dead_letters.append(
+                self._dead_letter(
+                    "internal_error",
+                    f"the worker failed on this message ({shorten(exc, 400)}); please report it",
+                    value,
+                    offset,
+                    None,
+                    now_ms,
+                )
+            )
+
+    def _write_delta(self, batch_key: BatchKey, batch: _Batch, first: int, last: int, effects: Effects) -> None:
+        """The chunk's delta of one batch it touched (none when nothing changed)."""
+        delta = batch.state.take_delta_encoded(first_offset=first, last_offset=last, last_input_ms=batch.last_input_ms)
+        if delta is not None:
+            key = delta_key(self.key_part, batch_key, last)
+            effects.changelog.append((key, delta))
+            batch.delta_keys.append(key)
+
+    def _after_input(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
+        """Close a batch whose markers are all in; a closed one (late input within grace)
+        emits a new revision if it changed."""
+        if not batch.closed:
+            if batch.state.markers_complete:
+                self._close(batch, "markers", now_ms, effects)
+            return
+        if batch.close_reason == "timeout" and batch.state.markers_complete:
+            batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
+        self._emit(batch, now_ms, effects)
+
+    def _write_overflowed(self, last: int, now_ms: int, effects: Effects) -> None:
+        """The batches this chunk overflowed, under a key of their own, before the checkpoint:
+        stale (replayed, overflowing again) without it."""
+        if not self._overflowed_now:
+            return
+        hashes = sorted(self._overflowed_now)
+        record = GoneBatches(at_ms=now_ms, hashes=pack_hashes(hashes))
+        effects.changelog.append((overflowed_key(self.key_part, last), encode_state(record)))
+        self.overflowed.add(hashes, now_ms, last)
+        self._overflowed_now.clear()
 
     def _apply_message(
         self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
@@ -517,45 +607,48 @@ class PartitionProcessor:
     ) -> None:
         """Apply a group of ``count`` records of one batch from one message
         (``producer_id``: the envelope's)."""
-        counters = self.counters
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            if self._gone_reason(key) == "overflow":
-                self._dead_letter_records(
-                    "overflow", self._overflow_detail(key), decoded.records(group), offset, key, now_ms, effects
-                )
-                return
-            for record in decoded.records(group):
-                counters.dead_letter("late")
-                effects.dead_letters.append(
-                    self._dead_letter(
-                        "late",
-                        f"{_describe(key)} closed more than grace ago on partition {self.partition}",
-                        encode_records_message(record),
-                        offset,
-                        key[1],
-                        now_ms,
-                        key[0],
-                    )
-                )
+            self._reject_records(key, decoded.records(group), offset, now_ms, effects)
             return
         touched[key] = batch
         limit = self.max_open_generations
-        if limit is not None and self.open_generations + count > limit:
-            # each record adds at most one generation: apply what fits, then cut the batch
-            start = 0
-            while start < count and self.open_generations < limit:
-                stop = min(count, start + limit - self.open_generations)
-                self._add(batch, decoded, group, start, stop, producer_id)
-                start = stop
-            if start < count:
-                del touched[key]
-                self._overflow(batch, now_ms, effects)
-                self._dead_letter_records(
-                    "overflow", self._overflow_detail(key), decoded.records(group, start), offset, key, now_ms, effects
-                )
+        if limit is None or self.open_generations + count <= limit:
+            self._add(batch, decoded, group, 0, count, producer_id)
             return
-        self._add(batch, decoded, group, 0, count, producer_id)
+        # each record adds at most one generation: apply what fits, then cut the batch
+        start = 0
+        while start < count and self.open_generations < limit:
+            stop = min(count, start + limit - self.open_generations)
+            self._add(batch, decoded, group, start, stop, producer_id)
+            start = stop
+        if start < count:
+            del touched[key]
+            self._overflow(batch, now_ms, effects)
+            self._dead_letter_records(
+                "overflow", self._overflow_detail(key), decoded.records(group, start), offset, key, now_ms, effects
+            )
+
+    def _reject_records(
+        self, key: BatchKey, records: list[GenerationRecord], offset: int, now_ms: int, effects: Effects
+    ) -> None:
+        """Records of a batch gone for good: dead-lettered as ``overflow`` (packed) or ``late`` (each)."""
+        if self._gone_reason(key) == "overflow":
+            self._dead_letter_records("overflow", self._overflow_detail(key), records, offset, key, now_ms, effects)
+            return
+        for record in records:
+            self.counters.dead_letter("late")
+            effects.dead_letters.append(
+                self._dead_letter(
+                    "late",
+                    f"{_describe(key)} closed more than grace ago on partition {self.partition}",
+                    encode_records_message(record),
+                    offset,
+                    key[1],
+                    now_ms,
+                    key[0],
+                )
+            )
 
     def _add(self, batch: _Batch, decoded: Decoded, group: int, start: int, stop: int, producer_id: str | None) -> None:
         counters = self.counters
@@ -744,34 +837,44 @@ class PartitionProcessor:
         effects = self._effects()
         for kind, ids in ((b"x", self.expired), (b"y", self.overflowed)):
             effects.changelog.extend((self._gone_key(kind, number), None) for number in ids.forget(now_ms))
+        self._forget_overflow_partials(now_ms, effects)
+        expired = [batch for batch in list(self.batches.values()) if self._timed(batch, now_ms, effects)]
+        if expired:
+            self._expire(expired, now_ms, effects)
+        self._flush_statuses(effects)
+        return effects
+
+    def _forget_overflow_partials(self, now_ms: int, effects: Effects) -> None:
+        """An overflowed batch's last partial is deleted once its grace has ended."""
         for key, closed_at_ms in list(self._overflow_partials.items()):
             if now_ms - closed_at_ms >= self.grace_ms:
                 del self._overflow_partials[key]
                 own = overflow_key(self.key_part, key)
                 effects.changelog.append((self._overflow_keys.pop(key, own), None))
-        expired = []
-        for batch in self.batches.values():
-            if not batch.closed and now_ms - batch.last_input_ms >= self.batch_timeout_ms:
+
+    def _timed(self, batch: _Batch, now_ms: int, effects: Effects) -> bool:
+        """Close an open batch idle for ``batch_timeout``; whether a closed one's grace has ended."""
+        if not batch.closed:
+            if now_ms - batch.last_input_ms >= self.batch_timeout_ms:
                 self._close(batch, "timeout", now_ms, effects)
-            elif batch.closed and now_ms - batch.closed_at_ms >= self.grace_ms:
-                expired.append(batch)
-        if expired:
-            for batch in expired:
-                del self.batches[batch.key]
-                self.open_generations -= batch.state.generation_count
-                self.counters.batches_expired += 1
-            # the expired ids first (once, under a key of their own): deltas left behind by a
-            # crash are then known stale
-            at_ms = max(now_ms, self._last_expired_ms + 1)
-            self._last_expired_ms = at_ms
-            hashes = sorted({batch_hash(batch.key) for batch in expired})
-            record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(hashes))
-            effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
-            self.expired.add(hashes, at_ms, at_ms)
-            for batch in expired:
-                self._forget_state(batch)
-        self._flush_statuses(effects)
-        return effects
+            return False
+        return now_ms - batch.closed_at_ms >= self.grace_ms
+
+    def _expire(self, expired: list[_Batch], now_ms: int, effects: Effects) -> None:
+        """Drop batches whose grace has ended: their ids first (once, under a key of their
+        own: deltas left behind by a crash are then known stale), then their state."""
+        for batch in expired:
+            del self.batches[batch.key]
+            self.open_generations -= batch.state.generation_count
+            self.counters.batches_expired += 1
+        at_ms = max(now_ms, self._last_expired_ms + 1)
+        self._last_expired_ms = at_ms
+        hashes = sorted({batch_hash(batch.key) for batch in expired})
+        record = GoneBatches(at_ms=at_ms, hashes=pack_hashes(hashes))
+        effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
+        self.expired.add(hashes, at_ms, at_ms)
+        for batch in expired:
+            self._forget_state(batch)
 
     def _effects(self) -> Effects:
         """A call's effects, starting with the deletions an earlier call made safe."""
