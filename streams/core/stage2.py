@@ -64,6 +64,27 @@ class MergeWaiting:
     publishes_in_ms: int
 
 
+def _takes(entry: MergeEntry, partial: PartialAggregate) -> bool:
+    """Whether a partial replaces what the batch holds of its partition: not when it is
+    a repeat or an older revision. The same revision with other content is taken (a
+    stage-1 owner that restored from a state its predecessor had written past; the
+    later one is the restored truth), and said."""
+    known = entry.partials.get(partial.partition)
+    if known is None:
+        return True
+    if known.revision > partial.revision or known == partial:
+        return False
+    if known.revision == partial.revision:
+        log.warning(
+            "batch=%s run=%s partition=%d: revision %d arrived again with other content; taking the later one",
+            shorten(partial.batch_id),
+            shorten(partial.run_id),
+            partial.partition,
+            partial.revision,
+        )
+    return True
+
+
 class BatchMerger:
     """Every batch whose partials land on one partition of the partials topic."""
 
@@ -110,62 +131,80 @@ class BatchMerger:
         behind), and, when the keys were another owner's, the whole state written again
         under this owner's tag with the keys it replaces deleted: a late write of the
         previous owner under its own tag can then never leave a restore without it."""
-        prefixes = merge_key_prefixes(self.partition)
-        partial_prefixes = merge_partial_prefixes(self.partition)
-        checkpoint_key = stage2_checkpoint_key(self.partition)
-        kept: list[tuple[bytes, PartialAggregate]] = []
         effects = MergeEffects()
+        kept: list[tuple[bytes, PartialAggregate]] = []
         replaced: list[bytes] = []  # keys of another owner, written again under this one's
         for n, (key, value) in enumerate(entries):
-            if value is None:
+            if value is None or not self._read(key, value, kept):
                 continue
-            logical, tag = split_key(key)
-            if logical == checkpoint_key:
-                self.checkpoint = decode_stage2_checkpoint(value).offset
-            elif logical.startswith(prefixes):
-                entry = decode_merge_entry(value)
-                self.entries[entry.key] = entry
-                if entry.partials:
-                    self._unsplit.add(entry.key)
-            elif logical.startswith(partial_prefixes):
-                kept.append((key, decode_partial(value)))
-            else:
-                continue
-            if tag != self.owner_epoch:
+            if split_key(key)[1] != self.owner_epoch:
                 replaced.append(key)
             if n % 256 == 255:
                 yield
+        orphans = self._attach_partials(kept, effects)
+        if replaced:
+            self._write_all_again(effects)
+            effects.changelog.extend((key, None) for key in replaced if key not in orphans)
+        log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
+        self._publish_again(effects)
+        return effects
+
+    def _read(self, key: bytes, value: bytes, kept: list[tuple[bytes, PartialAggregate]]) -> bool:
+        """Restore one changelog record: the checkpoint or a batch's bookkeeping at once,
+        a partial into ``kept``; whether it was one of this partition's records."""
+        logical, _ = split_key(key)
+        if logical == stage2_checkpoint_key(self.partition):
+            self.checkpoint = decode_stage2_checkpoint(value).offset
+        elif logical.startswith(merge_key_prefixes(self.partition)):
+            entry = decode_merge_entry(value)
+            self.entries[entry.key] = entry
+            if entry.partials:
+                self._unsplit.add(entry.key)
+        elif logical.startswith(merge_partial_prefixes(self.partition)):
+            kept.append((key, decode_partial(value)))
+        else:
+            return False
+        return True
+
+    def _attach_partials(self, kept: list[tuple[bytes, PartialAggregate]], effects: MergeEffects) -> set[bytes]:
+        """Give each restored partial to its batch (the newest revision of each partition);
+        returns the keys of those whose batch was forgotten (the entry's deletion came
+        first, then a crash), deleted."""
         orphans = set()
         for key, partial in kept:
             owner = self.entries.get((partial.run_id, partial.batch_id))
-            if owner is None:  # the entry's deletion came first, then a crash
+            if owner is None:
                 orphans.add(key)
                 effects.changelog.append((key, None))
                 continue
             known = owner.partials.get(partial.partition)
             if known is None or known.revision < partial.revision:
                 owner.partials[partial.partition] = partial
-        if replaced:
-            for entry in self.entries.values():
-                self._unsplit.add(entry.key)  # every partial written again, under this owner's keys
-                self._write(entry, effects)
-            if self.checkpoint >= 0:
-                effects.changelog.append(self._checkpoint_write())
-            effects.changelog.extend((key, None) for key in replaced if key not in orphans)
-        log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
+        return orphans
+
+    def _write_all_again(self, effects: MergeEffects) -> None:
+        """The whole state, written again under this owner's keys."""
         for entry in self.entries.values():
-            if entry.published_revision >= 0:
-                metrics, digest = self._metrics(entry, entry.published_revision)
-                if digest == entry.published_digest:
-                    effects.published.append(metrics)
-                else:  # cannot happen unless the merge rules changed between versions
-                    log.warning(
-                        "batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
-                        shorten(entry.batch_id),
-                        shorten(entry.run_id),
-                        entry.published_revision,
-                    )
-        return effects
+            self._unsplit.add(entry.key)  # every partial written again, under this owner's keys
+            self._write(entry, effects)
+        if self.checkpoint >= 0:
+            effects.changelog.append(self._checkpoint_write())
+
+    def _publish_again(self, effects: MergeEffects) -> None:
+        """Each batch's latest publication, to send again (identical to the first)."""
+        for entry in self.entries.values():
+            if entry.published_revision < 0:
+                continue
+            metrics, digest = self._metrics(entry, entry.published_revision)
+            if digest == entry.published_digest:
+                effects.published.append(metrics)
+            else:  # cannot happen unless the merge rules changed between versions
+                log.warning(
+                    "batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
+                    shorten(entry.batch_id),
+                    shorten(entry.run_id),
+                    entry.published_revision,
+                )
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
         """Apply partials in offset order; the checkpoint is written last."""
@@ -195,19 +234,8 @@ class BatchMerger:
             entry = self.entries[key] = MergeEntry(
                 batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms
             )
-        known = entry.partials.get(partial.partition)
-        if known is not None and (known.revision > partial.revision or known == partial):
+        if not _takes(entry, partial):
             return effects  # a replayed or stale partial
-        if known is not None and known.revision == partial.revision:
-            # the same revision with other content: a stage-1 owner that restored from a
-            # state its predecessor had written past; the later one is the restored truth
-            log.warning(
-                "batch=%s run=%s partition=%d: revision %d arrived again with other content; taking the later one",
-                shorten(partial.batch_id),
-                shorten(partial.run_id),
-                partial.partition,
-                partial.revision,
-            )
         entry.partials[partial.partition] = partial
         entry.last_change_ms = now_ms
         if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
@@ -250,6 +278,8 @@ class BatchMerger:
         ]
 
     def tick(self, now_ms: int) -> MergeEffects:
+        """Publish, incomplete, the batches that waited ``batch_timeout`` for their
+        partitions; forget those published longer ago than grace and the timeout."""
         effects = MergeEffects()
         for entry in list(self.entries.values()):
             if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
@@ -261,12 +291,16 @@ class BatchMerger:
             elif (
                 entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms
             ):
-                del self.entries[entry.key]
-                self._unsplit.discard(entry.key)
-                # the entry first: a crash between leaves partials without an entry, ignored at restore
-                effects.changelog.append((merge_key(self.key_part, entry.key), None))
-                effects.changelog.extend((merge_partial_key(self.key_part, entry.key, p), None) for p in entry.partials)
+                self._forget(entry, effects)
         return effects
+
+    def _forget(self, entry: MergeEntry, effects: MergeEffects) -> None:
+        """Delete a batch's state: the entry first (a crash between leaves partials without
+        an entry, ignored at restore), then its partials."""
+        del self.entries[entry.key]
+        self._unsplit.discard(entry.key)
+        effects.changelog.append((merge_key(self.key_part, entry.key), None))
+        effects.changelog.extend((merge_partial_key(self.key_part, entry.key, p), None) for p in entry.partials)
 
     def _publish(self, entry: MergeEntry, effects: MergeEffects) -> None:
         metrics, digest = self._metrics(entry, entry.published_revision + 1)
@@ -280,18 +314,20 @@ class BatchMerger:
     def _metrics(self, entry: MergeEntry, revision: int) -> tuple[BatchMetrics, bytes]:
         """The entry's BatchMetrics at ``revision`` and the digest of its content (revision aside)."""
         partials = [entry.partials[p] for p in sorted(entry.partials)]
-        all_reported = len(partials) >= self.partitions_expected
-        by_markers = all_reported and all(p.close_reason == "markers" for p in partials)
-        if any(p.close_reason == "incomplete" for p in partials):
-            close_reason = "incomplete"  # a partition closed it early at its open-generation limit
-        else:
-            close_reason = "markers" if by_markers else "timeout"
         metrics = build_batch_metrics(
             partials,
             revision=revision,
-            close_reason=close_reason,
+            close_reason=self._close_reason(partials),
             closed_at=max(p.closed_at_ms for p in partials) / 1000,
             partitions_expected=self.partitions_expected,
         )
         body = msgspec.structs.replace(metrics, revision=0)
         return metrics, content_digest(body)
+
+    def _close_reason(self, partials: list[PartialAggregate]) -> str:
+        """``incomplete`` when a partition closed it early at its open-generation limit,
+        ``markers`` when every partition reported and closed it on markers, else ``timeout``."""
+        if any(p.close_reason == "incomplete" for p in partials):
+            return "incomplete"
+        all_reported = len(partials) >= self.partitions_expected
+        return "markers" if all_reported and all(p.close_reason == "markers" for p in partials) else "timeout"
