@@ -104,20 +104,30 @@ def merge_breakdown(partials: Sequence[PartialAggregate], breakdown: Breakdown) 
     lists = [getattr(p, breakdown.entries) for p in partials]
     if any(getattr(p, breakdown.too_many) for p in partials) or not any(lists):
         return None
-    merged: dict[str | None, list[BreakdownSums]] = {}
+    by_key = _entries_by_key(partials, lists)
+    if sum(key is not None for key in by_key) > MAX_BREAKDOWN_KEYS:
+        return None
+    return [_added(key, by_key[key]) for key in sorted(by_key, key=lambda k: (k is None, k or ""))]
+
+
+def _entries_by_key(
+    partials: Sequence[PartialAggregate], lists: list[list[BreakdownSums]]
+) -> dict[str | None, list[BreakdownSums]]:
+    """Each key's entries over the partials (a partial without entries: all unknown)."""
+    by_key: dict[str | None, list[BreakdownSums]] = {}
     for p, entries in zip(partials, lists, strict=True):
         for entry in entries or _unbroken(p):
-            merged.setdefault(entry.key, []).append(entry)
-    if sum(key is not None for key in merged) > MAX_BREAKDOWN_KEYS:
-        return None
-    return [
-        BreakdownSums(
-            key=key,
-            accept_histogram=add_histograms(e.accept_histogram for e in merged[key]),
-            **{name: sum(getattr(e, name) for e in merged[key]) for name in _BREAKDOWN_SUMMED},
-        )
-        for key in sorted(merged, key=lambda k: (k is None, k or ""))
-    ]
+            by_key.setdefault(entry.key, []).append(entry)
+    return by_key
+
+
+def _added(key: str | None, entries: list[BreakdownSums]) -> BreakdownSums:
+    """One key's entries from disjoint partitions, added up."""
+    return BreakdownSums(
+        key=key,
+        accept_histogram=add_histograms(e.accept_histogram for e in entries),
+        **{name: sum(getattr(e, name) for e in entries) for name in _BREAKDOWN_SUMMED},
+    )
 
 
 def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
@@ -126,26 +136,7 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
     Per-producer dictionaries are summed too; the close bookkeeping (markers,
     algorithms) is unioned. The result's ``partition`` is -1 (merged).
     """
-    if not partials:
-        raise ValueError("merge_partials() needs at least one partial")
-    batches = {(p.run_id, p.batch_id) for p in partials}
-    if len(batches) != 1:
-        raise ValueError(f"partials of different batches cannot merge: {sorted(batches, key=str)}")
-    sums = {name: sum(getattr(p, name) for p in partials) for name in _SUMMED}
-    received: dict[str, int] = {}
-    sent: dict[str, int] = {}
-    for p in partials:
-        for producer, n in p.records_received.items():
-            received[producer] = received.get(producer, 0) + n
-        for producer, n in p.records_sent.items():
-            sent[producer] = sent.get(producer, 0) + n
-    breakdowns: dict[str, Any] = {}
-    for breakdown in BREAKDOWNS:
-        entries = merge_breakdown(partials, breakdown)
-        breakdowns[breakdown.entries] = entries or []
-        breakdowns[breakdown.too_many] = entries is None and any(
-            getattr(p, breakdown.entries) or getattr(p, breakdown.too_many) for p in partials
-        )
+    _check_one_batch(partials)
     return PartialAggregate(
         batch_id=partials[0].batch_id,
         run_id=partials[0].run_id,
@@ -153,18 +144,52 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         revision=max(p.revision for p in partials),
         close_reason=partials[0].close_reason,
         closed_at_ms=max(p.closed_at_ms for p in partials),
-        records_received=received,
-        records_sent=sent,
-        marker_producers=sorted({m for p in partials for m in p.marker_producers}),
+        records_received=_per_producer(p.records_received for p in partials),
+        records_sent=_per_producer(p.records_sent for p in partials),
+        marker_producers=_union(p.marker_producers for p in partials),
         expected_producers=max(p.expected_producers for p in partials),
-        speculative_algorithms=sorted({a for p in partials for a in p.speculative_algorithms}),
+        speculative_algorithms=_union(p.speculative_algorithms for p in partials),
         counters_seen=any(p.counters_seen for p in partials),
         accept_histogram=add_histograms(p.accept_histogram for p in partials),
         accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
         length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
-        **breakdowns,
-        **sums,
+        **_merged_breakdowns(partials),
+        **{name: sum(getattr(p, name) for p in partials) for name in _SUMMED},
     )
+
+
+def _check_one_batch(partials: Sequence[PartialAggregate]) -> None:
+    if not partials:
+        raise ValueError("merge_partials() needs at least one partial")
+    batches = {(p.run_id, p.batch_id) for p in partials}
+    if len(batches) != 1:
+        raise ValueError(f"partials of different batches cannot merge: {sorted(batches, key=str)}")
+
+
+def _per_producer(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Per-producer counts of disjoint partitions, added up."""
+    total: dict[str, int] = {}
+    for each in counts:
+        for producer, n in each.items():
+            total[producer] = total.get(producer, 0) + n
+    return total
+
+
+def _union(names: Iterable[list[str]]) -> list[str]:
+    return sorted({name for each in names for name in each})
+
+
+def _merged_breakdowns(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
+    """Each breakdown's merged entries and its "past MAX_BREAKDOWN_KEYS" flag: set when
+    the merge gives none though a partition had entries or the flag."""
+    fields: dict[str, Any] = {}
+    for breakdown in BREAKDOWNS:
+        entries = merge_breakdown(partials, breakdown)
+        fields[breakdown.entries] = entries or []
+        fields[breakdown.too_many] = entries is None and any(
+            getattr(p, breakdown.entries) or getattr(p, breakdown.too_many) for p in partials
+        )
+    return fields
 
 
 def missing_records(partials: Iterable[PartialAggregate]) -> int:
