@@ -327,8 +327,23 @@ class BatchState:
         base, now = journal.base, self._counters()
         if not journal.keys and not journal.occurrences and now == base:
             return None
+        delta = BatchDelta(
+            batch_id=self.batch_id,
+            run_id=self.run_id,
+            first_offset=first_offset,
+            last_offset=last_offset,
+            last_input_ms=last_input_ms,
+            entries=self._wide_entries(journal.keys),
+            occurrences=journal.occurrences,
+            **_changed_counts(base, now),
+        )
+        self._journal = _Journal(now)
+        return delta
+
+    def _wide_entries(self, keys: Iterable[Key]) -> list[tuple]:
+        """The entries of the keys changed, wide: (session, generation, conflict, value's fields)."""
         entries = []
-        for key in journal.keys:
+        for key in keys:
             value = self._values[key]
             if isinstance(value, Value):
                 fields = msgspec.structs.astuple(value)
@@ -336,25 +351,7 @@ class BatchState:
                 entries.append((*key, False, *(fields if value.task is not None else fields[:-1])))
             else:
                 entries.append((*key, True, None, None, None, None, None, None, None))
-        delta = BatchDelta(
-            batch_id=self.batch_id,
-            run_id=self.run_id,
-            first_offset=first_offset,
-            last_offset=last_offset,
-            last_input_ms=last_input_ms,
-            entries=entries,
-            occurrences=journal.occurrences,
-            record_count=now[0] - base[0],
-            invalid_record_count=now[1] - base[1],
-            late_record_count=now[2] - base[2],
-            conflicting_record_count=now[3] - base[3],
-            received={p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)},
-            markers=[m for p, m in now[5].items() if base[5].get(p) != m],
-            algorithms=sorted(now[6] - base[6]),
-            counters_seen=now[7] and not base[7],
-        )
-        self._journal = _Journal(now)
-        return delta
+        return entries
 
     def take_delta_encoded(self, *, first_offset: int, last_offset: int, last_input_ms: int) -> bytes | None:
         """``take_delta`` encoded for the changelog, compressed (the native core encodes
@@ -373,6 +370,12 @@ class BatchState:
         for session, generation, conflict, *fields in delta.entries:
             self._values[(session, generation)] = CONFLICT if conflict else _restored_value(*fields)
         self._occurrences.update((s, sample, g) for s, sample, g in delta.occurrences)
+        self._add_counts(delta)
+        if self._journal is not None:  # what was restored is durable already
+            self._journal.base = self._counters()
+
+    def _add_counts(self, delta: BatchDelta) -> None:
+        """A delta's counts, received records, markers and algorithms, added to the batch's."""
         self.record_count += delta.record_count
         self.invalid_record_count += delta.invalid_record_count
         self.late_record_count += delta.late_record_count
@@ -383,8 +386,6 @@ class BatchState:
             self.add_marker(marker)
         self._algorithms.update(delta.algorithms)
         self._counters_seen = self._counters_seen or delta.counters_seen
-        if self._journal is not None:  # what was restored is durable already
-            self._journal.base = self._counters()
 
     # -- closing --------------------------------------------------------------
     @property
@@ -439,18 +440,7 @@ class BatchState:
         and the inconsistent ones counted; the legacy per-sample ratios over the
         occurrences."""
         self._thaw()
-        # one pass: per (weight_version, task), then the batch, each version and each task from those
-        by_label: dict[tuple[str | None, str | None], _Sums] = {}
-        inconsistent_count = 0
-        for value in self._values.values():
-            if isinstance(value, Value):
-                label = (value.weight_version, value.task)
-                sums = by_label.get(label)
-                if sums is None:
-                    sums = by_label[label] = _Sums()
-                sums.add(value)
-                if value.accept_histogram is not None:
-                    inconsistent_count += inconsistent(value.accepted, value.verify, value.accept_histogram)
+        by_label, inconsistent_count = _sums_by_label(self._values.values())
         totals = _Sums.of(by_label.values())
         conflicts = len(self._values) - totals.unique_generation_count
         legacy = _LegacyRatios(self._values, self._occurrences, fold=not (conflicts or self.invalid_record_count))
@@ -487,6 +477,38 @@ class BatchState:
             too_many_tasks=too_many_tasks,
             **totals.fields(unique_generation_count=len(self._values)),
         )
+
+
+def _changed_counts(base: tuple, now: tuple) -> dict[str, Any]:
+    """A delta's counts: what changed from ``base`` to ``now`` (two ``_counters`` tuples)."""
+    return {
+        "record_count": now[0] - base[0],
+        "invalid_record_count": now[1] - base[1],
+        "late_record_count": now[2] - base[2],
+        "conflicting_record_count": now[3] - base[3],
+        "received": {p: n - base[4].get(p, 0) for p, n in now[4].items() if n != base[4].get(p, 0)},
+        "markers": [m for p, m in now[5].items() if base[5].get(p) != m],
+        "algorithms": sorted(now[6] - base[6]),
+        "counters_seen": now[7] and not base[7],
+    }
+
+
+def _sums_by_label(values: Iterable[Value | _Conflict]) -> tuple[dict[tuple[str | None, str | None], _Sums], int]:
+    """One pass over the non-conflicting values: their sums per (weight_version, task)
+    label (the batch's, each version's and each task's are added up from those), and
+    how many are inconsistent (docs/contract.md §3.5)."""
+    by_label: dict[tuple[str | None, str | None], _Sums] = {}
+    inconsistent_count = 0
+    for value in values:
+        if isinstance(value, Value):
+            label = (value.weight_version, value.task)
+            sums = by_label.get(label)
+            if sums is None:
+                sums = by_label[label] = _Sums()
+            sums.add(value)
+            if value.accept_histogram is not None:
+                inconsistent_count += inconsistent(value.accepted, value.verify, value.accept_histogram)
+    return by_label, inconsistent_count
 
 
 def _breakdown(by_label: dict[tuple[str | None, str | None], _Sums], part: int) -> tuple[list[BreakdownSums], bool]:
@@ -565,15 +587,7 @@ class _LegacyRatios:
     suppressed anyway, and only the samples are counted."""
 
     def __init__(self, values: dict[Key, Value | _Conflict], occurrences: set[Occurrence], *, fold: bool) -> None:
-        samples: dict[tuple, list[int | None]] = {}
-        for session, sample, generation in occurrences:
-            sample_key = (session, sample) if sample is not None else (session, None, generation)
-            if not fold:
-                samples[sample_key] = []
-                continue
-            v = values[(session, generation)]
-            assert isinstance(v, Value)  # no conflict when folding
-            samples[sample_key] = _fold(samples.get(sample_key), [v.accepted, v.proposed, v.verify, v.completion])
+        samples = _samples(values, occurrences, fold=fold)
         self.sample_count = len(samples)
         self.accept_samples = self.length_samples = 0
         self.accept_parts: list[float] = []
@@ -585,6 +599,24 @@ class _LegacyRatios:
             if completion is not None and verify is not None and verify > 0:
                 self.length_samples += 1
                 grow(self.length_parts, completion / verify)
+
+
+def _samples(
+    values: dict[Key, Value | _Conflict], occurrences: set[Occurrence], *, fold: bool
+) -> dict[tuple, list[int | None]]:
+    """Each sample's counters folded over its distinct generations (``_fold``; not
+    folded, only the samples: empty lists). A sample is (session, sample_id), or the
+    generation itself when sample_id is null."""
+    samples: dict[tuple, list[int | None]] = {}
+    for session, sample, generation in occurrences:
+        sample_key = (session, sample) if sample is not None else (session, None, generation)
+        if not fold:
+            samples[sample_key] = []
+            continue
+        v = values[(session, generation)]
+        assert isinstance(v, Value)  # no conflict when folding
+        samples[sample_key] = _fold(samples.get(sample_key), [v.accepted, v.proposed, v.verify, v.completion])
+    return samples
 
 
 def _fold(known: list[int | None] | None, counters: list[int | None]) -> list[int | None]:
