@@ -112,11 +112,7 @@ def tasks_text(entries: list[TaskMetrics] | None, width: int) -> str:
     parts = [
         f"{_fit_right(e.task or '?', _TASK_NAME)} {_rate(e.metrics.get('spec/accept_rate'))}" for e in _by_size(entries)
     ]
-    cut = False
-    while len(parts) > 1 and len(" ".join(parts) + (" …" if cut else "")) > width:
-        parts.pop()
-        cut = True
-    return _fit_right(" ".join(parts) + (" …" if cut else ""), width)
+    return _fit_right(_fitted(parts, width, keep=1), width)
 
 
 def positions_text(rates: list[float] | None, width: int = 80) -> str:
@@ -124,11 +120,21 @@ def positions_text(rates: list[float] | None, width: int = 80) -> str:
     if not rates:
         return "-"
     parts = [_rate(r) for r in rates[:_MAX_POSITIONS]]
-    cut = len(parts) < len(rates)
-    while parts and len(" ".join(parts) + (" …" if cut else "")) > width:
+    text = _fitted(parts, width, cut=len(parts) < len(rates))
+    return text if parts else "…"
+
+
+def _fitted(parts: list[str], width: int, *, cut: bool = False, keep: int = 0) -> str:
+    """``parts`` joined by spaces, the last ones dropped (and "…" said once any is, or
+    ``cut`` already) until the text fits ``width`` or ``keep`` parts are left."""
+    while len(parts) > keep and len(_joined(parts, cut)) > width:
         parts.pop()
         cut = True
-    return " ".join(parts) + (" …" if cut else "") if parts else "…"
+    return _joined(parts, cut)
+
+
+def _joined(parts: list[str], cut: bool) -> str:
+    return " ".join(parts) + (" …" if cut else "")
 
 
 _SEPARATORS = "-_./:@"
@@ -139,16 +145,24 @@ def _run_suffixes(batches: list[BatchMetrics]) -> dict[str, int]:
     what follows their common prefix, from the separator before it (``-2`` of
     ``grpo-7-attempt-2`` beside ``grpo-7-attempt-3``); 0 when a single run is shown."""
     runs = sorted({m.run_id for m in batches if m.run_id is not None})
-    if len(runs) < 2:
+    start = _first_difference(runs) if len(runs) >= 2 else 0
+    if start == 0:  # a single run, or they differ from their first character, which the label's start keeps
         return dict.fromkeys(runs, 0)
-    start = next((i for i, chars in enumerate(zip(*runs, strict=False)) if len(set(chars)) > 1), min(map(len, runs)))
-    if start == 0:  # they differ from their first character, which the label's start keeps
-        return dict.fromkeys(runs, 0)
-    for back in range(1, 9):  # to the separator before it, a few characters at most
-        if start - back >= 0 and runs[0][start - back] in _SEPARATORS:
-            start -= back
-            break
+    start = _back_to_separator(runs[0], start)
     return {run: len(run) - start for run in runs}
+
+
+def _first_difference(runs: list[str]) -> int:
+    """Where the runs' names first differ (the shortest one's length when one is a prefix of all)."""
+    return next((i for i, chars in enumerate(zip(*runs, strict=False)) if len(set(chars)) > 1), min(map(len, runs)))
+
+
+def _back_to_separator(run: str, start: int) -> int:
+    """``start``, moved back to the separator before it, a few characters at most."""
+    for back in range(1, 9):
+        if start - back >= 0 and run[start - back] in _SEPARATORS:
+            return start - back
+    return start
 
 
 def _label(m: BatchMetrics, run_suffix: dict[str, int]) -> tuple[str, int]:
@@ -247,37 +261,86 @@ class _Layout:
     is never cut below what tells it from the other rows; c/i/l and close are never cut."""
 
     def __init__(self, total: int, shown: list[BatchMetrics]) -> None:
-        revision_w = max([3] + [len(str(m.revision)) for m in shown])
-        self.fixed = [(name, revision_w if name == "rev" else w) for name, w in _fixed(total)]
-        self.fixed.append(("c/i/l", max([5] + [len(_problems(m)) for m in shown])))
-        self.fixed.append(("close", max([5] + [len(_close(m)) for m in shown])))
+        self.fixed = _fixed_columns(total, shown)
         room = max(20, total - sum(w for _, w in self.fixed) - _GAP * (len(self.fixed) + 1))
         labels = [_label(m, {})[0] for m in shown]
-        drifts = [drift_text(m.by_weight_version, 200) for m in shown]
-        positions = [positions_text(m.accept_rate_by_position) for m in shown]
-        batch_need = max([len(s) for s in labels] + [10])
-        drift_need = max([len(s) for s in drifts] + [10])
-        pos_need = max([len(s) for s in positions] + [3])
-        self.tasks = 0
-        if any(m.by_task for m in shown):
-            task_need = max(len(tasks_text(m.by_task, 200)) for m in shown)
-            spare = room - batch_need - drift_need - _GAP
-            if spare >= _MIN_TASKS:
-                self.tasks = min(task_need, spare)
-                room -= self.tasks + _GAP
-        self.positions = 0
-        if any(m.accept_rate_by_position for m in shown):
-            spare = room - batch_need - _GAP - pos_need
-            if spare >= min(drift_need, _DRIFT_BEFORE_POSITIONS):
-                self.positions = pos_need
-                room -= pos_need + _GAP
-        if batch_need + drift_need <= room:
-            self.batch, self.drift = batch_need, drift_need
-            return
-        batch = min(batch_need, max(10, room - drift_need, room // 2))
-        while batch < min(batch_need, room - 10) and not _distinct(fit_labels(shown, batch), labels):
-            batch += 1
-        self.batch, self.drift = batch, max(10, room - batch)
+        batch_need = _widest(labels, 10)
+        drift_need = _widest([drift_text(m.by_weight_version, 200) for m in shown], 10)
+        self.tasks = _tasks_width(shown, room - batch_need - drift_need - _GAP)
+        if self.tasks:
+            room -= self.tasks + _GAP
+        self.positions = _positions_width(shown, room - batch_need - _GAP, drift_need)
+        if self.positions:
+            room -= self.positions + _GAP
+        self.batch, self.drift = _label_and_drift_widths(shown, labels, room, batch_need, drift_need)
+
+    def caption(self) -> str:
+        return (
+            LEGEND
+            + (" · pos: accept rate by draft position" if self.positions else "")
+            + (" · task: accept rate by task" if self.tasks else "")
+            + " · drift: accept rate by version"
+        )
+
+    def add_columns(self, table: Any) -> None:
+        table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
+        for name, w in self.fixed:
+            table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
+        if self.positions:
+            table.add_column("pos", width=self.positions, no_wrap=True, overflow="ellipsis")
+        if self.tasks:
+            table.add_column("task", width=self.tasks, no_wrap=True, overflow="ellipsis")
+        table.add_column("drift", width=self.drift, no_wrap=True, overflow="ellipsis")
+
+    def row(self, m: BatchMetrics, label: str) -> list[str]:
+        """One batch's cells, its label fitted already."""
+        cells = _cells(m)
+        extra = [positions_text(m.accept_rate_by_position, self.positions)] if self.positions else []
+        if self.tasks:
+            extra.append(tasks_text(m.by_task, self.tasks))
+        return [label, *(cells[name] for name, _ in self.fixed), *extra, drift_text(m.by_weight_version, self.drift)]
+
+
+def _widest(texts: list[str], least: int) -> int:
+    return max([len(t) for t in texts] + [least])
+
+
+def _fixed_columns(total: int, shown: list[BatchMetrics]) -> list[tuple[str, int]]:
+    """The numeric columns (the revision's as wide as the largest), then c/i/l and close, never cut."""
+    revision_w = _widest([str(m.revision) for m in shown], 3)
+    fixed = [(name, revision_w if name == "rev" else w) for name, w in _fixed(total)]
+    fixed.append(("c/i/l", _widest([_problems(m) for m in shown], 5)))
+    fixed.append(("close", _widest([_close(m) for m in shown], 5)))
+    return fixed
+
+
+def _tasks_width(shown: list[BatchMetrics], spare: int) -> int:
+    """The per-task column: what the batch labels and the drift view leave, if that is
+    worth showing (0: no column)."""
+    if not any(m.by_task for m in shown) or spare < _MIN_TASKS:
+        return 0
+    return min(max(len(tasks_text(m.by_task, 200)) for m in shown), spare)
+
+
+def _positions_width(shown: list[BatchMetrics], spare: int, drift_need: int) -> int:
+    """The per-position column, whole, when the drift view keeps enough room beside it (0: no column)."""
+    if not any(m.accept_rate_by_position for m in shown):
+        return 0
+    need = _widest([positions_text(m.accept_rate_by_position) for m in shown], 3)
+    return need if spare - need >= min(drift_need, _DRIFT_BEFORE_POSITIONS) else 0
+
+
+def _label_and_drift_widths(
+    shown: list[BatchMetrics], labels: list[str], room: int, batch_need: int, drift_need: int
+) -> tuple[int, int]:
+    """The batch labels' and the drift view's widths in ``room``: the drift view shrinks
+    first, and the labels stay wide enough to tell the rows apart."""
+    if batch_need + drift_need <= room:
+        return batch_need, drift_need
+    batch = min(batch_need, max(10, room - drift_need, room // 2))
+    while batch < min(batch_need, room - 10) and not _distinct(fit_labels(shown, batch), labels):
+        batch += 1
+    return batch, max(10, room - batch)
 
 
 def _distinct(fitted: list[str], labels: list[str]) -> bool:
@@ -310,45 +373,29 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     """The ``rows`` most recently updated batches of ``latest`` (in the order they were
     updated), as a rich Table no wider than ``width``, sorted by run and batch
     (``batch_order``)."""
+    shown = sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
+    layout = _Layout(width, shown)
+    table = _table(title or f"specmeter: latest {len(shown)} batches", layout.caption())
+    layout.add_columns(table)
+    for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
+        table.add_row(*layout.row(m, label), style=None if m.complete else "yellow")
+    return table
+
+
+def _table(title: str, caption: str) -> Any:
+    """A rich Table as both views draw it: a simple head, no edges, a space between columns."""
     from rich import box
     from rich.table import Table
 
-    shown = sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
-    layout = _Layout(width, shown)
-    table = Table(
-        title=title or f"specmeter: latest {len(shown)} batches",
+    return Table(
+        title=title,
         box=box.SIMPLE_HEAD,
         show_edge=False,
         pad_edge=False,
         padding=(0, 1, 0, 0),
         expand=False,
-        caption=LEGEND
-        + (" · pos: accept rate by draft position" if layout.positions else "")
-        + (" · task: accept rate by task" if layout.tasks else "")
-        + " · drift: accept rate by version",
+        caption=caption,
     )
-    table.add_column("batch", width=layout.batch, no_wrap=True, overflow="ellipsis")
-    for name, w in layout.fixed:
-        table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
-    if layout.positions:
-        table.add_column("pos", width=layout.positions, no_wrap=True, overflow="ellipsis")
-    if layout.tasks:
-        table.add_column("task", width=layout.tasks, no_wrap=True, overflow="ellipsis")
-    table.add_column("drift", width=layout.drift, no_wrap=True, overflow="ellipsis")
-
-    for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
-        cells = _cells(m)
-        extra = [positions_text(m.accept_rate_by_position, layout.positions)] if layout.positions else []
-        if layout.tasks:
-            extra.append(tasks_text(m.by_task, layout.tasks))
-        table.add_row(
-            label,
-            *(cells[name] for name, _ in layout.fixed),
-            *extra,
-            drift_text(m.by_weight_version, layout.drift),
-            style=None if m.complete else "yellow",
-        )
-    return table
 
 
 def task_table(results: list[BatchMetrics], width: int = 80, title: str | None = None) -> Any:
@@ -357,55 +404,59 @@ def task_table(results: list[BatchMetrics], width: int = 80, title: str | None =
     verify step, accept coverage and generation count, and, where there is room, the
     tokens per verify step by draft budget (``1.65 2.07 2.36``, budgets 1, 2, 3 ...).
     None when no batch has a task breakdown."""
-    from rich import box
-    from rich.table import Table
-
     rows = [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
     if not rows:
         return None
-    fixed = (("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
-    room = max(20, width - sum(w for _, w in fixed) - _GAP * (len(fixed) + 3))
-    batches = [m for m, _ in rows]
-    labels = [_label(m, {})[0] for m in batches]
-    names = [e.task or "?" for _, e in rows]
-    budgets = [positions_text(e.tokens_per_verify_by_budget) for _, e in rows]
-    batch_w = min(max(map(len, labels)), max(10, room // 3))
-    task_w = min(max(map(len, names)), max(8, room // 3))
-    budget_w = min(max(map(len, budgets)), room - batch_w - task_w - _GAP)
-    if budget_w < 9:  # no room for a curve of two budgets: the column gives way
-        budget_w = 0
-        task_w = min(max(map(len, names)), room - batch_w)
-    table = Table(
-        title=title or "by task",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-        padding=(0, 1, 0, 0),
-        expand=False,
-        caption="? unknown task" + (" · by budget: with a budget of 1, 2, ... draft tokens" if budget_w else ""),
-    )
-    table.add_column("batch", width=batch_w, no_wrap=True, overflow="ellipsis")
-    table.add_column("task", width=task_w, no_wrap=True, overflow="ellipsis")
-    for name, w in fixed:
-        table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
-    if budget_w:
-        table.add_column("tok/v by budget", width=budget_w, no_wrap=True, overflow="ellipsis")
-    fitted = fit_labels(batches, batch_w)
+    layout = _TaskLayout(width, rows)
+    budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
+    table = _table(title or "by task", "? unknown task" + budgets)
+    layout.add_columns(table)
     previous = None
-    for (m, e), label, name in zip(rows, fitted, names, strict=True):
-        shown_label = "" if m is previous else label  # a batch's name on its first row only
+    for (m, e), label in zip(rows, fit_labels([m for m, _ in rows], layout.batch), strict=True):
+        table.add_row("" if m is previous else label, *layout.cells(e))  # a batch's name on its first row only
         previous = m
+    return table
+
+
+class _TaskLayout:
+    """Column widths of the by-task view: the batch and the task a third of what the
+    numbers leave each at most, the curve by draft budget the rest (given up first)."""
+
+    FIXED = (("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
+
+    def __init__(self, width: int, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+        room = max(20, width - sum(w for _, w in self.FIXED) - _GAP * (len(self.FIXED) + 3))
+        labels = [_label(m, {})[0] for m, _ in rows]
+        names = [e.task or "?" for _, e in rows]
+        budgets = [positions_text(e.tokens_per_verify_by_budget) for _, e in rows]
+        self.batch = min(max(map(len, labels)), max(10, room // 3))
+        self.task = min(max(map(len, names)), max(8, room // 3))
+        self.budget = min(max(map(len, budgets)), room - self.batch - self.task - _GAP)
+        if self.budget < 9:  # no room for a curve of two budgets: the column gives way
+            self.budget = 0
+            self.task = min(max(map(len, names)), room - self.batch)
+
+    def add_columns(self, table: Any) -> None:
+        table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
+        table.add_column("task", width=self.task, no_wrap=True, overflow="ellipsis")
+        for name, w in self.FIXED:
+            table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
+        if self.budget:
+            table.add_column("tok/v by budget", width=self.budget, no_wrap=True, overflow="ellipsis")
+
+    def cells(self, e: TaskMetrics) -> list[str]:
+        """A task's cells beside its batch's label: its name, rates, coverage, size and curve."""
         x = e.metrics
         cells = [
+            _fit_right(e.task or "?", self.task),
             _ratio(x.get("spec/accept_rate")),
             _ratio(x.get("spec/tokens_per_verify")),
             _share(x.get("spec/accept_count_coverage")),
             _count(x.get("spec/unique_generation_count")),
         ]
-        if budget_w:
-            cells.append(positions_text(e.tokens_per_verify_by_budget, budget_w))
-        table.add_row(shown_label, _fit_right(name, task_w), *cells)
-    return table
+        if self.budget:
+            cells.append(positions_text(e.tokens_per_verify_by_budget, self.budget))
+        return cells
 
 
 def _share(v: Any) -> str:
