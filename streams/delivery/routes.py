@@ -115,40 +115,46 @@ class ChangelogReader:
         await consumer.start()
         try:
             input_ends = await consumer.end_offsets([TP(t, p) for t, p in inputs]) if inputs else {}
-            tps = {TP(t, p): end for (t, p), end in changelogs.items()}
-            starts = await consumer.beginning_offsets(list(tps))
-            views = {tp: ChangelogView() for tp in tps}
-            reading = {tp for tp, end in tps.items() if end > starts[tp]}
-            if reading:
-                consumer.assign(sorted(reading))
-                await consumer.seek_to_beginning(*reading)
-            progress_at = time.monotonic()
-            while reading:
-                if time.monotonic() - progress_at > self.STALL_S:
-                    raise TimeoutError(
-                        f"reading changelogs got nothing new for {self.STALL_S:.0f} s: {sorted(reading)}"
-                    )
-                fetched = await consumer.getmany(*reading, timeout_ms=500)
-                for tp, messages in fetched.items():
-                    if messages:
-                        progress_at = time.monotonic()
-                    view, end = views[tp], tps[tp]
-                    for i, m in enumerate(messages):
-                        if m.offset >= end:
-                            break
-                        view.add(m.offset, m.key, m.value)
-                        if i % self.YIELD_EVERY == self.YIELD_EVERY - 1:
-                            await asyncio.sleep(0)
-                for tp in list(reading):
-                    if await consumer.position(tp) >= tps[tp]:
-                        reading.discard(tp)
-                        consumer.pause(tp)
+            views = await self._read_views(consumer, {TP(t, p): end for (t, p), end in changelogs.items()})
             return (
                 {(tp.topic, tp.partition): end for tp, end in input_ends.items()},
                 {(tp.topic, tp.partition): view for tp, view in views.items()},
             )
         finally:
             await consumer.stop()
+
+    async def _read_views(self, consumer: Any, tps: dict[Any, int]) -> dict[Any, ChangelogView]:
+        """Each changelog partition read from its start up to its end offset, through one
+        consumer; fails when a whole ``STALL_S`` brings nothing new."""
+        starts = await consumer.beginning_offsets(list(tps))
+        views = {tp: ChangelogView() for tp in tps}
+        reading = {tp for tp, end in tps.items() if end > starts[tp]}
+        if reading:
+            consumer.assign(sorted(reading))
+            await consumer.seek_to_beginning(*reading)
+        progress_at = time.monotonic()
+        while reading:
+            if time.monotonic() - progress_at > self.STALL_S:
+                raise TimeoutError(f"reading changelogs got nothing new for {self.STALL_S:.0f} s: {sorted(reading)}")
+            fetched = await consumer.getmany(*reading, timeout_ms=500)
+            for tp, messages in fetched.items():
+                if messages:
+                    progress_at = time.monotonic()
+                await self._add(views[tp], messages, tps[tp])
+            for tp in list(reading):
+                if await consumer.position(tp) >= tps[tp]:
+                    reading.discard(tp)
+                    consumer.pause(tp)
+        return views
+
+    async def _add(self, view: ChangelogView, messages: list[Any], end: int) -> None:
+        """A fetch's records before ``end``, into the view, yielding every ``YIELD_EVERY``."""
+        for i, m in enumerate(messages):
+            if m.offset >= end:
+                break
+            view.add(m.offset, m.key, m.value)
+            if i % self.YIELD_EVERY == self.YIELD_EVERY - 1:
+                await asyncio.sleep(0)
 
     async def read_range(
         self, topic: str, partition: int, start: int, end: int
@@ -237,6 +243,8 @@ class InputRoute:
         self._committed: dict[TopicPartition, int] = {}
         self._committed_at = 0.0
         self._commit_failures = 0
+        #: reads failed in a row (the first is said, the rest logged at debug)
+        self._fetch_failures = 0
         #: the route stops applying input (the worker is stopping)
         self.stopping = False
 
@@ -260,76 +268,97 @@ class InputRoute:
                 await consumer.stop()  # leaves the group: its partitions move at once
 
     async def _read(self, consumer: Any) -> None:
-        from aiokafka.structs import TopicPartition as TP
-
-        driver, ledger, topic = self.driver, self.driver.ledger, self.topic
         last_input = time.monotonic()
-        failures = 0
         while True:
             self._refollow(consumer)
-            try:
-                # a short wait whatever the broker holds a fetch for: a partition newly
-                # restored (or revoked) is followed at the next turn
-                fetched = await consumer.getmany(timeout_ms=200)
-            except Exception as exc:  # noqa: BLE001 - said once, retried: the route must not die
-                failures += 1
-                (log.warning if failures == 1 else log.debug)(
-                    "route of %s: reading failed (%r); trying again every %.0f s", topic, exc, driver.RETRY_S
-                )
-                await asyncio.sleep(driver.RETRY_S)
+            fetched = await self._fetch(consumer)
+            if fetched is None:
                 continue
-            failures = 0
-            pending: dict[int, list[tuple[int, bytes]]] = {}
-            for tp, messages in fetched.items():
-                if messages:
-                    pending[tp.partition] = [(m.offset, m.value) for m in messages]
+            pending = {
+                tp.partition: [(m.offset, m.value) for m in messages] for tp, messages in fetched.items() if messages
+            }
             if pending:
                 last_input = time.monotonic()
             self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
             await self._apply(pending)
-            for partition, end in ledger.catching_up(topic).items() if ledger.any_catching_up else ():
-                held = ledger.claim(topic, partition)
-                if held is not None and self._following.get(partition) is held.state:
-                    position = await consumer.position(TP(topic, partition))
-                    if ledger.reached(held, position):
-                        driver.caught_up(held, end)
+            await self._check_caught_up(consumer)
             await self._commit(consumer)
+
+    async def _fetch(self, consumer: Any) -> Any:
+        """What the consumer fetched, waiting a short while whatever the broker holds a fetch
+        for (a partition newly restored, or revoked, is followed at the next turn); None
+        after a failure, said once and retried ``RETRY_S`` later: the route must not die."""
+        try:
+            fetched = await consumer.getmany(timeout_ms=200)
+        except Exception as exc:  # noqa: BLE001 - said once, retried
+            self._fetch_failures += 1
+            (log.warning if self._fetch_failures == 1 else log.debug)(
+                "route of %s: reading failed (%r); trying again every %.0f s", self.topic, exc, self.driver.RETRY_S
+            )
+            await asyncio.sleep(self.driver.RETRY_S)
+            return None
+        self._fetch_failures = 0
+        return fetched
+
+    async def _check_caught_up(self, consumer: Any) -> None:
+        """Tell the driver of each partition whose route reached the log end it had at install."""
+        from aiokafka.structs import TopicPartition as TP
+
+        ledger = self.driver.ledger
+        for partition, end in ledger.catching_up(self.topic).items() if ledger.any_catching_up else ():
+            held = ledger.claim(self.topic, partition)
+            if held is not None and self._following.get(partition) is held.state:
+                position = await consumer.position(TP(self.topic, partition))
+                if ledger.reached(held, position):
+                    self.driver.caught_up(held, end)
 
     async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
         """Apply what was fetched, a chunk per partition in turn; a partition whose last
         writes are in flight waits for them while the others go on."""
-        driver, ledger, topic = self.driver, self.driver.ledger, self.topic
         while pending and not self.stopping:
             applied = False
             for partition in list(pending):
-                state = self._following.get(partition)
-                claim = ledger.claim(topic, partition)
-                if state is None or claim is None or claim.state is not state:
-                    del pending[partition]  # read again from the checkpoint once ours
-                    continue
-                if driver.busy(topic, partition):
-                    continue
-                admitted = ledger.admit(claim, pending.pop(partition))
-                if admitted.gap is not None:
-                    log.warning(
-                        "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
-                        "compaction); read on from %d",
-                        topic,
-                        partition,
-                        admitted.gap[0],
-                        admitted.gap[1] - 1,
-                        admitted.gap[1],
-                    )
-                if not admitted.messages:
-                    continue
-                chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
-                if rest:
-                    pending[partition] = rest
-                await driver.apply(claim, chunk)
-                applied = True
+                applied = await self._apply_chunk(partition, pending) or applied
             if pending and not applied:
-                await driver.write_done()
+                await self.driver.write_done()
             await asyncio.sleep(0)  # the other stage and the producer between rounds
+
+    async def _apply_chunk(self, partition: int, pending: dict[int, list[tuple[int, bytes]]]) -> bool:
+        """Apply a partition's next chunk of what is pending; whether one was applied. Input
+        of a partition no longer followed is dropped (read again from the checkpoint once
+        ours); a partition whose writes are in flight waits."""
+        claim = self._claim(partition)
+        if claim is None:
+            del pending[partition]
+            return False
+        if self.driver.busy(self.topic, partition):
+            return False
+        admitted = self.driver.ledger.admit(claim, pending.pop(partition))
+        if admitted.gap is not None:
+            log.warning(
+                "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
+                "compaction); read on from %d",
+                self.topic,
+                partition,
+                admitted.gap[0],
+                admitted.gap[1] - 1,
+                admitted.gap[1],
+            )
+        if not admitted.messages:
+            return False
+        chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
+        if rest:
+            pending[partition] = rest
+        await self.driver.apply(claim, chunk)
+        return True
+
+    def _claim(self, partition: int) -> Claim | None:
+        """The ledger's claim on a partition this route follows for the state it holds now."""
+        state = self._following.get(partition)
+        claim = self.driver.ledger.claim(self.topic, partition)
+        if state is None or claim is None or claim.state is not state:
+            return None
+        return claim
 
     async def _commit(self, consumer: Any) -> None:
         """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
@@ -594,60 +623,77 @@ class DeliveryDriver:
                 for _, p in self.ledger.to_restore(topic)
                 if (epoch := self.ledger.begin_restore(topic, p)) is not None
             ]
-            if not begun:
-                self._say_ready()
-                continue
-            round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
-                self._take_over(topic, begun), name=f"take-over-{topic}"
-            )
-            if self._watch is None or self._watch.done():
-                self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
-            try:
-                await round_
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise  # the driver itself is being stopped
-            except Exception as exc:  # noqa: BLE001 - a broker away for a while
-                failures += 1
-                (log.warning if failures == 1 else log.debug)(
-                    "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
-                    len(begun),
-                    topic,
-                    exc,
-                    self.RETRY_S,
-                )
-                await asyncio.sleep(self.RETRY_S)
-                wanted.set()
-            else:
-                if failures:
-                    log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
-                failures = 0
-            finally:
-                self._rounds.pop(topic, None)
-                for p, epoch in begun:
-                    self.ledger.end_restore(topic, p, epoch)
+            if begun:
+                failures = await self._round(topic, begun, failures)
             self._say_ready()
+
+    async def _round(self, topic: str, begun: list[tuple[int, int]], failures: int) -> int:
+        """One takeover round, as a task a revocation can cancel; returns the failed rounds
+        in a row (a failure makes the round wanted again ``RETRY_S`` later)."""
+        round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
+            self._take_over(topic, begun), name=f"take-over-{topic}"
+        )
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
+        try:
+            await round_
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # the driver itself is being stopped
+        except Exception as exc:  # noqa: BLE001 - a broker away for a while
+            failures += 1
+            (log.warning if failures == 1 else log.debug)(
+                "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
+                len(begun),
+                topic,
+                exc,
+                self.RETRY_S,
+            )
+            await asyncio.sleep(self.RETRY_S)
+            self._wanted[topic].set()
+        else:
+            if failures:
+                log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
+            failures = 0
+        finally:
+            self._rounds.pop(topic, None)
+            for p, epoch in begun:
+                self.ledger.end_restore(topic, p, epoch)
+        return failures
 
     async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
         started = time.monotonic()
         changelog = self.changelog(topic)
         epochs = dict(begun)
-        # kept through the rebalance: nobody wrote its changelog since this worker's last write
-        kept = {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
-        if kept:
-            ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
-            for p, state in kept.items():
-                owned = self.writes.ownership(changelog, p)
-                if owned is not None and ends[(changelog, p)] == owned.next_offset:
-                    if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
-                        self.kept += 1
-                else:
-                    self.writes.forget(changelog, p)
+        await self._keep_unchanged(topic, changelog, epochs)
         if not epochs:
             self.assignment_changed.set()
             return
         if not await self._route_of[topic].confirm_generation(epochs):
             return  # a stale member: the next assignment says what is ours
+        await self._restore_from_changelogs(topic, changelog, epochs)
+        self.assignment_changed.set()
+        log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
+
+    async def _keep_unchanged(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+        """Reinstate, without a restore, the partitions kept through the rebalance whose
+        changelog nobody wrote since this worker's last write (taken out of ``epochs``);
+        the others' writes are forgotten: they are restored."""
+        kept = {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
+        if not kept:
+            return
+        ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
+        for p, state in kept.items():
+            owned = self.writes.ownership(changelog, p)
+            if owned is not None and ends[(changelog, p)] == owned.next_offset:
+                if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
+                    self.kept += 1
+            else:
+                self.writes.forget(changelog, p)
+
+    async def _restore_from_changelogs(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+        """Write a takeover record in each partition's changelog, read them up to it, and
+        restore and install each state (unless the ledger moved on meanwhile)."""
         owner_epochs = dict(
             zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
         )
@@ -663,8 +709,6 @@ class DeliveryDriver:
                 installed()
             else:
                 self.writes.forget(changelog, p)
-        self.assignment_changed.set()
-        log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
 
     async def _restore(self, topic: str, partition: int, valid: ValidState, epoch: int) -> Restored:
         """Run a stage's restore in steps, yielding whenever a slice of work is done."""
@@ -729,12 +773,20 @@ class DeliveryDriver:
             *((f"route-{route.topic}", route.run) for route in self.routes),
         )
         for name, run in runs:
-            task, started = self._tasks.get(name, (None, 0.0))
-            if task is not None and (not task.done() or time.monotonic() - started < self.RESTART_S):
-                continue
-            if task is not None and not task.cancelled() and task.exception() is not None:
-                log.warning("%s stopped (%r): starting it again", name, task.exception())
-            self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
+            if self._to_start(name):
+                self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
+
+    def _to_start(self, name: str) -> bool:
+        """Whether a task is to be started: never started, or stopped at least ``RESTART_S``
+        after it started (said when it stopped on an error)."""
+        task, started = self._tasks.get(name, (None, 0.0))
+        if task is None:
+            return True
+        if not task.done() or time.monotonic() - started < self.RESTART_S:
+            return False
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s stopped (%r): starting it again", name, task.exception())
+        return True
 
     async def close(self) -> None:
         """Stop applying input, let the writes in flight out (unless writing failed: then
