@@ -27,6 +27,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -82,14 +83,10 @@ def classify(message: str) -> tuple[str, str | None] | None:
         return None
     if _COORDINATOR.search(message):
         return COORDINATOR, None
-    address = None
-    found = _ADDRESS.search(message)
-    if found:
-        host, port = [g for g in found.groups() if g is not None]
-        address = f"{host}:{port}"
+    address = _address(message)
     node = _NODE.search(message)
     if node:
-        return f"broker {next(g for g in node.groups() if g is not None)}", address
+        return f"broker {_named(node)}", address
     if address:
         return f"broker at {address}", address
     if "oordinator" in message:
@@ -97,9 +94,34 @@ def classify(message: str) -> tuple[str, str | None] | None:
     return CLUSTER, None
 
 
+def _address(message: str) -> str | None:
+    """The host:port a line names, if any."""
+    found = _ADDRESS.search(message)
+    if not found:
+        return None
+    host, port = [g for g in found.groups() if g is not None]
+    return f"{host}:{port}"
+
+
+def _named(found: re.Match[str]) -> str:
+    """The group of a pattern's alternatives that matched."""
+    return next(g for g in found.groups() if g is not None)
+
+
 def _coordinator_node(message: str) -> str | None:
     found = re.search(r"\(node (\d+)\)|to node (\d+)", message)
-    return next((g for g in found.groups() if g is not None), None) if found else None
+    return _named(found) if found else None
+
+
+@dataclass
+class _Due:
+    """What a tick decided to say, said once the lock is released."""
+
+    first: list[Outage] = field(default_factory=list)
+    back: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    #: (outage, errors folded since its last line, its latest error)
+    remind: list[tuple[Outage, int, str]] = field(default_factory=list)
 
 
 class Outages:
@@ -176,19 +198,12 @@ class Outages:
         """One failed attempt at ``target``: the first opens an outage and says so."""
         with self._lock:
             self.errors_total += 1
-            if address and target.startswith("broker at "):
-                target = self._brokers.get(address, target)
-            elif address:
-                self._learn(target, address)
+            target = self._known_as(target, address)
             self._left.discard(target)  # asked for again: back in the cluster
             outage = self._open.get(target)
             node = _coordinator_node(detail) if target == COORDINATOR else None
             if outage is not None:
-                outage.node = node or outage.node
-                outage.errors += 1
-                outage.unreported += 1
-                outage.last_error, outage.last_error_s = detail, now
-                outage.address = outage.address or self._addresses.get(target)
+                self._fold(outage, detail, node, now)
                 return
             outage = Outage(
                 target=target,
@@ -206,6 +221,23 @@ class Outages:
                 return  # said when it lasts (``tick``): a coordinator moving or loading takes a moment
             self._said(outage)
         self._warn(outage)
+
+    def _known_as(self, target: str, address: str | None) -> str:
+        """The target a line names, as the outages know it: a broker named by its address
+        alone is the broker of that address when its node id is known."""
+        if address and target.startswith("broker at "):
+            return self._brokers.get(address, target)
+        if address:
+            self._learn(target, address)
+        return target
+
+    def _fold(self, outage: Outage, detail: str, node: str | None, now: float) -> None:
+        """One more error of an open outage, folded into its next line."""
+        outage.node = node or outage.node
+        outage.errors += 1
+        outage.unreported += 1
+        outage.last_error, outage.last_error_s = detail, now
+        outage.address = outage.address or self._addresses.get(outage.target)
 
     def _said(self, outage: Outage) -> None:
         """An outage is one (in ``outages_total``) once it is said: a group coordinator
@@ -269,40 +301,17 @@ class Outages:
         ``reachable``: targets of ``to_probe`` whose address accepted a connection.
         """
         reachable = set(reachable)
-        back: list[str] = []
-        unused: list[str] = []
-        remind: list[tuple[str, Outage, int, str]] = []
-        first: list[Outage] = []
+        due = _Due()
         with self._lock:
             for target, o in self._open.items():
-                silent_s = now - o.last_error_s
-                # a coordinator on a broker that is away is that broker's outage, said once
-                subsumed = o.node is not None and f"broker {o.node}" in self._open
-                if not o.warned and not subsumed and now - o.since_s >= self.coordinator_grace_s:
-                    self._said(o)
-                    o.last_line_s, o.unreported = now, 0
-                    first.append(o)
-                if target == COORDINATOR:
-                    if silent_s >= self.coordinator_quiet_s:
-                        back.append(target)
-                        continue
-                elif silent_s >= self.quiet_s and (target in reachable or o.address is None):
-                    back.append(target)
-                    continue
-                elif silent_s >= self.forget_silent_s:
-                    # a broker taken out of the cluster is asked for no more: not the worker's outage
-                    unused.append(target)
-                    continue
-                if o.warned and now - o.last_line_s >= self.repeat_s:
-                    remind.append((target, o, o.unreported, o.last_error))
-                    o.last_line_s, o.unreported = now, 0
-        for o in first:
+                self._look_at(target, o, now, reachable, due)
+        for o in due.first:
             self._warn(o)
-        for target in back:
+        for target in due.back:
             self._close(target, now)
-        for target in unused:
+        for target in due.unused:
             self._close(target, now, unused=True)
-        for _, o, folded, last in remind:
+        for o, folded, last in due.remind:
             self._log.warning(
                 "%s still %s after %.0f s: %d errors folded since the last line (latest: %s)",
                 self._name(o),
@@ -311,6 +320,37 @@ class Outages:
                 folded,
                 last,
             )
+
+    def _look_at(self, target: str, o: Outage, now: float, reachable: set[str], due: _Due) -> None:
+        """What one outage needs now (under the lock): said at last, over, or a reminder."""
+        if self._lasting(o, now):
+            self._said(o)
+            o.last_line_s, o.unreported = now, 0
+            due.first.append(o)
+        ended = self._ended(target, o, now, reachable)
+        if ended is not None:
+            (due.back if ended == "back" else due.unused).append(target)
+        elif o.warned and now - o.last_line_s >= self.repeat_s:
+            due.remind.append((o, o.unreported, o.last_error))
+            o.last_line_s, o.unreported = now, 0
+
+    def _lasting(self, o: Outage, now: float) -> bool:
+        """An outage not said yet (the coordinator's, the cluster's) that lasted
+        ``coordinator_grace_s``; a coordinator on a broker that is away is that broker's
+        outage, said once."""
+        subsumed = o.node is not None and f"broker {o.node}" in self._open
+        return not o.warned and not subsumed and now - o.since_s >= self.coordinator_grace_s
+
+    def _ended(self, target: str, o: Outage, now: float, reachable: set[str]) -> str | None:
+        """``back`` (silent long enough, and reachable when its address is known),
+        ``unused`` (a broker nothing asks for any more: taken out of the cluster, not the
+        worker's outage) or None (still on)."""
+        silent_s = now - o.last_error_s
+        if target == COORDINATOR:
+            return "back" if silent_s >= self.coordinator_quiet_s else None
+        if silent_s >= self.quiet_s and (target in reachable or o.address is None):
+            return "back"
+        return "unused" if silent_s >= self.forget_silent_s else None
 
     def as_dict(self, now: float | None = None) -> dict[str, Any]:
         """For ``/specmeter/stats``: what is unreachable now, and totals since start."""
@@ -354,18 +394,10 @@ class OutageLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             if record.levelno < logging.WARNING:
-                if record.levelno == logging.INFO and "Discovered coordinator" in str(record.msg):
-                    found = _DISCOVERED.search(record.getMessage())
-                    if found:
-                        self.outages.found_coordinator(found.group(1), self._clock())
-                # the coordinator's logger is kept at INFO for that line alone: its INFO
-                # lines show only where aiokafka's own level lets them (worker/run.py quiets it)
-                return record.name != COORDINATOR_LOGGER or logging.getLogger("aiokafka").isEnabledFor(record.levelno)
+                return self._below_warning(record)
             if self._retries is not None and not str(record.msg).startswith(self._retries):
                 return True
-            message = record.getMessage()
-            if record.exc_info and record.exc_info[1] is not None:
-                message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+            message = _with_exception(record)
             kind = classify(message)
             if kind is None:
                 return True
@@ -374,6 +406,24 @@ class OutageLogFilter(logging.Filter):
             return False
         except Exception:  # noqa: BLE001 - a log filter must never lose the line it was given
             return True
+
+    def _below_warning(self, record: logging.LogRecord) -> bool:
+        """An INFO or DEBUG line: "Discovered coordinator" ends the coordinator's outage.
+        The coordinator's logger is kept at INFO for that line alone: its INFO lines show
+        only where aiokafka's own level lets them (worker/run.py quiets it)."""
+        if record.levelno == logging.INFO and "Discovered coordinator" in str(record.msg):
+            found = _DISCOVERED.search(record.getMessage())
+            if found:
+                self.outages.found_coordinator(found.group(1), self._clock())
+        return record.name != COORDINATOR_LOGGER or logging.getLogger("aiokafka").isEnabledFor(record.levelno)
+
+
+def _with_exception(record: logging.LogRecord) -> str:
+    """A line's message, and its exception's type and text when it carries one."""
+    message = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+        message = f"{message} ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+    return message
 
 
 #: the loggers whose lines are folded; aiokafka logs with one logger per module
