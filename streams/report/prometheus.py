@@ -60,6 +60,7 @@ from .counters import (
     SLOTS,
     TASK_COUNTERS,
     VERSION_AGES,
+    LabelTotals,
     PublishedTotals,
     published_labels,
     version_ages,
@@ -239,20 +240,30 @@ def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | No
     version age: sums added, ratios taken from the sums (for one entry: its own values)."""
     sums = {key: sum(e.metrics.get(key, 0) for e in entries) for key in _AGE_SUMS}
     out: dict[str, float] = dict(sums)
-    if sums["spec/paired_proposed_total"] > 0:
-        out["spec/accept_rate"] = sums["spec/paired_accepted_total"] / sums["spec/paired_proposed_total"]
-    if sums["spec/paired_verify_total"] > 0:
-        out["spec/tokens_per_verify"] = sums["spec/paired_completion_total"] / sums["spec/paired_verify_total"]
-    if sums["spec/unique_generation_count"] > 0:
-        out["spec/accept_count_coverage"] = sums["spec/accept_covered_count"] / sums["spec/unique_generation_count"]
+    for ratio, numerator, denominator in _AGE_RATIOS:
+        if sums[denominator] > 0:
+            out[ratio] = sums[numerator] / sums[denominator]
     if len(entries) == 1:
         return out, entries[0].accept_rate_by_position
+    return out, _positions_of_summed(entries)
+
+
+#: the ratios of a version age, from its sums: (key, numerator, denominator)
+_AGE_RATIOS = (
+    ("spec/accept_rate", "spec/paired_accepted_total", "spec/paired_proposed_total"),
+    ("spec/tokens_per_verify", "spec/paired_completion_total", "spec/paired_verify_total"),
+    ("spec/accept_count_coverage", "spec/accept_covered_count", "spec/unique_generation_count"),
+)
+
+
+def _positions_of_summed(entries: list[Any]) -> list[float] | None:
+    """Acceptance by position of the entries' histograms, summed (None: no histogram)."""
     histograms = [e.accept_histogram for e in entries if e.accept_histogram is not None]
     if not histograms:
-        return out, None
+        return None
     width = max(map(len, histograms))
     summed = [sum(h[i] for h in histograms if i < len(h)) for i in range(width)]
-    return out, accept_rate_by_position(summed)
+    return accept_rate_by_position(summed)
 
 
 def _kafka(shell: Any) -> Iterator[Any]:
@@ -308,42 +319,20 @@ class WorkerCollector:
             "records lost before any worker read them.",
             value=shell.input_offsets_missing,
         )
-        dead = CounterMetricFamily("specmeter_dead_letters", "Dead letters by reason.", labels=["reason"])
-        for reason, n in sorted(c.dead_letters.items()):
-            dead.add_metric([reason], n)
-        yield dead
-        closed = CounterMetricFamily(
+        yield _by_reason("specmeter_dead_letters", "Dead letters by reason.", c.dead_letters)
+        yield _by_reason(
             "specmeter_batch_partitions_closed",
             "Batches closed on one records partition, by reason: a batch with input on 4 partitions counts 4 "
             "(specmeter_batches_total counts batches).",
-            labels=["reason"],
+            c.batch_partitions_closed,
         )
-        for reason, n in sorted(c.batch_partitions_closed.items()):
-            closed.add_metric([reason], n)
-        yield closed
         yield from _kafka(shell)
         yield GaugeMetricFamily(
             "specmeter_open_generations",
             "Distinct generations held in dedup state.",
             value=sum(p.open_generations for p in shell.processors.values()),
         )
-        last = GaugeMetricFamily(
-            "specmeter_partition_last_event_timestamp_seconds",
-            "When each owned records partition last delivered a message (Unix seconds; the "
-            "worker's start if none yet). time() minus it is how long the partition is idle.",
-            labels=["partition"],
-        )
-        applied = GaugeMetricFamily(
-            "specmeter_partition_applied_offset",
-            "The last records-topic offset stage 1 applied, per owned partition (-1: none yet). Its "
-            "rate is the partition's progress; the log end minus 1 minus it is the partition's lag.",
-            labels=["partition"],
-        )
-        for partition, processor in sorted(shell.processors.items()):
-            last.add_metric([str(partition)], shell.last_event_at.get(partition, shell.started_at))
-            applied.add_metric([str(partition)], processor.checkpoint)
-        yield last
-        yield applied
+        yield from _partitions(shell)
         latency = HistogramMetricFamily(
             "specmeter_batch_close_latency_seconds", "From a batch's close on its partitions to its publication."
         )
@@ -353,105 +342,171 @@ class WorkerCollector:
 
     @staticmethod
     def _published(published: PublishedTotals) -> Iterator[Any]:
-        families: dict[str, tuple[CounterMetricFamily, CounterMetricFamily]] = {}
-        for stem, (doc, label) in _COUNTER_FAMILIES.items():
-            names = ["algorithm", "run_id", *([label] if label else [])]
-            families[stem] = (
-                CounterMetricFamily(
-                    f"specmeter_{stem}",
-                    f"{doc} Sum over the revisions this worker published "
-                    "(each adds its difference from the batch's previous one).",
-                    labels=names,
-                ),
-                CounterMetricFamily(
-                    f"specmeter_{stem}_retracted",
-                    f"What later revisions took back from specmeter_{stem}_total (subtract it).",
-                    labels=names,
-                ),
-            )
+        families = _published_families()
         for labels, totals in published.totals.items():
-            for i in sorted(totals.present):
-                slot = SLOTS[i]
-                added, retracted = families[slot.stem]
-                values = [*labels, *([slot.value] if slot.value is not None else [])]
-                added.add_metric(values, totals.added[i])
-                retracted.add_metric(values, totals.retracted[i])
+            _add_slots(families, labels, totals)
         for labels, totals in published.totals.items():
-            for task in sorted(totals.task_added):
-                for i, (stem, _, _) in enumerate(TASK_COUNTERS):
-                    added, retracted = families[stem]
-                    added.add_metric([*labels, task], totals.task_added[task][i])
-                    retracted.add_metric([*labels, task], totals.task_retracted[task][i])
+            _add_tasks(families, labels, totals)
         for added, retracted in families.values():
             yield added
             yield retracted
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:
+        gauges = _Latest()
+        for m in latest:
+            gauges.add(m)
+        yield from gauges.families()
+
+
+def _by_reason(name: str, doc: str, counts: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["reason"])
+    for reason, n in sorted(counts.items()):
+        family.add_metric([reason], n)
+    return family
+
+
+def _partitions(shell: Any) -> Iterator[Any]:
+    """Per owned records partition: when it last delivered, and its last applied offset."""
+    last = GaugeMetricFamily(
+        "specmeter_partition_last_event_timestamp_seconds",
+        "When each owned records partition last delivered a message (Unix seconds; the "
+        "worker's start if none yet). time() minus it is how long the partition is idle.",
+        labels=["partition"],
+    )
+    applied = GaugeMetricFamily(
+        "specmeter_partition_applied_offset",
+        "The last records-topic offset stage 1 applied, per owned partition (-1: none yet). Its "
+        "rate is the partition's progress; the log end minus 1 minus it is the partition's lag.",
+        labels=["partition"],
+    )
+    for partition, processor in sorted(shell.processors.items()):
+        last.add_metric([str(partition)], shell.last_event_at.get(partition, shell.started_at))
+        applied.add_metric([str(partition)], processor.checkpoint)
+    yield last
+    yield applied
+
+
+def _published_families() -> dict[str, tuple[CounterMetricFamily, CounterMetricFamily]]:
+    """Each counter family of published batches and its ``_retracted`` twin, empty."""
+    families: dict[str, tuple[CounterMetricFamily, CounterMetricFamily]] = {}
+    for stem, (doc, label) in _COUNTER_FAMILIES.items():
+        names = ["algorithm", "run_id", *([label] if label else [])]
+        families[stem] = (
+            CounterMetricFamily(
+                f"specmeter_{stem}",
+                f"{doc} Sum over the revisions this worker published "
+                "(each adds its difference from the batch's previous one).",
+                labels=names,
+            ),
+            CounterMetricFamily(
+                f"specmeter_{stem}_retracted",
+                f"What later revisions took back from specmeter_{stem}_total (subtract it).",
+                labels=names,
+            ),
+        )
+    return families
+
+
+def _add_slots(
+    families: dict[str, tuple[CounterMetricFamily, CounterMetricFamily]], labels: tuple, totals: LabelTotals
+) -> None:
+    """One (algorithm, run_id)'s totals of every slot it has (a slot: a family, and its extra label's value)."""
+    for i in sorted(totals.present):
+        slot = SLOTS[i]
+        added, retracted = families[slot.stem]
+        values = [*labels, *([slot.value] if slot.value is not None else [])]
+        added.add_metric(values, totals.added[i])
+        retracted.add_metric(values, totals.retracted[i])
+
+
+def _add_tasks(
+    families: dict[str, tuple[CounterMetricFamily, CounterMetricFamily]], labels: tuple, totals: LabelTotals
+) -> None:
+    """One (algorithm, run_id)'s totals of each task it exports."""
+    for task in sorted(totals.task_added):
+        for i, (stem, _, _) in enumerate(TASK_COUNTERS):
+            added, retracted = families[stem]
+            added.add_metric([*labels, task], totals.task_added[task][i])
+            retracted.add_metric([*labels, task], totals.task_retracted[task][i])
+
+
+class _Latest:
+    """The gauges of each (run, algorithm)'s newest batch, filled a batch at a time."""
+
+    def __init__(self) -> None:
         batch = LATEST_LABELS
-        families = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
-        fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
-        versions = {
+        self.gauges = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
+        self.fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
+        self.versions = {
             name: GaugeMetricFamily(name, doc, labels=[*batch, "version_age"])
             for name, (_, doc) in _VERSION_GAUGES.items()
         }
-        positions = GaugeMetricFamily(
+        self.positions = GaugeMetricFamily(
             "specmeter_batch_position_accept_rate_ratio",
             "Share of the newest batch's verify steps (with a histogram) that accepted their k-th draft "
             f"(accept_rate_by_position), by position k = 1..{MAX_EXPORTED_POSITION}; higher positions are not "
             "exported (the metrics topic has them).",
             labels=[*batch, "position"],
         )
-        version_positions = GaugeMetricFamily(
+        self.version_positions = GaugeMetricFamily(
             "specmeter_weight_version_position_accept_rate_ratio",
             "specmeter_batch_position_accept_rate_ratio of one version age in the newest batch.",
             labels=[*batch, "version_age", "position"],
         )
-        steps = GaugeMetricFamily(
+        self.steps = GaugeMetricFamily(
             "specmeter_batch_acceptance_length_steps",
             f"Verify steps of the newest batch that accepted N drafts (N = {MAX_EXPORTED_POSITION}: "
             f"{MAX_EXPORTED_POSITION} or more).",
             labels=[*batch, "accepted"],
         )
-        info = InfoMetricFamily("specmeter_batch", "How the newest batch closed.", labels=batch)
-        for m in latest:
-            algorithm, run = published_labels(m)
-            ids = [run, algorithm]
-            for name, (key, _) in _BATCH_GAUGES.items():
-                value = m.metrics.get(key)
+        self.info = InfoMetricFamily("specmeter_batch", "How the newest batch closed.", labels=batch)
+
+    def families(self) -> Iterator[Any]:
+        yield from self.gauges.values()
+        yield from self.fields.values()
+        yield from self.versions.values()
+        yield self.positions
+        yield self.version_positions
+        yield self.steps
+        yield self.info
+
+    def add(self, m: Any) -> None:
+        algorithm, run = published_labels(m)
+        ids = [run, algorithm]
+        for name, (key, _) in _BATCH_GAUGES.items():
+            value = m.metrics.get(key)
+            if value is not None:
+                self.gauges[name].add_metric(ids, value)
+        for name, (attribute, _) in _BATCH_FIELDS.items():
+            self.fields[name].add_metric(ids, float(getattr(m, attribute)))
+        self._steps(m.accept_histogram or [], ids)
+        for k, rate in enumerate((m.accept_rate_by_position or [])[:MAX_EXPORTED_POSITION], start=1):
+            self.positions.add_metric([*ids, str(k)], rate)
+        self.info.add_metric(ids, {"close_reason": m.close_reason})
+        self._versions(m, ids)
+
+    def _steps(self, histogram: list[int], ids: list[str]) -> None:
+        """The acceptance-length gauge: bins past the last exported one folded into it."""
+        for accepted, n in enumerate(histogram[:MAX_EXPORTED_POSITION]):
+            self.steps.add_metric([*ids, str(accepted)], n)
+        if len(histogram) > MAX_EXPORTED_POSITION:
+            self.steps.add_metric([*ids, str(MAX_EXPORTED_POSITION)], sum(histogram[MAX_EXPORTED_POSITION:]))
+
+    def _versions(self, m: Any, ids: list[str]) -> None:
+        """The gauges of each version age present in the batch's ``by_weight_version``."""
+        ages = version_ages(m)
+        by_age: dict[str, list[Any]] = {}
+        for entry in m.by_weight_version or ():
+            by_age.setdefault(ages[entry.weight_version], []).append(entry)
+        for age in (age for age in VERSION_AGES if age in by_age):
+            metrics, rates = _age_metrics(by_age[age])
+            for name, (key, _) in _VERSION_GAUGES.items():
+                value = metrics.get(key)
                 if value is not None:
-                    families[name].add_metric(ids, value)
-            for name, (attribute, _) in _BATCH_FIELDS.items():
-                fields[name].add_metric(ids, float(getattr(m, attribute)))
-            histogram = m.accept_histogram or []
-            for accepted, n in enumerate(histogram[:MAX_EXPORTED_POSITION]):
-                steps.add_metric([*ids, str(accepted)], n)
-            if len(histogram) > MAX_EXPORTED_POSITION:
-                steps.add_metric([*ids, str(MAX_EXPORTED_POSITION)], sum(histogram[MAX_EXPORTED_POSITION:]))
-            for k, rate in enumerate((m.accept_rate_by_position or [])[:MAX_EXPORTED_POSITION], start=1):
-                positions.add_metric([*ids, str(k)], rate)
-            info.add_metric(ids, {"close_reason": m.close_reason})
-            ages = version_ages(m)
-            by_age: dict[str, list[Any]] = {}
-            for entry in m.by_weight_version or ():
-                by_age.setdefault(ages[entry.weight_version], []).append(entry)
-            for age in VERSION_AGES:
-                if age not in by_age:
-                    continue
-                metrics, rates = _age_metrics(by_age[age])
-                for name, (key, _) in _VERSION_GAUGES.items():
-                    value = metrics.get(key)
-                    if value is not None:
-                        versions[name].add_metric([*ids, age], value)
-                for k, rate in enumerate((rates or [])[:MAX_EXPORTED_POSITION], start=1):
-                    version_positions.add_metric([*ids, age, str(k)], rate)
-        yield from families.values()
-        yield from fields.values()
-        yield from versions.values()
-        yield positions
-        yield version_positions
-        yield steps
-        yield info
+                    self.versions[name].add_metric([*ids, age], value)
+            for k, rate in enumerate((rates or [])[:MAX_EXPORTED_POSITION], start=1):
+                self.version_positions.add_metric([*ids, age, str(k)], rate)
 
 
 def registry_for(shell: Any) -> CollectorRegistry:
