@@ -33,7 +33,7 @@ from ..core.merge import tokens_per_verify_by_budget
 from ..core.state import add_histograms
 from ..errors import SpecmeterError
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, one_line_errors, run_id
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, input_name, one_line_errors, run_id
 from .tables import batch_order
 
 __all__ = [
@@ -235,28 +235,7 @@ def advise(
     if last:
         batches = batches[-last:]
     ids = [m.batch_id for m in batches]
-    groups: dict[str | None, list[list[int] | None]] = {}
-    if by is None:
-        groups[None] = [m.accept_histogram for m in batches]
-    else:
-        attribute, name = BREAKDOWNS[by]
-        for m in batches:
-            for entry in getattr(m, attribute) or ():
-                groups.setdefault(getattr(entry, name), []).append(entry.accept_histogram)
-        if not groups:
-            flag = "a task" if by == "task" else "a weight_version"
-            raise AdviceError(
-                f"none of the {len(batches)} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
-                f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
-            )
-    curves: list[Curve] = []
-    skipped: list[tuple[str | None, str]] = []
-    for group in sorted(groups, key=lambda g: (g is None, g or "")):
-        made = _curve(group, groups[group], draft_cost)
-        if isinstance(made, Curve):
-            curves.append(made)
-        else:
-            skipped.append((group, made))
+    curves, skipped = _curves(_histograms(batches, by, run), draft_cost)
     if not curves:
         reasons = "; ".join(sorted({reason for _, reason in skipped}))
         raise AdviceError(
@@ -265,6 +244,46 @@ def advise(
             "and speculative decoding on; read more batches with --last N (0: all)",
         )
     return Advice(run, ids, by, draft_cost, curves, skipped)
+
+
+def _histograms(
+    batches: list[BatchMetrics], by: str | None, run: str | None
+) -> dict[str | None, list[list[int] | None]]:
+    """The histograms to sum, per group: the batches' own (one group, None), or each
+    breakdown entry's under its task or weight version.
+
+    Raises:
+        AdviceError: ``by`` names a breakdown none of the batches has.
+    """
+    if by is None:
+        return {None: [m.accept_histogram for m in batches]}
+    attribute, name = BREAKDOWNS[by]
+    groups: dict[str | None, list[list[int] | None]] = {}
+    for m in batches:
+        for entry in getattr(m, attribute) or ():
+            groups.setdefault(getattr(entry, name), []).append(entry.accept_histogram)
+    if not groups:
+        flag = "a task" if by == "task" else "a weight_version"
+        raise AdviceError(
+            f"none of the {len(batches)} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
+            f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
+        )
+    return groups
+
+
+def _curves(
+    groups: dict[str | None, list[list[int] | None]], draft_cost: float | None
+) -> tuple[list[Curve], list[tuple[str | None, str]]]:
+    """Each group's curve (groups by name, the unknown last), and the groups without one and why."""
+    curves: list[Curve] = []
+    skipped: list[tuple[str | None, str]] = []
+    for group in sorted(groups, key=lambda g: (g is None, g or "")):
+        made = _curve(group, groups[group], draft_cost)
+        if isinstance(made, Curve):
+            curves.append(made)
+        else:
+            skipped.append((group, made))
+    return curves, skipped
 
 
 def metrics_from_lines(lines: Iterable[bytes], name: str = "the input") -> Iterator[BatchMetrics]:
@@ -455,29 +474,10 @@ def advise_command(
     one the fleet ran.
     """
     if file is not None:
-        given = getattr(file, "name", "-")
-        name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
-        advice = advise(metrics_from_lines(file, name), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+        metrics: Iterable[BatchMetrics] = metrics_from_lines(file, input_name(file))
     else:
-        import asyncio
-
-        from ..readers.consume import consume_metrics
-
-        security = preflight.security_from_env()
-        preflight.check_before_start(broker, security)
-
-        async def read() -> list[Any]:  # every run: advise names the runs there when --run-id is not one
-            stream = consume_metrics(
-                broker,
-                topic=topic,
-                from_beginning=True,
-                stop_at_end=True,
-                topic_wait_s=0,
-                kafka=security.aiokafka_kwargs(),
-            )
-            return [m async for m in stream]
-
-        advice = advise(asyncio.run(folded("advise", read())), run_id=run_id, last=last, by=by, draft_cost=draft_cost)
+        metrics = _read_topic(broker, topic)
+    advice = advise(metrics, run_id=run_id, last=last, by=by, draft_cost=draft_cost)
     if as_json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(advice.as_document()), indent=2) + b"\n")
         return
@@ -490,3 +490,27 @@ def advise_command(
         console.print(table)
     for line in rest:
         console.print(line, highlight=False)
+
+
+def _read_topic(broker: str, topic: str) -> list[BatchMetrics]:
+    """Every batch of every run on the metrics topic (advise names the runs there when
+    --run-id is not one), read to its end, after the checks a command runs first."""
+    import asyncio
+
+    from ..readers.consume import consume_metrics
+
+    security = preflight.security_from_env()
+    preflight.check_before_start(broker, security)
+
+    async def read() -> list[BatchMetrics]:
+        stream = consume_metrics(
+            broker,
+            topic=topic,
+            from_beginning=True,
+            stop_at_end=True,
+            topic_wait_s=0,
+            kafka=security.aiokafka_kwargs(),
+        )
+        return [m async for m in stream]
+
+    return asyncio.run(folded("advise", read()))

@@ -10,7 +10,7 @@ import click
 from specmeter.schemas import encode_metrics
 
 from ..core.offline import LineError, OfflineAggregator
-from .base import Command, CommandFailed
+from .base import Command, CommandFailed, input_name
 
 
 @click.command(cls=Command)
@@ -53,8 +53,7 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
 
     from ..fleet.dumps import DumpEncodingError, dump_lines, parse_dump_line
 
-    given = getattr(file, "name", "-")
-    name = "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
+    name = input_name(file)
     aggregator = OfflineAggregator(speculative_algorithm=speculative_algorithm, on_error=report, parse=parse_dump_line)
     try:
         aggregator.feed_lines(dump_lines(file))
@@ -68,10 +67,15 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
     if aggregator.errors and not quiet:
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
     if aggregator.read == 0:
-        a_dump = "a dump has one record, marker or SGLang output per line (`specmeter aggregate --help`)"
-        if aggregator.errors == 0:
-            raise CommandFailed(f"{name} is empty: no records to aggregate", a_dump)
-        raise CommandFailed(f"none of the {aggregator.errors} line(s) of {name} could be read", a_dump)
+        raise _nothing_read(name, aggregator.errors)
+
+
+def _nothing_read(name: str, errors: int) -> CommandFailed:
+    """Not one line of the dump could be read: an empty file, or every line bad."""
+    a_dump = "a dump has one record, marker or SGLang output per line (`specmeter aggregate --help`)"
+    if errors == 0:
+        return CommandFailed(f"{name} is empty: no records to aggregate", a_dump)
+    return CommandFailed(f"none of the {errors} line(s) of {name} could be read", a_dump)
 
 
 def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
@@ -82,14 +86,19 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
     elif fmt == "json":  # one object per line inside the list: readable, and one document
         out.write(b"[\n" + b",\n".join(encode_metrics(m) for m in results) + (b"\n]\n" if results else b"]\n"))
     elif results:
-        from rich.console import Console
-
-        from .tables import metrics_table, task_table
-
-        console = Console()
-        latest = {(m.run_id, m.batch_id): m for m in results}
-        console.print(metrics_table(latest, len(latest), console.width, title=title))
-        by_task = task_table(list(latest.values()), console.width, title="by task")
-        if by_task is not None:
-            console.print(by_task)
+        _print_tables(results, title)
     out.flush()
+
+
+def _print_tables(results: list[Any], title: str) -> None:
+    """The batches' table, and the by-task view when a batch has tasks."""
+    from rich.console import Console
+
+    from .tables import metrics_table, task_table
+
+    console = Console()
+    latest = {(m.run_id, m.batch_id): m for m in results}
+    console.print(metrics_table(latest, len(latest), console.width, title=title))
+    by_task = task_table(list(latest.values()), console.width, title="by task")
+    if by_task is not None:
+        console.print(by_task)

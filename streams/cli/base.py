@@ -212,6 +212,12 @@ class Group(click.Group):
     command_class = Command
 
 
+def input_name(file: IO[bytes]) -> str:
+    """How a command names the file it reads: ``stdin`` for '-', else its path as given."""
+    given = getattr(file, "name", "-")
+    return "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
+
+
 def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """HOST:PORT list; a host without a port gets Kafka's 9092, and a line on stderr says so."""
     from specmeter.producers._settings import split_bootstrap
