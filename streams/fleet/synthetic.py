@@ -80,12 +80,20 @@ class FleetSpec:
     inconsistent_rate: float = 0.005
 
     def __post_init__(self) -> None:
+        self._check_fleet()
+        self._check_records()
+
+    def _check_fleet(self) -> None:
+        """The algorithm, the fleet's sizes and its versions."""
         if self.algorithm is not None and self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}: choose from {sorted(ALGORITHMS)} or None")
         if self.producers < 1 or self.batches < 0 or self.sessions_per_batch < 1:
             raise ValueError("producers and sessions_per_batch must be >= 1, batches >= 0")
         if self.stale_versions < 0 or self.draft_refresh_batches < 0 or self.first_version < 0:
             raise ValueError("stale_versions, draft_refresh_batches and first_version must be >= 0")
+
+    def _check_records(self) -> None:
+        """What the records carry: the drift, the run, the tasks, the contradicting share."""
         if not 0 <= self.drift_per_version < 1:
             raise ValueError("drift_per_version must be in [0, 1)")
         if self.run_id is not None and not self.run_id:
@@ -198,92 +206,83 @@ def _session_version(rng: random.Random, spec: FleetSpec, batch: int) -> int:
 
 def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
     """Every event of the fleet, batch by batch, producers interleaved; markers close each batch."""
-    rng = random.Random(spec.seed)
-    # tasks from a generator of their own: the other draws stay as they were
-    tasks = random.Random(f"{spec.seed}/tasks")
-    pools = _Pools(spec)
-    run_id = spec.run_id
-    producers = [f"worker-{i}" for i in range(spec.producers)]
+    fleet = _Fleet(spec)
     for b in range(spec.batches):
+        yield from fleet.batch(b)
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """What every record of one session says besides its generation and sample."""
+
+    batch_id: str
+    session_id: str
+    producer: str
+    weight_version: str
+    task: str | None
+    run_id: str | None
+
+    def record(self, generation_id: str, sample_id: str | None, value: tuple) -> GenerationRecord:
+        accepted, proposed, verify, completion, histogram = value
+        return GenerationRecord(
+            batch_id=self.batch_id,
+            session_id=self.session_id,
+            generation_id=generation_id,
+            sample_id=sample_id,
+            accepted=accepted,
+            proposed=proposed,
+            verify=verify,
+            completion=completion,
+            accept_histogram=histogram,
+            producer_id=self.producer,
+            weight_version=self.weight_version,
+            run_id=self.run_id,
+            task=self.task,
+        )
+
+    def invalid(self, generation_id: str, sample_id: str | None) -> dict[str, Any]:
+        """An invalid record (a negative counter) as its producer would send it."""
+        return {
+            "type": "record",
+            "batch_id": self.batch_id,
+            "session_id": self.session_id,
+            "generation_id": generation_id,
+            "sample_id": sample_id,
+            "accepted": -1,
+            "producer_id": self.producer,
+            "weight_version": self.weight_version,
+            "run_id": self.run_id,
+            "task": self.task,
+        }
+
+
+class _Fleet:
+    """The fleet's generators: one for every draw, in the order the events come; tasks
+    from one of their own (so the other draws stay as they were without tasks)."""
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.rng = random.Random(spec.seed)
+        self.tasks = random.Random(f"{spec.seed}/tasks")
+        self.pools = _Pools(spec)
+        self.producers = [f"worker-{i}" for i in range(spec.producers)]
+
+    def batch(self, b: int) -> Iterator[FleetEvent]:
+        """One batch: its sessions spread over the producers, the producers' streams
+        interleaved as a fleet's are, then each producer's marker."""
+        spec = self.spec
         batch_id = f"{spec.batch_prefix}{b:05d}"
-        per_producer: dict[str, list[FleetEvent]] = {p: [] for p in producers}
+        per_producer: dict[str, list[FleetEvent]] = {p: [] for p in self.producers}
         for s in range(spec.sessions_per_batch):
-            producer = producers[s % spec.producers]
-            session = f"{batch_id}/sess-{s:05d}"
-            out = per_producer[producer]
-            version = _session_version(rng, spec, b)
-            weight_version = f"v{version}"
-            task, factor = tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
-            pool = pools(spec.staleness(version, b), factor)
-            samples = rng.randint(1, spec.max_samples_per_session)
-            shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
-            ancestors = [(f"{session}/gen-{j}", rng.choice(pool)) for j in range(shared)]
-            for t in range(samples):
-                sample_id = f"traj-{t}" if samples > 1 else None
-                own = [
-                    (f"{session}/traj-{t}/gen-{j}", rng.choice(pool))
-                    for j in range(rng.randint(1, max(1, spec.max_turns - shared)))
-                ]
-                for generation_id, value in ancestors + own:
-                    if rng.random() < spec.invalid_rate:
-                        out.append(
-                            FleetEvent(
-                                "invalid",
-                                producer,
-                                batch_id,
-                                {
-                                    "type": "record",
-                                    "batch_id": batch_id,
-                                    "session_id": session,
-                                    "generation_id": generation_id,
-                                    "sample_id": sample_id,
-                                    "accepted": -1,
-                                    "producer_id": producer,
-                                    "weight_version": weight_version,
-                                    "run_id": run_id,
-                                    "task": task,
-                                },
-                            )
-                        )
-                        continue
-                    if rng.random() < spec.missing_rate:
-                        value = _with_missing(rng, value)
-                    if spec.inconsistent_rate:
-                        value = _contradicting(generation_id, spec.inconsistent_rate, value)
-                    accepted, proposed, verify, completion, histogram = value
-                    record = GenerationRecord(
-                        batch_id=batch_id,
-                        session_id=session,
-                        generation_id=generation_id,
-                        sample_id=sample_id,
-                        accepted=accepted,
-                        proposed=proposed,
-                        verify=verify,
-                        completion=completion,
-                        accept_histogram=histogram,
-                        producer_id=producer,
-                        weight_version=weight_version,
-                        run_id=run_id,
-                        task=task,
-                    )
-                    out.append(FleetEvent("record", producer, batch_id, record))
-                    if rng.random() < spec.redelivery_rate:
-                        again = record
-                        if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
-                            again = msgspec.structs.replace(record, accepted=(accepted or 0) + 1)
-                        # a redelivery lands later in the same producer's stream
-                        out.insert(
-                            rng.randint(len(out) // 2, len(out)), FleetEvent("record", producer, batch_id, again)
-                        )
-        # interleave producers as a fleet would
+            producer = self.producers[s % spec.producers]
+            self._session(b, batch_id, s, producer, per_producer[producer])
         queues = [list(reversed(events)) for events in per_producer.values() if events]
         while queues:
-            queue = rng.choice(queues)
+            queue = self.rng.choice(queues)
             yield queue.pop()
             if not queue:
                 queues.remove(queue)
-        for producer in producers:
-            sent = sum(1 for _ in per_producer[producer])
+        for producer in self.producers:
             yield FleetEvent(
                 "marker",
                 producer,
@@ -291,9 +290,54 @@ def synthetic_fleet(spec: FleetSpec) -> Iterator[FleetEvent]:
                 BatchMarker(
                     batch_id=batch_id,
                     producer_id=producer,
-                    records_sent=sent,
+                    records_sent=len(per_producer[producer]),
                     speculative_algorithm=spec.algorithm,
                     expected_producers=spec.producers,
-                    run_id=run_id,
+                    run_id=spec.run_id,
                 ),
+            )
+
+    def _session(self, b: int, batch_id: str, s: int, producer: str, out: list[FleetEvent]) -> None:
+        """A session of batch ``b``: its trajectories share their first generations."""
+        spec, rng = self.spec, self.rng
+        version = _session_version(rng, spec, b)
+        task, factor = self.tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
+        session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id)
+        pool = self.pools(spec.staleness(version, b), factor)
+        samples = rng.randint(1, spec.max_samples_per_session)
+        shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
+        ancestors = [(f"{session.session_id}/gen-{j}", rng.choice(pool)) for j in range(shared)]
+        for t in range(samples):
+            sample_id = f"traj-{t}" if samples > 1 else None
+            own = [
+                (f"{session.session_id}/traj-{t}/gen-{j}", rng.choice(pool))
+                for j in range(rng.randint(1, max(1, spec.max_turns - shared)))
+            ]
+            for generation_id, value in ancestors + own:
+                self._generation(session, sample_id, generation_id, value, out)
+
+    def _generation(
+        self, session: _Session, sample_id: str | None, generation_id: str, value: tuple, out: list[FleetEvent]
+    ) -> None:
+        """One occurrence of a generation: invalid, or a record (some counters missing, its
+        histogram maybe contradicting them), maybe delivered again."""
+        spec, rng = self.spec, self.rng
+        if rng.random() < spec.invalid_rate:
+            out.append(
+                FleetEvent("invalid", session.producer, session.batch_id, session.invalid(generation_id, sample_id))
+            )
+            return
+        if rng.random() < spec.missing_rate:
+            value = _with_missing(rng, value)
+        if spec.inconsistent_rate:
+            value = _contradicting(generation_id, spec.inconsistent_rate, value)
+        record = session.record(generation_id, sample_id, value)
+        out.append(FleetEvent("record", session.producer, session.batch_id, record))
+        if rng.random() < spec.redelivery_rate:
+            again = record
+            if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
+                again = msgspec.structs.replace(record, accepted=(record.accepted or 0) + 1)
+            # a redelivery lands later in the same producer's stream
+            out.insert(
+                rng.randint(len(out) // 2, len(out)), FleetEvent("record", session.producer, session.batch_id, again)
             )
