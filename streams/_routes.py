@@ -197,11 +197,9 @@ class InputRoute:
 
     Everything fetched is applied in chunks of at most ``chunk_bytes`` per partition,
     round robin between partitions: a fetched marker waits behind at most one chunk
-    of each partition, never behind a whole backlog. A partition whose last chunk's
-    writes are not acknowledged yet waits (``OwnedWrites.busy``) while the others go on.
-    A catch-up after a restore is this same reading, from the restored checkpoint: the
-    ledger holds the partition's timers until the route reaches the log end it had at
-    install.
+    of each partition, never behind a whole backlog. A catch-up after a restore is this
+    same reading, from the restored checkpoint: the ledger holds the partition's timers
+    until the route reaches the log end it had at install.
 
     After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
     ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
@@ -296,18 +294,14 @@ class InputRoute:
             await self._commit(consumer)
 
     async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
-        """Apply what was fetched, a chunk per partition in turn; a partition whose last
-        writes are in flight waits for them while the others go on."""
+        """Apply what was fetched, a chunk per partition in turn."""
         driver, ledger, topic = self.driver, self.driver.ledger, self.topic
         while pending and not self.stopping:
-            applied = False
             for partition in list(pending):
                 state = self._following.get(partition)
                 claim = ledger.claim(topic, partition)
                 if state is None or claim is None or claim.state is not state:
                     del pending[partition]  # read again from the checkpoint once ours
-                    continue
-                if driver.busy(topic, partition):
                     continue
                 admitted = ledger.admit(claim, pending.pop(partition))
                 if admitted.gap is not None:
@@ -326,9 +320,6 @@ class InputRoute:
                 if rest:
                     pending[partition] = rest
                 await driver.apply(claim, chunk)
-                applied = True
-            if pending and not applied:
-                await driver.write_done()
             await asyncio.sleep(0)  # the other stage and the producer between rounds
 
     async def _commit(self, consumer: Any) -> None:
@@ -561,15 +552,6 @@ class DeliveryDriver:
         self.assignment_changed.set()
 
     # -- applying ----------------------------------------------------------------------------------
-    def busy(self, topic: str, partition: int) -> bool:
-        return self.writes.busy(self.changelog(topic), partition)
-
-    async def write_done(self) -> None:
-        """Until some write group completes (or a short while: ownership may have moved)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.writes.changed.wait(), 0.2)
-        self.writes.changed.clear()
-
     async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None:
         if claim.topic == self.records:
             self.last_event_at[claim.partition] = time.time()
