@@ -44,6 +44,7 @@ __all__ = ["OwnedWrites", "Ownership"]
 async def _nothing() -> None:
     """The release of a group with no outputs (deletions)."""
 
+
 log = logging.getLogger("specmeter.worker")
 
 #: (topic, partition) of a changelog
