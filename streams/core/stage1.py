@@ -109,6 +109,12 @@ class Effects:
     changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     partials: list[PartialAggregate] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: deletions of state that this call's changelog writes made dead (an expiry's ``x``
+    #: key, an overflow's ``y`` key and checkpoint), to send only once those writes are
+    #: acknowledged in place (``_writes``), never with them: the writes of a call may
+    #: outlive their owner (``_ownership``), and a deletion that lands without the record
+    #: that justifies it would take state its successor restored
+    verified_deletions: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -238,11 +244,6 @@ class PartitionProcessor:
         #: another owner wrote (under its tag), for their deletion when their time comes
         self._gone_keys: dict[tuple[bytes, int], bytes] = {}
         self._overflow_keys: dict[BatchKey, bytes] = {}
-        #: deletions of state that a durable record (an expiry, an overflow, a checkpoint) made
-        #: dead, sent with the next call's writes, never with that record's: the writes of
-        #: one call may outlive their owner (``ownership``), and a deletion that lands
-        #: without the record that justifies it would take state its successor restored
-        self._deferred: list[bytes] = []
 
     # -- restore ------------------------------------------------------------------
     def restore(self, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> Effects:
@@ -472,7 +473,7 @@ class PartitionProcessor:
     # -- processing ---------------------------------------------------------------
     def process(self, messages: Iterable[tuple[int, bytes]], now_ms: int) -> Effects:
         """Apply one chunk of ``(offset, value)`` messages of this partition, in offset order."""
-        effects = self._effects()
+        effects = Effects()
         touched: dict[BatchKey, _Batch] = {}
         offsets = self._apply_chunk(messages, now_ms, touched, effects)
         if offsets is None:
@@ -485,9 +486,10 @@ class PartitionProcessor:
         self.checkpoint = last
         effects.changelog.append((checkpoint_key(self.key_part), self._checkpoint_value()))
         self._flush_statuses(effects)
-        for batch in self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
-            self._forget_state(batch)
-        self._dropped.clear()
+        if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
+            for batch in self._dropped:
+                self._forget_state(batch, effects)
+            self._dropped.clear()
         return effects
 
     def _apply_chunk(
@@ -689,11 +691,11 @@ class PartitionProcessor:
         self._overflow_partials[key] = batch.closed_at_ms
         self._dropped.append(batch)
 
-    def _forget_state(self, batch: _Batch) -> None:
-        """Delete a dropped batch's deltas and status from the changelog, with the next
-        call's writes (after the record that says it is gone: see ``_deferred``)."""
-        self._deferred.extend(batch.delta_keys)
-        self._deferred.append(status_key(self.key_part, batch.key))
+    def _forget_state(self, batch: _Batch, effects: Effects) -> None:
+        """Delete a dropped batch's deltas and status from the changelog, once the record that
+        says it is gone is acknowledged (``Effects.verified_deletions``)."""
+        effects.verified_deletions.extend(batch.delta_keys)
+        effects.verified_deletions.append(status_key(self.key_part, batch.key))
 
     def _apply_marker(
         self, marker: BatchMarker, raw: bytes, offset: int, now_ms: int, touched: dict, effects: Effects
@@ -829,12 +831,12 @@ class PartitionProcessor:
     @property
     def has_timers(self) -> bool:
         """Whether ``tick`` has anything to look at (an idle partition costs a worker nothing)."""
-        return bool(self.batches or self._overflow_partials or self._deferred)
+        return bool(self.batches or self._overflow_partials)
 
     def tick(self, now_ms: int) -> Effects:
         """Close batches idle for ``batch_timeout``; drop those closed more than ``grace`` ago
         (remembering them as expired); forget expired ones past the retention horizon."""
-        effects = self._effects()
+        effects = Effects()
         for kind, ids in ((b"x", self.expired), (b"y", self.overflowed)):
             effects.changelog.extend((self._gone_key(kind, number), None) for number in ids.forget(now_ms))
         self._forget_overflow_partials(now_ms, effects)
@@ -874,13 +876,7 @@ class PartitionProcessor:
         effects.changelog.append((expired_key(self.key_part, at_ms), encode_state(record)))
         self.expired.add(hashes, at_ms, at_ms)
         for batch in expired:
-            self._forget_state(batch)
-
-    def _effects(self) -> Effects:
-        """A call's effects, starting with the deletions an earlier call made safe."""
-        effects = Effects(changelog=[(key, None) for key in self._deferred])
-        self._deferred.clear()
-        return effects
+            self._forget_state(batch, effects)
 
     def _checkpoint_value(self) -> bytes:
         """The offset alone: constant size, however many batches expired (issue 21)."""

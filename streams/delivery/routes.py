@@ -203,11 +203,9 @@ class InputRoute:
 
     Everything fetched is applied in chunks of at most ``chunk_bytes`` per partition,
     round robin between partitions: a fetched marker waits behind at most one chunk
-    of each partition, never behind a whole backlog. A partition whose last chunk's
-    writes are not acknowledged yet waits (``OwnedWrites.busy``) while the others go on.
-    A catch-up after a restore is this same reading, from the restored checkpoint: the
-    ledger holds the partition's timers until the route reaches the log end it had at
-    install.
+    of each partition, never behind a whole backlog. A catch-up after a restore is this
+    same reading, from the restored checkpoint: the ledger holds the partition's timers
+    until the route reaches the log end it had at install.
 
     After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
     ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
@@ -313,26 +311,20 @@ class InputRoute:
                     self.driver.caught_up(held, end)
 
     async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
-        """Apply what was fetched, a chunk per partition in turn; a partition whose last
-        writes are in flight waits for them while the others go on."""
+        """Apply what was fetched, a chunk per partition in turn."""
         while pending and not self.stopping:
-            applied = False
             for partition in list(pending):
-                applied = await self._apply_chunk(partition, pending) or applied
-            if pending and not applied:
-                await self.driver.write_done()
+                await self._apply_chunk(partition, pending)
             await asyncio.sleep(0)  # the other stage and the producer between rounds
 
-    async def _apply_chunk(self, partition: int, pending: dict[int, list[tuple[int, bytes]]]) -> bool:
-        """Apply a partition's next chunk of what is pending; whether one was applied. Input
+    async def _apply_chunk(self, partition: int, pending: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Apply a partition's next chunk of what is pending. Input
         of a partition no longer followed is dropped (read again from the checkpoint once
-        ours); a partition whose writes are in flight waits."""
+        ours)."""
         claim = self._claim(partition)
         if claim is None:
             del pending[partition]
-            return False
-        if self.driver.busy(self.topic, partition):
-            return False
+            return
         admitted = self.driver.ledger.admit(claim, pending.pop(partition))
         if admitted.gap is not None:
             log.warning(
@@ -345,12 +337,11 @@ class InputRoute:
                 admitted.gap[1],
             )
         if not admitted.messages:
-            return False
+            return
         chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
         if rest:
             pending[partition] = rest
         await self.driver.apply(claim, chunk)
-        return True
 
     def _claim(self, partition: int) -> Claim | None:
         """The ledger's claim on a partition this route follows for the state it holds now."""
@@ -590,15 +581,6 @@ class DeliveryDriver:
         self.assignment_changed.set()
 
     # -- applying ----------------------------------------------------------------------------------
-    def busy(self, topic: str, partition: int) -> bool:
-        return self.writes.busy(self.changelog(topic), partition)
-
-    async def write_done(self) -> None:
-        """Until some write group completes (or a short while: ownership may have moved)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.writes.changed.wait(), 0.2)
-        self.writes.changed.clear()
-
     async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None:
         if claim.topic == self.records:
             self.last_event_at[claim.partition] = time.time()

@@ -9,18 +9,24 @@ offsets that follow this owner's previous writes. Then nobody else wrote the par
 in between, so no newer owner took it over (``core.ownership``), and the state the outputs
 rest on counts for every later restore. A group whose offsets skip some is checked: the
 records skipped are read, and a takeover by another worker among them means this worker
-was **fenced**: the group's outputs are dropped and the partition is given up
-(``on_fenced``). Anything else skipped (a stale owner's late writes) is passed over.
+was **fenced**: the outputs of that group and of every group after it are dropped and
+the partition is given up (``on_fenced``). Anything else skipped (a stale owner's late
+writes) is passed over.
 
-One group per partition is in flight at a time (``busy``): the next waits for the last
-to be acknowledged, so at most one group of a worker that lost a partition can still
-land after the takeover, its outputs never released; and deletions are sent a group
-after the record that justifies them (``core.stage1``), never in the same one.
+Groups of a partition are pipelined (the next is handed over before the last is
+acknowledged) and verified in order. What makes that safe: the producer is idempotent,
+so a write Kafka refuses fails every later write of its partition with it (``delivery.output``);
+outputs are released only once their own group is verified, so a worker that lost a
+partition releases none, however many of its groups land after the takeover; and the
+deletions a group makes safe (a batch gone, its ``x`` key written) are handed over only
+once that group is verified, never with it: a deletion that landed while the record that
+justifies it did not count would take state the successor restored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -34,12 +40,28 @@ from .output import OrderedProducer
 
 __all__ = ["OwnedWrites", "Ownership"]
 
+
+async def _nothing() -> None:
+    """The release of a group with no outputs (deletions)."""
+
+
 log = logging.getLogger("specmeter.worker")
 
 #: (topic, partition) of a changelog
 ChangelogPartition = tuple[str, int]
 #: reads a changelog partition's records in [start, end): [(offset, key, value)]
 ReadRange = Callable[[str, int, int, int], Awaitable[list[tuple[int, bytes | None, bytes | None]]]]
+
+
+@dataclass(slots=True)
+class _Group:
+    """One write group in flight: how many writes, the offsets acknowledged so far, what
+    to release once it is verified and the deletions to hand over then."""
+
+    expected: int
+    release: Callable[[], Awaitable[None]]
+    deletions: list[bytes]
+    offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -51,10 +73,11 @@ class Ownership:
     epoch: int
     #: where its next write must land
     next_offset: int
-    #: the group in flight: its writes' offsets so far, how many it has, its release
-    pending: list[int] = field(default_factory=list)
-    expected: int = 0
-    release: Callable[[], Awaitable[None]] | None = None
+    #: groups handed over and not verified yet, in order
+    groups: collections.deque[_Group] = field(default_factory=collections.deque)
+    #: groups whose writes are all acknowledged, waiting for the check of an earlier one
+    acknowledged: collections.deque[_Group] = field(default_factory=collections.deque)
+    checking: bool = False
     #: set while no group is in flight
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -76,8 +99,6 @@ class OwnedWrites:
         #: who this worker is, in its takeover records (for operators reading a changelog)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._owned: dict[ChangelogPartition, Ownership] = {}
-        #: set whenever a group completes (a route waiting for a busy partition looks again)
-        self.changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         #: groups whose offsets skipped some, and fencings, over the worker's life (stats)
         self.gaps_checked = 0
@@ -106,17 +127,17 @@ class OwnedWrites:
         return self._owned.get((topic, partition))
 
     def forget(self, topic: str, partition: int) -> None:
-        """Stop owning the partition's changelog (revoked for good, fenced); a group in
-        flight releases nothing."""
+        """Stop owning the partition's changelog (revoked for good, fenced); the groups in
+        flight release nothing."""
         owned = self._owned.pop((topic, partition), None)
         if owned is not None:
-            owned.release = None
+            owned.groups.clear()
+            owned.acknowledged.clear()
             owned.idle.set()
-            self.changed.set()
 
     # -- write groups ------------------------------------------------------------------
     def busy(self, topic: str, partition: int) -> bool:
-        """A group of the partition is in flight: the next one waits."""
+        """Groups of the partition are in flight (a revocation waits for them)."""
         owned = self._owned.get((topic, partition))
         return owned is not None and not owned.idle.is_set()
 
@@ -131,19 +152,20 @@ class OwnedWrites:
         partition: int,
         writes: list[tuple[bytes, bytes | None]],
         release: Callable[[], Awaitable[None]],
+        deletions: list[bytes] | None = None,
     ) -> None:
-        """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs once
-        they are acknowledged in place. A partition this worker does not own (offline
-        tools, tests without takeovers) releases once its writes are acknowledged."""
+        """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs, and
+        ``deletions`` are handed over as a group of their own, once they are acknowledged
+        in place. A partition this worker does not own (offline tools, tests without
+        takeovers) releases once its writes are acknowledged."""
         owned = self._owned.get((topic, partition))
-        if owned is None:
+        group = _Group(expected=len(writes), release=release, deletions=deletions or [])
+        if owned is None:  # not owned: released on the acknowledgements alone
             owned = Ownership(token="", epoch=-1, next_offset=-1)
-        elif not owned.idle.is_set():
-            raise RuntimeError(f"{topic}[{partition}]: a write group is still in flight")
         if not writes:
-            self._spawn(release())
+            self._spawn(self._complete(topic, partition, owned, group))
             return
-        owned.pending, owned.expected, owned.release = [], len(writes), release
+        owned.groups.append(group)
         owned.idle.clear()
 
         def on_ack(offset: int) -> None:
@@ -153,20 +175,34 @@ class OwnedWrites:
             self.output.send(topic, key, value, partition, on_ack=on_ack)
 
     def _acked(self, topic: str, partition: int, owned: Ownership, offset: int) -> None:
-        owned.pending.append(offset)
-        if len(owned.pending) < owned.expected:
+        if not owned.groups:
+            return  # forgotten meanwhile (fenced, revoked): nothing of it is released
+        group = owned.groups[0]  # a partition's acknowledgements come in the order of its writes
+        group.offsets.append(offset)
+        if len(group.offsets) < group.expected:
             return
-        offsets, owned.pending = owned.pending, []
-        first, last = min(offsets), max(offsets)
-        if owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(offsets)):
-            owned.next_offset = last + 1
-            self._spawn(self._complete(owned))
-        else:
-            self._spawn(self._check_gap(topic, partition, owned, set(offsets)))
+        owned.groups.popleft()
+        owned.acknowledged.append(group)
+        if not owned.checking:
+            self._verify(topic, partition, owned)
 
-    async def _check_gap(self, topic: str, partition: int, owned: Ownership, ours: set[int]) -> None:
+    def _verify(self, topic: str, partition: int, owned: Ownership) -> None:
+        """Verify the acknowledged groups in order: in place, released; skipped offsets,
+        checked (and the groups after wait for the check)."""
+        while owned.acknowledged and not owned.checking:
+            group = owned.acknowledged.popleft()
+            first, last = min(group.offsets), max(group.offsets)
+            if owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets)):
+                owned.next_offset = last + 1
+                self._spawn(self._complete(topic, partition, owned, group))
+            else:
+                owned.checking = True
+                self._spawn(self._check_gap(topic, partition, owned, group))
+
+    async def _check_gap(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """Offsets were skipped: read them; another worker's takeover among them fences this one."""
         self.gaps_checked += 1
+        ours = set(group.offsets)
         start, end = owned.next_offset, max(ours) + 1
         for attempt in range(1_000_000):
             try:
@@ -204,16 +240,20 @@ class OwnedWrites:
                     self.on_fenced(topic, partition)
                 return
         owned.next_offset = end
-        await self._complete(owned)
+        owned.checking = False
+        await self._complete(topic, partition, owned, group)
+        self._verify(topic, partition, owned)
 
-    async def _complete(self, owned: Ownership) -> None:
-        release, owned.release = owned.release, None
+    async def _complete(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """A group verified: its outputs leave, then the deletions it made safe."""
         try:
-            if release is not None:
-                await release()
+            if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
+                await group.release()
+                if group.deletions:
+                    self.submit(topic, partition, [(key, None) for key in group.deletions], _nothing)
         finally:
-            owned.idle.set()
-            self.changed.set()
+            if not owned.groups and not owned.acknowledged and not owned.checking:
+                owned.idle.set()
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -274,7 +274,9 @@ class StreamShell:
             if effects.partials:
                 await self.reached("stage1-partials")
 
-        self.writes.submit(self.stage1_log, partition, self._armed(effects.changelog), release)
+        self.writes.submit(
+            self.stage1_log, partition, self._armed(effects.changelog), release, effects.verified_deletions
+        )
 
     def _submit_stage2(self, partition: int, effects: MergeEffects, *, repeat: bool = False) -> None:
         async def release() -> None:
@@ -345,20 +347,11 @@ class StreamShell:
         ledger = self.delivery.ledger
         now_ms = _now_ms()
         processors = self.processors
-        writes = self.writes
         for partition, processor in sorted(processors.items()):
-            if (
-                processor.has_timers
-                and ledger.timers_run(t.records, partition)
-                and not writes.busy(self.stage1_log, partition)  # its tick waits for its last writes
-            ):
+            if processor.has_timers and ledger.timers_run(t.records, partition):
                 self._submit_stage1(partition, processor.tick(now_ms))
         for partition, merger in sorted(self.mergers.items()):
-            if (
-                merger.entries
-                and ledger.timers_run(t.partials, partition)
-                and not writes.busy(self.stage2_log, partition)
-            ):
+            if merger.entries and ledger.timers_run(t.partials, partition):
                 self._submit_stage2(partition, merger.tick(now_ms))
         _compact_closed(processors.values(), now_ms)
         self.dead_letter_log.tick(time.monotonic())
