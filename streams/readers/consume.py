@@ -61,9 +61,13 @@ class _Newest:
             return False
         self.revisions[key] = m.revision
         self.revisions.move_to_end(key)
+        self._forget_oldest()
+        return True
+
+    def _forget_oldest(self) -> None:
+        """Forget the least recently published batches beyond ``remember``."""
         while len(self.revisions) > self.remember:
             self.revisions.popitem(last=False)
-        return True
 
 
 def _missing_topic_fix(topic: str) -> Callable[[list[str], list[str]], str]:
@@ -123,6 +127,22 @@ async def consume_metrics(
         TopicNotFound (a LookupError): the topic does not exist after ``topic_wait_s``;
             its message and ``similar`` name existing topics with a similar name.
     """
+    consumer = await _started_consumer(bootstrap_servers, from_beginning, kafka)
+    try:
+        reader = _Reader(consumer, run_id, remember)
+        await reader.subscribe(topic, bootstrap_servers, topic_wait_s, from_beginning)
+        for m in await reader.backlog():
+            yield m
+        if stop_at_end:
+            return
+        async for m in reader.live(idle_timeout_s):
+            yield m
+    finally:
+        await consumer.stop()
+
+
+async def _started_consumer(bootstrap_servers: str, from_beginning: bool, kafka: dict[str, Any] | None) -> Any:
+    """A started consumer of no group that commits nothing: any number of trainers read alike."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
@@ -133,61 +153,101 @@ async def consume_metrics(
         **(kafka or {}),
     )
     await consumer.start()
-    try:
+    return consumer
 
-        def waiting(similar: list[str]) -> None:  # once: why nothing comes yet
-            log.warning(
-                "metrics topic %r does not exist at %s yet: waiting up to %.0fs for a worker to create it%s",
-                topic,
-                bootstrap_servers,
-                topic_wait_s,
-                f" (existing topics with a similar name: {', '.join(similar)})" if similar else "",
-            )
 
-        partitions = await subscribe_existing(
-            consumer, topic, bootstrap_servers, wait_s=topic_wait_s, fix=_missing_topic_fix(topic), on_wait=waiting
+def _waiting(topic: str, bootstrap_servers: str, topic_wait_s: float) -> Callable[[list[str]], None]:
+    """What is logged once when the topic is missing: why nothing comes yet."""
+
+    def waiting(similar: list[str]) -> None:
+        log.warning(
+            "metrics topic %r does not exist at %s yet: waiting up to %.0fs for a worker to create it%s",
+            topic,
+            bootstrap_servers,
+            topic_wait_s,
+            f" (existing topics with a similar name: {', '.join(similar)})" if similar else "",
         )
-        if from_beginning:
-            await consumer.seek_to_beginning(*partitions)
-        else:
-            await consumer.seek_to_end(*partitions)
-        end = await consumer.end_offsets(partitions)
-        newest = _Newest(remember)
 
-        def wanted(m: BatchMetrics | None) -> TypeGuard[BatchMetrics]:
-            return m is not None and (run_id is ... or m.run_id == run_id)
+    return waiting
 
-        # the backlog: fold repeats and revisions, then yield each batch once
-        backlog: dict[tuple[str | None, str], BatchMetrics] = {}
-        while await _behind(consumer, end):
-            for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
-                for message in messages:
-                    if message.offset >= end[tp]:
-                        continue  # published after the start: read again live
-                    m = _decode(message)
-                    if wanted(m):
-                        key = (m.run_id, m.batch_id)
-                        if key not in backlog or m.revision > backlog[key].revision:
-                            backlog[key] = m
-            for tp in partitions:  # messages past the end were fetched; start live at the end
-                if await consumer.position(tp) > end[tp]:
-                    consumer.seek(tp, end[tp])
-        for m in backlog.values():
-            if newest.is_new(m):
-                yield m
-        if stop_at_end:
-            return
+
+class _Reader:
+    """One reading of the metrics topic: the backlog up to the end offsets at the start,
+    folded, then what is published from there on."""
+
+    def __init__(self, consumer: Any, run_id: str | EllipsisType | None, remember: int) -> None:
+        self.consumer = consumer
+        self.run_id = run_id
+        self.newest = _Newest(remember)
+        self.partitions: list[Any] = []
+        self.end: dict[Any, int] = {}
+
+    async def subscribe(self, topic: str, bootstrap_servers: str, topic_wait_s: float, from_beginning: bool) -> None:
+        """Subscribe once the topic exists, seek to where reading starts and note the end offsets."""
+        self.partitions = await subscribe_existing(
+            self.consumer,
+            topic,
+            bootstrap_servers,
+            wait_s=topic_wait_s,
+            fix=_missing_topic_fix(topic),
+            on_wait=_waiting(topic, bootstrap_servers, topic_wait_s),
+        )
+        seek = self.consumer.seek_to_beginning if from_beginning else self.consumer.seek_to_end
+        await seek(*self.partitions)
+        self.end = await self.consumer.end_offsets(self.partitions)
+
+    def wanted(self, m: BatchMetrics | None) -> TypeGuard[BatchMetrics]:
+        """A message that decoded, of the run asked for."""
+        return m is not None and (self.run_id is ... or m.run_id == self.run_id)
+
+    async def backlog(self) -> list[BatchMetrics]:
+        """What the topic held at the start, repeats and revisions folded: each batch once,
+        at its newest revision there, in the order the batches first appeared."""
+        folded: dict[tuple[str | None, str], BatchMetrics] = {}
+        while await _behind(self.consumer, self.end):
+            self._fold(folded, await self.consumer.getmany(timeout_ms=500))
+            await self._rewind()
+        return [m for m in folded.values() if self.newest.is_new(m)]
+
+    def _fold(self, folded: dict[tuple[str | None, str], BatchMetrics], fetched: dict[Any, list[Any]]) -> None:
+        """Fold the fetched messages published before the start into each batch's newest."""
+        for tp, messages in fetched.items():
+            for message in messages:
+                if message.offset >= self.end[tp]:
+                    continue  # published after the start: read again live
+                m = _decode(message)
+                if self.wanted(m):
+                    _keep_newest(folded, m)
+
+    async def _rewind(self) -> None:
+        """Messages past the end offsets were fetched too: live reading starts at the end."""
+        for tp in self.partitions:
+            if await self.consumer.position(tp) > self.end[tp]:
+                self.consumer.seek(tp, self.end[tp])
+
+    async def live(self, idle_timeout_s: float | None) -> AsyncGenerator[BatchMetrics, None]:
+        """What is published from the start on, each batch and each newer revision once,
+        until ``idle_timeout_s`` passes without a message."""
         last_new = time.monotonic()
         while idle_timeout_s is None or time.monotonic() - last_new < idle_timeout_s:
-            fetched = await consumer.getmany(timeout_ms=250)
-            for messages in fetched.values():
+            for messages in (await self.consumer.getmany(timeout_ms=250)).values():
                 last_new = time.monotonic()
-                for message in messages:
-                    m = _decode(message)
-                    if wanted(m) and newest.is_new(m):
-                        yield m
-    finally:
-        await consumer.stop()
+                for m in self._unseen(messages):
+                    yield m
+
+    def _unseen(self, messages: list[Any]) -> Iterator[BatchMetrics]:
+        """The wanted messages not yielded before (a new batch or a newer revision)."""
+        for message in messages:
+            m = _decode(message)
+            if self.wanted(m) and self.newest.is_new(m):
+                yield m
+
+
+def _keep_newest(folded: dict[tuple[str | None, str], BatchMetrics], m: BatchMetrics) -> None:
+    """Keep ``m`` where it is its batch's first or a newer revision than the one kept."""
+    key = (m.run_id, m.batch_id)
+    if key not in folded or m.revision > folded[key].revision:
+        folded[key] = m
 
 
 async def _behind(consumer: Any, end: dict[Any, int]) -> bool:
@@ -232,17 +292,35 @@ def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, fl
     accept rate, tokens per verify, generation count and both curves under
     ``by_weight_version/<version>/`` and ``by_task/<task>/`` (``unknown`` for the null
     version or task)."""
-    out: dict[str, float] = {}
-    for key, value in m.metrics.items():
-        out[prefix + key.removeprefix("spec/")] = float(value)
+    out = _envelope_scalars(m, prefix)
+    out.update(_curves(m, prefix))
+    out.update(_weight_version_scalars(m, prefix))
+    out.update(_task_scalars(m, prefix))
+    return out
+
+
+def _envelope_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
+    """The batch's ``metrics`` (``spec/`` prefix dropped), its envelope counts and whether it is complete."""
+    out = {prefix + key.removeprefix("spec/"): float(value) for key, value in m.metrics.items()}
     for name in ("record_count", "invalid_record_count", "missing_record_count", "late_record_count", "revision"):
         out[prefix + name] = float(getattr(m, name))
     out[prefix + "complete"] = float(m.complete)
-    out.update(_curves(m, prefix))
+    return out
+
+
+def _weight_version_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
+    """Each policy version's scalars under ``by_weight_version/<version>/``."""
+    out: dict[str, float] = {}
     for entry in m.by_weight_version or ():
         out.update(_entry_scalars(entry, f"{prefix}by_weight_version/{entry.weight_version or 'unknown'}/"))
-    for task_entry in m.by_task or ():
-        out.update(_entry_scalars(task_entry, f"{prefix}by_task/{task_entry.task or 'unknown'}/"))
+    return out
+
+
+def _task_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
+    """Each task's scalars under ``by_task/<task>/``."""
+    out: dict[str, float] = {}
+    for entry in m.by_task or ():
+        out.update(_entry_scalars(entry, f"{prefix}by_task/{entry.task or 'unknown'}/"))
     return out
 
 

@@ -73,20 +73,38 @@ async def subscribe_existing(
     Raises:
         TopicNotFound: the topic still does not exist after ``wait_s``.
     """
+    deadline = await _await_topic(consumer, topic, broker, wait_s, fix, on_wait)
+    consumer.subscribe([topic])
+    await _await_assignment(consumer, topic, deadline + 30)
+    return sorted(consumer.assignment())
+
+
+async def _await_topic(
+    consumer: Any,
+    topic: str,
+    broker: str,
+    wait_s: float,
+    fix: Callable[[list[str], list[str]], str],
+    on_wait: Callable[[list[str]], None] | None,
+) -> float:
+    """Wait for ``topic`` to be listed, up to ``wait_s`` from the first answer (a slow lookup
+    is not a wait); return that deadline."""
     names = await consumer.topics()
-    deadline = time.monotonic() + wait_s  # from the first answer: a slow lookup is not a wait
-    waiting = False
+    deadline = time.monotonic() + wait_s
     while topic not in names:
         if time.monotonic() >= deadline:
             raise TopicNotFound(topic, broker, names, wait_s, fix)
-        if not waiting and on_wait is not None:
+        if on_wait is not None:  # once, when the wait begins
             on_wait(similar_topics(topic, names))
-        waiting = True
+            on_wait = None
         await asyncio.sleep(0.5)
         names = await consumer.topics()
-    consumer.subscribe([topic])
-    while not consumer.assignment():  # without a group every partition is assigned once metadata arrives
-        if time.monotonic() >= deadline + 30:
+    return deadline
+
+
+async def _await_assignment(consumer: Any, topic: str, give_up_at: float) -> None:
+    """Wait for the partitions to be assigned: without a group, all of them once metadata arrives."""
+    while not consumer.assignment():
+        if time.monotonic() >= give_up_at:
             raise TimeoutError(f"no partition of {topic!r} was assigned in time: check the broker's metadata")
         await asyncio.sleep(0.05)
-    return sorted(consumer.assignment())
