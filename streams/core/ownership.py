@@ -150,7 +150,15 @@ class ChangelogView:
         """The valid state now (the view can take more records afterwards)."""
         epochs = sorted(self._takeovers.values())
         latest_epoch = epochs[-1] if epochs else None
-        valid: dict[bytes, tuple[int, bytes, bytes]] = {}  # logical -> (offset, physical, value)
+        valid, deletions = self._valid(epochs)
+        deletions += self._stale_takeovers(valid, latest_epoch)
+        entries = [(physical, value) for _, physical, value in sorted(valid.values())]
+        return ValidState(entries=entries, deletions=sorted(deletions), epoch=latest_epoch)
+
+    def _valid(self, epochs: list[int]) -> tuple[dict[bytes, tuple[int, bytes, bytes]], list[bytes]]:
+        """Each logical key's latest record its epoch's owner wrote (logical -> (offset,
+        physical, value)), and the physical keys of the records that lost to it."""
+        valid: dict[bytes, tuple[int, bytes, bytes]] = {}
         deletions: list[bytes] = []
         for physical, (offset, value) in self._latest.items():
             logical, tag = split_key(physical)
@@ -164,15 +172,15 @@ class ChangelogView:
                     continue
                 deletions.append(held[1])
             valid[logical] = (offset, physical, value)
+        return valid, deletions
+
+    def _stale_takeovers(self, valid: dict[bytes, tuple[int, bytes, bytes]], latest_epoch: int | None) -> list[bytes]:
+        """The takeover records no valid record needs any more."""
         tags = [tag for _, physical, _ in valid.values() if (tag := split_key(physical)[1]) is not None]
         # a takeover older than every tag still held judges no record any more: records
         # written later by its owner land after a newer takeover, and are judged by that one
         needed_from = min([*tags, latest_epoch]) if latest_epoch is not None else None
-        deletions += [
-            key for key, offset in self._takeovers.items() if needed_from is not None and offset < needed_from
-        ]
-        entries = [(physical, value) for _, physical, value in sorted(valid.values())]
-        return ValidState(entries=entries, deletions=sorted(deletions), epoch=latest_epoch)
+        return [key for key, offset in self._takeovers.items() if needed_from is not None and offset < needed_from]
 
 
 def _epoch_at(epochs: list[int], offset: int) -> int | None:
