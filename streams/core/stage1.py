@@ -362,6 +362,12 @@ class PartitionProcessor:
         if found.checkpoint_at is not None and found.checkpoint_at != own_checkpoint:
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))
             replaced.append(found.checkpoint_at)
+        return replaced + self._own_statuses(found, effects)
+
+    def _own_statuses(self, found: _Found, effects: Effects) -> list[bytes]:
+        """Each restored status onto its batch, written again under this owner's tag;
+        returns the keys they replace (a status of a batch no delta restored: deleted)."""
+        replaced = []
         for batch_key, (key, status) in found.statuses.items():
             restored = self.batches.get(batch_key)
             if restored is None:
@@ -388,11 +394,16 @@ class PartitionProcessor:
                 continue
             if now_ms - batch.closed_at_ms >= self.grace_ms:
                 continue  # stage 2 may have forgotten the batch: a repeat would publish it anew
-            partial = self._partial(batch, batch.revision)
-            if batch.revision >= 0 and _digest(partial) == batch.partial_digest:
-                effects.partials.append(partial)
-            else:
-                self._emit(batch, now_ms, effects)
+            self._send_partial_again(batch, now_ms, effects)
+
+    def _send_partial_again(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
+        """A closed batch's partial again: the one its status names, or emitted anew when
+        the status is older than the state."""
+        partial = self._partial(batch, batch.revision)
+        if batch.revision >= 0 and _digest(partial) == batch.partial_digest:
+            effects.partials.append(partial)
+        else:
+            self._emit(batch, now_ms, effects)
 
     def _restore_gone(
         self,
@@ -414,13 +425,20 @@ class PartitionProcessor:
             (b"y", self.overflowed, [(n, at, h) for n, (at, h) in overflowed.items()]),
         )
         for kind, ids, records in kinds:
-            for number, at_ms, hashes in sorted(records, key=lambda r: (r[1], r[0])):  # generations fill in order
-                stale = ids is self.overflowed and number > self.checkpoint
-                if stale or ids.past_horizon(at_ms, now_ms):
-                    effects.changelog.append((self._gone_key(kind, number), None))
-                else:
-                    ids.add(unpack_hashes(hashes), at_ms, number)
+            self._load_gone(kind, ids, records, now_ms, effects)
         self._last_expired_ms = max((number for number, _, _ in gone[b"x"]), default=-1)
+
+    def _load_gone(
+        self, kind: bytes, ids: GoneIds, records: list[tuple[int, int, bytes]], now_ms: int, effects: Effects
+    ) -> None:
+        """One kind's records into its ids, oldest first; those past the horizon (and
+        overflows past the checkpoint) tombstoned instead."""
+        for number, at_ms, hashes in sorted(records, key=lambda r: (r[1], r[0])):  # generations fill in order
+            stale = ids is self.overflowed and number > self.checkpoint
+            if stale or ids.past_horizon(at_ms, now_ms):
+                effects.changelog.append((self._gone_key(kind, number), None))
+            else:
+                ids.add(unpack_hashes(hashes), at_ms, number)
 
     def _migrate_expired(
         self, legacy: Checkpoint, expired: list[tuple[int, int, bytes]], now_ms: int, effects: Effects
