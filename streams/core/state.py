@@ -593,12 +593,16 @@ class _LegacyRatios:
         self.accept_parts: list[float] = []
         self.length_parts: list[float] = []
         for accepted, proposed, verify, completion in samples.values() if fold else ():
-            if accepted is not None and proposed is not None and proposed > 0:
-                self.accept_samples += 1
-                grow(self.accept_parts, accepted / proposed)
-            if completion is not None and verify is not None and verify > 0:
-                self.length_samples += 1
-                grow(self.length_parts, completion / verify)
+            self._add(accepted, proposed, verify, completion)
+
+    def _add(self, accepted: int | None, proposed: int | None, verify: int | None, completion: int | None) -> None:
+        """One sample's ratios, each where its counters are known (and its divisor not 0)."""
+        if accepted is not None and proposed is not None and proposed > 0:
+            self.accept_samples += 1
+            grow(self.accept_parts, accepted / proposed)
+        if completion is not None and verify is not None and verify > 0:
+            self.length_samples += 1
+            grow(self.length_parts, completion / verify)
 
 
 def _samples(
