@@ -133,14 +133,7 @@ class BatchMerger:
         previous owner under its own tag can then never leave a restore without it."""
         effects = MergeEffects()
         kept: list[tuple[bytes, PartialAggregate]] = []
-        replaced: list[bytes] = []  # keys of another owner, written again under this one's
-        for n, (key, value) in enumerate(entries):
-            if value is None or not self._read(key, value, kept):
-                continue
-            if split_key(key)[1] != self.owner_epoch:
-                replaced.append(key)
-            if n % 256 == 255:
-                yield
+        replaced = yield from self._read_all(entries, kept)
         orphans = self._attach_partials(kept, effects)
         if replaced:
             self._write_all_again(effects)
@@ -148,6 +141,21 @@ class BatchMerger:
         log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         self._publish_again(effects)
         return effects
+
+    def _read_all(
+        self, entries: Iterable[tuple[bytes, bytes]], kept: list[tuple[bytes, PartialAggregate]]
+    ) -> Generator[None, None, list[bytes]]:
+        """Restore every record (``_read``), yielding now and then; returns the keys of
+        another owner, to write again under this one's."""
+        replaced: list[bytes] = []
+        for n, (key, value) in enumerate(entries):
+            if value is None or not self._read(key, value, kept):
+                continue
+            if split_key(key)[1] != self.owner_epoch:
+                replaced.append(key)
+            if n % 256 == 255:
+                yield
+        return replaced
 
     def _read(self, key: bytes, value: bytes, kept: list[tuple[bytes, PartialAggregate]]) -> bool:
         """Restore one changelog record: the checkpoint or a batch's bookkeeping at once,
