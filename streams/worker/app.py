@@ -337,24 +337,37 @@ class StreamShell:
     def on_tick(self) -> None:
         """Tick the stages' timers (of caught-up partitions), compact closed batches; stop
         when a write has waited for Kafka past the delivery timeout."""
+        if self._delivery_timed_out():
+            return
+        now_ms = _now_ms()
+        self._tick_timers(now_ms)
+        _compact_closed(self.processors.values(), now_ms)
+        self.dead_letter_log.tick(time.monotonic())
+        self._log_waits(now_ms)
+
+    def _delivery_timed_out(self) -> bool:
+        """Fail the output when a write has waited for Kafka past the delivery timeout."""
         waited_s = self.output.unacked_for_s()
         if waited_s > self.settings.delivery_timeout_s:
             self.output.fail(
                 "Kafka", TimeoutError(f"a write waited {waited_s:.0f} s for Kafka, past --delivery-timeout")
             )
-            return
+            return True
+        return False
+
+    def _tick_timers(self, now_ms: int) -> None:
+        """Tick each stage's timers, of the partitions whose timers run (caught up)."""
         t = self.settings.topics
         ledger = self.delivery.ledger
-        now_ms = _now_ms()
-        processors = self.processors
-        for partition, processor in sorted(processors.items()):
+        for partition, processor in sorted(self.processors.items()):
             if processor.has_timers and ledger.timers_run(t.records, partition):
                 self._submit_stage1(partition, processor.tick(now_ms))
         for partition, merger in sorted(self.mergers.items()):
             if merger.entries and ledger.timers_run(t.partials, partition):
                 self._submit_stage2(partition, merger.tick(now_ms))
-        _compact_closed(processors.values(), now_ms)
-        self.dead_letter_log.tick(time.monotonic())
+
+    def _log_waits(self, now_ms: int) -> None:
+        """The lines of the wait reporter, when it has any to say."""
         mergers = self.mergers.values()
         for line in self.wait_reporter.lines(
             self._stage1_waits(now_ms), (w for m in mergers for w in m.waiting(now_ms))
@@ -426,15 +439,7 @@ def _compact_closed(
     and no more than ``budget_s`` of work per tick (one partition's batch of 6k
     generations takes ~15 ms): a marker never waits behind a whole batch's compaction.
     Returns how many were compacted."""
-    waiting = sorted(
-        (batch.closed_at_ms, id(batch), batch)
-        for processor in processors
-        for batch in processor.batches.values()
-        if batch.closed
-        and not batch.state.compacted
-        and now_ms - batch.closed_at_ms >= min_age_ms
-        and batch.state.generation_count >= min_generations
-    )
+    waiting = _compactable(processors, now_ms, min_age_ms, min_generations)
     started = time.perf_counter()
     done = 0
     for _, _, batch in waiting:
@@ -443,6 +448,21 @@ def _compact_closed(
         batch.state.compact()
         done += 1
     return done
+
+
+def _compactable(
+    processors: Iterable[PartitionProcessor], now_ms: int, min_age_ms: int, min_generations: int
+) -> list[tuple[int, int, Any]]:
+    """The closed batches old and large enough to compact, not compacted yet, oldest first."""
+    return sorted(
+        (batch.closed_at_ms, id(batch), batch)
+        for processor in processors
+        for batch in processor.batches.values()
+        if batch.closed
+        and not batch.state.compacted
+        and now_ms - batch.closed_at_ms >= min_age_ms
+        and batch.state.generation_count >= min_generations
+    )
 
 
 def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
