@@ -247,13 +247,19 @@ async def topic_configs(admin: Any, names: Sequence[str], keys: Sequence[str]) -
         TopicProblem: the cluster refused to describe one (e.g. no DescribeConfigs right).
     """
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-    from aiokafka.errors import for_code
 
     if not names:
         return {}
     responses = await admin.describe_configs(
         [ConfigResource(ConfigResourceType.TOPIC, name, dict.fromkeys(keys)) for name in names]
     )
+    return _configs_of(responses, keys)
+
+
+def _configs_of(responses: Any, keys: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``keys`` of each topic the DescribeConfigs responses describe; a refusal raises."""
+    from aiokafka.errors import for_code
+
     out: dict[str, dict[str, str]] = {}
     for response in responses:
         for code, message, _, name, entries in response.resources:
@@ -373,6 +379,34 @@ async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
         log.warning(warning)
 
 
+async def _create_missing(
+    admin: Any,
+    missing: Sequence[TopicSpec],
+    specs: Sequence[TopicSpec],
+    settings: WorkerSettings,
+    visible_within_s: float,
+) -> ClusterView:
+    """Create the missing topics, then check them again as the cluster shows them."""
+    await _create(admin, missing, settings)
+    # what was just created must be visible, with the right shape (another
+    # worker may have created one a moment before, with its own count)
+    view = await _visible(admin, [s.name for s in specs], visible_within_s)
+    plan = plan_topics(specs, view, settings.partitions)
+    if plan.mismatched:
+        raise TopicMismatch(plan, specs)
+    return view
+
+
+async def _visible(admin: Any, names: list[str], within_s: float) -> ClusterView:
+    """The cluster once it shows every one of ``names`` (or ``within_s`` passed)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    view = await describe_cluster(admin, names)
+    while len(view.topics) < len(names) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+        view = await describe_cluster(admin, names)
+    return view
+
+
 async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 10.0) -> ClusterView:
     """Check every topic, then create the missing ones; return the cluster's brokers
     and the shape of every topic of the worker.
@@ -399,17 +433,7 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
             raise TopicMismatch(plan, specs)
         existed = [s for s in specs if s.name in view.topics]
         if plan.create:
-            await _create(admin, plan.create, settings)
-            # what was just created must be visible, with the right shape (another
-            # worker may have created one a moment before, with its own count)
-            deadline = asyncio.get_running_loop().time() + visible_within_s
-            view = await describe_cluster(admin, names)
-            while len(view.topics) < len(names) and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.1)
-                view = await describe_cluster(admin, names)
-            plan = plan_topics(specs, view, settings.partitions)
-            if plan.mismatched:
-                raise TopicMismatch(plan, specs)
+            view = await _create_missing(admin, plan.create, specs, settings, visible_within_s)
         warning = replication_warning(view, specs)
         if warning is not None:
             log.warning(warning)
