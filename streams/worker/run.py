@@ -44,12 +44,7 @@ def run_worker(settings: WorkerSettings) -> None:
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
     if settings.web_enabled:
-        shown = "127.0.0.1" if settings.web_host in ("0.0.0.0", "::", "") else settings.web_host
-        log.info(
-            "web server on http://%s:%d: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
-            shown,
-            settings.web_port,
-        )
+        _say_web_server(settings)
     worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
@@ -57,6 +52,16 @@ def run_worker(settings: WorkerSettings) -> None:
         if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
             print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
             raise SystemExit(1)
+
+
+def _say_web_server(settings: WorkerSettings) -> None:
+    """Where the web server answers (a wildcard host shown as the loopback one)."""
+    shown = "127.0.0.1" if settings.web_host in ("0.0.0.0", "::", "") else settings.web_host
+    log.info(
+        "web server on http://%s:%d: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
+        shown,
+        settings.web_port,
+    )
 
 
 def _free_port(host: str) -> int:
