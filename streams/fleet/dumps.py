@@ -65,14 +65,33 @@ def _id_or_none(obj: dict, key: str) -> Any:
 def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | InvalidRecord:
     """One dump line as a record, a marker, or an invalid line with its reason."""
     raw = line.encode() if isinstance(line, str) else bytes(line)
-    if b'"meta_info"' not in raw and b'"attempts"' not in raw:
+    output = _sglang_output(raw)
+    if output is None:
         return decode_json_line(raw)
+    if isinstance(output, InvalidRecord):
+        return output
+    return _record_from_output(output, raw)
+
+
+def _sglang_output(raw: bytes) -> dict | InvalidRecord | None:
+    """The line's object where it is an SGLang output, an invalid record where it does not
+    decode, None where it is a record or a marker (a line naming neither key is not decoded twice)."""
+    if b'"meta_info"' not in raw and b'"attempts"' not in raw:
+        return None
     try:
         obj = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         return InvalidRecord(reason="undecodable", detail=str(exc), raw=raw)
-    if not isinstance(obj, dict) or not ("meta_info" in obj or "attempts" in obj):
-        return decode_json_line(raw)
+    return obj if _is_output(obj) else None
+
+
+def _is_output(obj: Any) -> bool:
+    """An object with ``meta_info`` or ``attempts``: the keys were not only in a string."""
+    return isinstance(obj, dict) and ("meta_info" in obj or "attempts" in obj)
+
+
+def _record_from_output(obj: dict, raw: bytes) -> GenerationRecord | InvalidRecord:
+    """An SGLang output turned into a record by the rules of docs/contract.md §2."""
     identity: dict[str, Any] = {k: obj.get(k) for k in _IDENTITY}
     try:
         if "attempts" in obj:
@@ -82,14 +101,23 @@ def parse_dump_line(line: bytes | str) -> GenerationRecord | BatchMarker | Inval
             raise ValueError("`meta_info` must be an object")
         return record_from_meta_info(meta_info, **identity)
     except (msgspec.ValidationError, ValueError, TypeError, AttributeError) as exc:
-        # counted in its batch only when its identity reads (a run_id present must be valid)
-        run_readable = obj.get("run_id") is None or _id_or_none(obj, "run_id") is not None
-        batch_id = _id_or_none(obj, "batch_id") if run_readable else None
-        return InvalidRecord(
-            reason="invalid",
-            detail=f"SGLang output: {exc}",
-            raw=raw,
-            batch_id=batch_id,
-            producer_id=_id_or_none(obj, "producer_id"),
-            run_id=_id_or_none(obj, "run_id") if batch_id is not None else None,
-        )
+        return _invalid_output(obj, raw, exc)
+
+
+def _invalid_output(obj: dict, raw: bytes, exc: Exception) -> InvalidRecord:
+    """An output that makes no record, counted in its batch where its identity reads."""
+    batch_id = _readable_batch(obj)
+    return InvalidRecord(
+        reason="invalid",
+        detail=f"SGLang output: {exc}",
+        raw=raw,
+        batch_id=batch_id,
+        producer_id=_id_or_none(obj, "producer_id"),
+        run_id=_id_or_none(obj, "run_id") if batch_id is not None else None,
+    )
+
+
+def _readable_batch(obj: dict) -> str | None:
+    """The output's batch id, where its identity reads: a run_id present must be valid."""
+    run_readable = obj.get("run_id") is None or _id_or_none(obj, "run_id") is not None
+    return _id_or_none(obj, "batch_id") if run_readable else None
