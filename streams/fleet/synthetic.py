@@ -136,30 +136,34 @@ def _templates(rng: random.Random, algorithm: str | None, n: int, factor: float 
         target = max(8, min(4096, int(rng.lognormvariate(5.3, 0.8))))
         if algorithm is None:
             pool.append((None, None, None, target, None))
-            continue
-        drafts, (lo, hi) = ALGORITHMS[algorithm]
-        p = rng.uniform(lo, hi) * factor
-        # P(k accepted) ~ p^k (1-p) for k < drafts, p^drafts for k = drafts
-        weights = [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
-        steps = max(1, round(target / sum((k + 1) * w for k, w in enumerate(weights))))
-        histogram = [0] * (drafts + 1)
-        for k in rng.choices(range(drafts + 1), weights=weights, k=steps):
-            histogram[k] += 1
-        accepted = sum(k * c for k, c in enumerate(histogram))
-        pool.append((accepted, drafts * steps, steps, accepted + steps, histogram))
+        else:
+            pool.append(_speculated(rng, algorithm, target, factor))
     return pool
 
 
+def _speculated(rng: random.Random, algorithm: str, target: int, factor: float) -> tuple:
+    """One generation of about ``target`` tokens, its verify steps drawn from the per-step
+    model: k drafts accepted with probability ~ p^k (1-p) for k < drafts, p^drafts for all."""
+    drafts, (lo, hi) = ALGORITHMS[algorithm]
+    p = rng.uniform(lo, hi) * factor
+    weights = [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
+    steps = max(1, round(target / sum((k + 1) * w for k, w in enumerate(weights))))
+    histogram = [0] * (drafts + 1)
+    for k in rng.choices(range(drafts + 1), weights=weights, k=steps):
+        histogram[k] += 1
+    accepted = sum(k * c for k, c in enumerate(histogram))
+    return (accepted, drafts * steps, steps, accepted + steps, histogram)
+
+
 def _with_missing(rng: random.Random, value: tuple) -> tuple:
+    """The value with some counters missing, one of four ways a producer reports less."""
     accepted, proposed, verify, completion, histogram = value
-    kind = rng.randrange(4)
-    if kind == 0:  # an older SGLang: no accepted/proposed, no histogram
-        return (None, None, verify, completion, None)
-    if kind == 1:  # resumed, one attempt lost its spec counters
-        return (None, None, None, completion, None)
-    if kind == 2:  # no histogram
-        return (accepted, proposed, verify, completion, None)
-    return (accepted, proposed, None, None, histogram)  # verify/completion not reported
+    return [
+        (None, None, verify, completion, None),  # an older SGLang: no accepted/proposed, no histogram
+        (None, None, None, completion, None),  # resumed, one attempt lost its spec counters
+        (accepted, proposed, verify, completion, None),  # no histogram
+        (accepted, proposed, None, None, histogram),  # verify/completion not reported
+    ][rng.randrange(4)]
 
 
 def _contradicting(generation_id: str, rate: float, value: tuple) -> tuple:
@@ -270,18 +274,31 @@ class _Fleet:
     def batch(self, b: int) -> Iterator[FleetEvent]:
         """One batch: its sessions spread over the producers, the producers' streams
         interleaved as a fleet's are, then each producer's marker."""
-        spec = self.spec
-        batch_id = f"{spec.batch_prefix}{b:05d}"
+        batch_id = f"{self.spec.batch_prefix}{b:05d}"
+        per_producer = self._sessions(b, batch_id)
+        yield from self._interleaved(per_producer)
+        yield from self._markers(batch_id, per_producer)
+
+    def _sessions(self, b: int, batch_id: str) -> dict[str, list[FleetEvent]]:
+        """Each producer's events of the batch, its sessions dealt round the producers."""
         per_producer: dict[str, list[FleetEvent]] = {p: [] for p in self.producers}
-        for s in range(spec.sessions_per_batch):
-            producer = self.producers[s % spec.producers]
+        for s in range(self.spec.sessions_per_batch):
+            producer = self.producers[s % self.spec.producers]
             self._session(b, batch_id, s, producer, per_producer[producer])
+        return per_producer
+
+    def _interleaved(self, per_producer: dict[str, list[FleetEvent]]) -> Iterator[FleetEvent]:
+        """The producers' streams merged at random, each in its own order."""
         queues = [list(reversed(events)) for events in per_producer.values() if events]
         while queues:
             queue = self.rng.choice(queues)
             yield queue.pop()
             if not queue:
                 queues.remove(queue)
+
+    def _markers(self, batch_id: str, per_producer: dict[str, list[FleetEvent]]) -> Iterator[FleetEvent]:
+        """Each producer's marker closing the batch, with the records it sent."""
+        spec = self.spec
         for producer in self.producers:
             yield FleetEvent(
                 "marker",
@@ -300,21 +317,27 @@ class _Fleet:
     def _session(self, b: int, batch_id: str, s: int, producer: str, out: list[FleetEvent]) -> None:
         """A session of batch ``b``: its trajectories share their first generations."""
         spec, rng = self.spec, self.rng
-        version = _session_version(rng, spec, b)
-        task, factor = self.tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
-        session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id)
-        pool = self.pools(spec.staleness(version, b), factor)
+        session, pool = self._drawn_session(b, batch_id, s, producer)
         samples = rng.randint(1, spec.max_samples_per_session)
         shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
         ancestors = [(f"{session.session_id}/gen-{j}", rng.choice(pool)) for j in range(shared)]
         for t in range(samples):
             sample_id = f"traj-{t}" if samples > 1 else None
-            own = [
-                (f"{session.session_id}/traj-{t}/gen-{j}", rng.choice(pool))
-                for j in range(rng.randint(1, max(1, spec.max_turns - shared)))
-            ]
-            for generation_id, value in ancestors + own:
+            for generation_id, value in ancestors + self._own_generations(session, t, shared, pool):
                 self._generation(session, sample_id, generation_id, value, out)
+
+    def _drawn_session(self, b: int, batch_id: str, s: int, producer: str) -> tuple[_Session, list[tuple]]:
+        """The session's policy version and task, and the counter templates they draw from."""
+        spec = self.spec
+        version = _session_version(self.rng, spec, b)
+        task, factor = self.tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
+        session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id)
+        return session, self.pools(spec.staleness(version, b), factor)
+
+    def _own_generations(self, session: _Session, t: int, shared: int, pool: list[tuple]) -> list[tuple[str, tuple]]:
+        """Trajectory ``t``'s generations after the ``shared`` ones."""
+        turns = self.rng.randint(1, max(1, self.spec.max_turns - shared))
+        return [(f"{session.session_id}/traj-{t}/gen-{j}", self.rng.choice(pool)) for j in range(turns)]
 
     def _generation(
         self, session: _Session, sample_id: str | None, generation_id: str, value: tuple, out: list[FleetEvent]
@@ -327,17 +350,27 @@ class _Fleet:
                 FleetEvent("invalid", session.producer, session.batch_id, session.invalid(generation_id, sample_id))
             )
             return
-        if rng.random() < spec.missing_rate:
-            value = _with_missing(rng, value)
-        if spec.inconsistent_rate:
-            value = _contradicting(generation_id, spec.inconsistent_rate, value)
-        record = session.record(generation_id, sample_id, value)
+        record = session.record(generation_id, sample_id, self._reported(generation_id, value))
         out.append(FleetEvent("record", session.producer, session.batch_id, record))
         if rng.random() < spec.redelivery_rate:
-            again = record
-            if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
-                again = msgspec.structs.replace(record, accepted=(record.accepted or 0) + 1)
-            # a redelivery lands later in the same producer's stream
-            out.insert(
-                rng.randint(len(out) // 2, len(out)), FleetEvent("record", session.producer, session.batch_id, again)
-            )
+            self._redeliver(session, record, out)
+
+    def _reported(self, generation_id: str, value: tuple) -> tuple:
+        """The counters as the producer reports them: some maybe missing, the histogram
+        maybe contradicting the rest."""
+        spec = self.spec
+        if self.rng.random() < spec.missing_rate:
+            value = _with_missing(self.rng, value)
+        if spec.inconsistent_rate:
+            value = _contradicting(generation_id, spec.inconsistent_rate, value)
+        return value
+
+    def _redeliver(self, session: _Session, record: GenerationRecord, out: list[FleetEvent]) -> None:
+        """The record delivered again, later in the same producer's stream, maybe conflicting."""
+        spec, rng = self.spec, self.rng
+        again = record
+        if rng.random() < spec.conflict_rate / max(spec.redelivery_rate, 1e-9):
+            again = msgspec.structs.replace(record, accepted=(record.accepted or 0) + 1)
+        out.insert(
+            rng.randint(len(out) // 2, len(out)), FleetEvent("record", session.producer, session.batch_id, again)
+        )
