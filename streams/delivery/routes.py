@@ -136,16 +136,33 @@ class ChangelogReader:
         while reading:
             if time.monotonic() - progress_at > self.STALL_S:
                 raise TimeoutError(f"reading changelogs got nothing new for {self.STALL_S:.0f} s: {sorted(reading)}")
-            fetched = await consumer.getmany(*reading, timeout_ms=500)
-            for tp, messages in fetched.items():
-                if messages:
-                    progress_at = time.monotonic()
-                await self._add(views[tp], messages, tps[tp])
-            for tp in list(reading):
-                if await consumer.position(tp) >= tps[tp]:
-                    reading.discard(tp)
-                    consumer.pause(tp)
+            progress_at = await self._fetch_into(consumer, reading, views, tps, progress_at)
+            await self._pause_read(consumer, reading, tps)
         return views
+
+    async def _fetch_into(
+        self,
+        consumer: Any,
+        reading: set[Any],
+        views: dict[Any, ChangelogView],
+        tps: dict[Any, int],
+        progress_at: float,
+    ) -> float:
+        """One fetch of the partitions still read, into their views; returns when the
+        reading last got something new."""
+        fetched = await consumer.getmany(*reading, timeout_ms=500)
+        for tp, messages in fetched.items():
+            if messages:
+                progress_at = time.monotonic()
+            await self._add(views[tp], messages, tps[tp])
+        return progress_at
+
+    async def _pause_read(self, consumer: Any, reading: set[Any], tps: dict[Any, int]) -> None:
+        """Stop reading (and pause) each partition whose position reached its end offset."""
+        for tp in list(reading):
+            if await consumer.position(tp) >= tps[tp]:
+                reading.discard(tp)
+                consumer.pause(tp)
 
     async def _add(self, view: ChangelogView, messages: list[Any], end: int) -> None:
         """A fetch's records before ``end``, into the view, yielding every ``YIELD_EVERY``."""
@@ -168,19 +185,26 @@ class ChangelogReader:
         try:
             consumer.assign([tp])
             consumer.seek(tp, start)
-            out: list[tuple[int, bytes | None, bytes | None]] = []
-            progress_at = time.monotonic()
-            while await consumer.position(tp) < end:
-                if time.monotonic() - progress_at > self.STALL_S:
-                    raise TimeoutError(f"reading {topic}[{partition}] offsets {start}-{end - 1} got nowhere")
-                fetched = await consumer.getmany(tp, timeout_ms=500)
-                for m in fetched.get(tp, ()):
-                    progress_at = time.monotonic()
-                    if m.offset < end:
-                        out.append((m.offset, m.key, m.value))
-            return out
+            return await self._read_to(consumer, tp, start, end)
         finally:
             await consumer.stop()
+
+    async def _read_to(
+        self, consumer: Any, tp: Any, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records from the consumer's position up to ``end``; fails when a whole
+        ``STALL_S`` brings nothing."""
+        out: list[tuple[int, bytes | None, bytes | None]] = []
+        progress_at = time.monotonic()
+        while await consumer.position(tp) < end:
+            if time.monotonic() - progress_at > self.STALL_S:
+                raise TimeoutError(f"reading {tp.topic}[{tp.partition}] offsets {start}-{end - 1} got nowhere")
+            fetched = await consumer.getmany(tp, timeout_ms=500)
+            for m in fetched.get(tp, ()):
+                progress_at = time.monotonic()
+                if m.offset < end:
+                    out.append((m.offset, m.key, m.value))
+        return out
 
 
 def _rebalance_listener(route: InputRoute) -> Any:
@@ -272,9 +296,7 @@ class InputRoute:
             fetched = await self._fetch(consumer)
             if fetched is None:
                 continue
-            pending = {
-                tp.partition: [(m.offset, m.value) for m in messages] for tp, messages in fetched.items() if messages
-            }
+            pending = _by_partition(fetched)
             if pending:
                 last_input = time.monotonic()
             self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
@@ -300,15 +322,19 @@ class InputRoute:
 
     async def _check_caught_up(self, consumer: Any) -> None:
         """Tell the driver of each partition whose route reached the log end it had at install."""
-        from aiokafka.structs import TopicPartition as TP
-
         ledger = self.driver.ledger
         for partition, end in ledger.catching_up(self.topic).items() if ledger.any_catching_up else ():
             held = ledger.claim(self.topic, partition)
             if held is not None and self._following.get(partition) is held.state:
-                position = await consumer.position(TP(self.topic, partition))
-                if ledger.reached(held, position):
-                    self.driver.caught_up(held, end)
+                await self._check_reached(consumer, held, end)
+
+    async def _check_reached(self, consumer: Any, held: Claim, end: int) -> None:
+        """Tell the driver when the position of a partition followed for its state reached ``end``."""
+        from aiokafka.structs import TopicPartition as TP
+
+        position = await consumer.position(TP(self.topic, held.partition))
+        if self.driver.ledger.reached(held, position):
+            self.driver.caught_up(held, end)
 
     async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
         """Apply what was fetched, a chunk per partition in turn."""
@@ -327,21 +353,25 @@ class InputRoute:
             return
         admitted = self.driver.ledger.admit(claim, pending.pop(partition))
         if admitted.gap is not None:
-            log.warning(
-                "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
-                "compaction); read on from %d",
-                self.topic,
-                partition,
-                admitted.gap[0],
-                admitted.gap[1] - 1,
-                admitted.gap[1],
-            )
+            self._say_gap(partition, admitted.gap)
         if not admitted.messages:
             return
         chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
         if rest:
             pending[partition] = rest
         await self.driver.apply(claim, chunk)
+
+    def _say_gap(self, partition: int, gap: tuple[int, int]) -> None:
+        """Offsets the ledger expected and the log no longer holds: read on past them."""
+        log.warning(
+            "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
+            "compaction); read on from %d",
+            self.topic,
+            partition,
+            gap[0],
+            gap[1] - 1,
+            gap[1],
+        )
 
     def _claim(self, partition: int) -> Claim | None:
         """The ledger's claim on a partition this route follows for the state it holds now."""
@@ -355,19 +385,27 @@ class InputRoute:
         """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
         for operators (recovery reads the changelog, never these). A failure is said once
         a minute and retried at the next interval."""
-        from aiokafka.structs import TopicPartition as TP
+        offsets = self._moved_offsets()
+        if offsets:
+            await self._commit_offsets(consumer, offsets)
 
+    def _moved_offsets(self) -> dict[TopicPartition, int]:
+        """The checkpoints that moved since the last commit, once ``commit_interval`` passed
+        (none before)."""
         now = time.monotonic()
         if now - self._committed_at < self.driver.settings.commit_interval_s:
-            return
+            return {}
         self._committed_at = now
-        offsets = {
+        return {
             tp: offset
             for tp, offset in self.driver.ledger.commit_offsets(self.topic).items()
             if self._committed.get(tp) != offset
         }
-        if not offsets:
-            return
+
+    async def _commit_offsets(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets``; a failure is said once a minute (the next interval retries)."""
+        from aiokafka.structs import TopicPartition as TP
+
         try:
             await consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()})
         except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
@@ -392,11 +430,7 @@ class InputRoute:
             return False
         tps = [TP(self.topic, p) for p in partitions]
         try:
-            offsets = {}
-            for tp in tps:
-                committed = await consumer.committed(tp)
-                offsets[tp] = committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
-            await consumer.commit(offsets)
+            await consumer.commit(await _committed_offsets(consumer, tps))
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return False
@@ -420,17 +454,30 @@ class InputRoute:
         owned = self.driver.ledger.following(self.topic)
         assigned = {tp.partition: tp for tp in consumer.assignment()}
         for p, tp in assigned.items():
-            state = owned.get(p)
-            if state is None:
-                self._following.pop(p, None)
-                consumer.pause(tp)
-            elif self._following.get(p) is not state:
-                consumer.seek(tp, state.checkpoint + 1)
-                consumer.resume(tp)
-                self._following[p] = state
+            self._follow(consumer, p, tp, owned.get(p))
         for p in list(self._following):
             if p not in assigned:
                 del self._following[p]
+
+    def _follow(self, consumer: Any, p: int, tp: Any, state: Checkpointed | None) -> None:
+        """Pause an assigned partition not restored; read one from its checkpoint + 1 when
+        its state changed."""
+        if state is None:
+            self._following.pop(p, None)
+            consumer.pause(tp)
+        elif self._following.get(p) is not state:
+            consumer.seek(tp, state.checkpoint + 1)
+            consumer.resume(tp)
+            self._following[p] = state
+
+
+async def _committed_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
+    """Each partition's committed offset (its log start where none is)."""
+    offsets = {}
+    for tp in tps:
+        committed = await consumer.committed(tp)
+        offsets[tp] = committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
+    return offsets
 
 
 async def _retrying(what: str, start: Callable[[], Coroutine[Any, Any, Any]], every_s: float) -> None:
@@ -445,6 +492,11 @@ async def _retrying(what: str, start: Callable[[], Coroutine[Any, Any, Any]], ev
             failures += 1
             (log.warning if failures == 1 else log.debug)("%s failed (%r); trying again", what, exc)
             await asyncio.sleep(every_s)
+
+
+def _by_partition(fetched: dict[Any, list[Any]]) -> dict[int, list[tuple[int, bytes]]]:
+    """A fetch's (offset, value) pairs by partition, of the partitions it brought any."""
+    return {tp.partition: [(m.offset, m.value) for m in messages] for tp, messages in fetched.items() if messages}
 
 
 class DeliveryDriver:
@@ -478,26 +530,7 @@ class DeliveryDriver:
         self.ledger = Ledger((self.records, self.partials))
         self.changelogs = ChangelogReader(self.new_consumer)
         self.writes = OwnedWrites(output, self.changelogs.read_range, self._fenced)
-        fetch = {"fetch_max_wait_ms": settings.fetch_wait_ms}
-        group = {
-            "session_timeout_ms": int(settings.session_timeout_s * 1000),
-            "heartbeat_interval_ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
-            "max_poll_interval_ms": int(settings.max_poll_interval_s * 1000),
-        }
-        stage1, stage2 = settings.consumer_groups
-        self.routes = (
-            InputRoute(
-                self,
-                self.records,
-                stage1,
-                chunk_bytes=settings.chunk_bytes,
-                fetch_options={**fetch, "max_partition_fetch_bytes": max(settings.chunk_bytes, 1_048_576)},
-                group_options=group,
-            ),
-            InputRoute(
-                self, self.partials, stage2, chunk_bytes=settings.chunk_bytes, fetch_options=fetch, group_options=group
-            ),
-        )
+        self.routes = self._new_routes(settings)
         self._route_of = {route.topic: route for route in self.routes}
         #: set when the assignment or an installed state changed: an idle route looks again
         self.assignment_changed = asyncio.Event()
@@ -525,6 +558,29 @@ class DeliveryDriver:
         self.longest_stall_restoring_s = 0.0
         self._watch: asyncio.Task | None = None
 
+    def _new_routes(self, settings: WorkerSettings) -> tuple[InputRoute, InputRoute]:
+        """The two stages' routes, with the consumer options of the worker's settings."""
+        fetch = {"fetch_max_wait_ms": settings.fetch_wait_ms}
+        group = {
+            "session_timeout_ms": int(settings.session_timeout_s * 1000),
+            "heartbeat_interval_ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
+            "max_poll_interval_ms": int(settings.max_poll_interval_s * 1000),
+        }
+        stage1, stage2 = settings.consumer_groups
+        return (
+            InputRoute(
+                self,
+                self.records,
+                stage1,
+                chunk_bytes=settings.chunk_bytes,
+                fetch_options={**fetch, "max_partition_fetch_bytes": max(settings.chunk_bytes, 1_048_576)},
+                group_options=group,
+            ),
+            InputRoute(
+                self, self.partials, stage2, chunk_bytes=settings.chunk_bytes, fetch_options=fetch, group_options=group
+            ),
+        )
+
     def changelog(self, topic: str) -> str:
         return self.stages.changelog_of(topic)
 
@@ -542,30 +598,39 @@ class DeliveryDriver:
         self.assignment_changed.set()
         changelog = self.changelog(topic)
         for _, p in suspended:
-            try:
-                await asyncio.wait_for(self.writes.idle(changelog, p), self.revoke_wait_s)
-            except TimeoutError:
-                log.warning(
-                    "%s[%d]: writes still in flight after %.0f s; its state is dropped", topic, p, self.revoke_wait_s
-                )
-                self.ledger.take_suspended(topic, p)
-                self.writes.forget(changelog, p)
+            await self._let_writes_out(topic, changelog, p)
         for p in partitions:
             if (topic, p) not in suspended:
                 self.writes.forget(changelog, p)
+
+    async def _let_writes_out(self, topic: str, changelog: str, p: int) -> None:
+        """Wait for a suspended partition's writes in flight; past ``revoke_wait_s`` its
+        state is dropped (and its writes forgotten)."""
+        try:
+            await asyncio.wait_for(self.writes.idle(changelog, p), self.revoke_wait_s)
+        except TimeoutError:
+            log.warning(
+                "%s[%d]: writes still in flight after %.0f s; its state is dropped", topic, p, self.revoke_wait_s
+            )
+            self.ledger.take_suspended(topic, p)
+            self.writes.forget(changelog, p)
 
     def assigned(self, topic: str, partitions: list[int]) -> None:
         """The group's whole assignment of ``topic``: what is new is taken over (or kept)."""
         self._rebalancing.discard(topic)
         self._joined.add(topic)
         self.ledger.assign(topic, partitions)
+        self._drop_suspended_elsewhere(topic, partitions)
+        self._assigned_at = time.monotonic()
+        self.assignment_changed.set()
+        self._wanted[topic].set()
+
+    def _drop_suspended_elsewhere(self, topic: str, partitions: list[int]) -> None:
+        """The suspended states of partitions the assignment did not give back: dropped."""
         for p in self.ledger.suspended(topic):
             if p not in partitions:
                 self.ledger.take_suspended(topic, p)
                 self.writes.forget(self.changelog(topic), p)
-        self._assigned_at = time.monotonic()
-        self.assignment_changed.set()
-        self._wanted[topic].set()
 
     @property
     def rebalancing(self) -> bool:
@@ -600,23 +665,23 @@ class DeliveryDriver:
         while True:
             await wanted.wait()
             wanted.clear()
-            begun = [
-                (p, epoch)
-                for _, p in self.ledger.to_restore(topic)
-                if (epoch := self.ledger.begin_restore(topic, p)) is not None
-            ]
+            begun = self._begin_restores(topic)
             if begun:
                 failures = await self._round(topic, begun, failures)
             self._say_ready()
 
+    def _begin_restores(self, topic: str) -> list[tuple[int, int]]:
+        """(partition, epoch) of each restore the ledger lets begin now."""
+        return [
+            (p, epoch)
+            for _, p in self.ledger.to_restore(topic)
+            if (epoch := self.ledger.begin_restore(topic, p)) is not None
+        ]
+
     async def _round(self, topic: str, begun: list[tuple[int, int]], failures: int) -> int:
         """One takeover round, as a task a revocation can cancel; returns the failed rounds
         in a row (a failure makes the round wanted again ``RETRY_S`` later)."""
-        round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
-            self._take_over(topic, begun), name=f"take-over-{topic}"
-        )
-        if self._watch is None or self._watch.done():
-            self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
+        round_ = self._start_round(topic, begun)
         try:
             await round_
         except asyncio.CancelledError:
@@ -624,15 +689,7 @@ class DeliveryDriver:
                 raise  # the driver itself is being stopped
         except Exception as exc:  # noqa: BLE001 - a broker away for a while
             failures += 1
-            (log.warning if failures == 1 else log.debug)(
-                "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
-                len(begun),
-                topic,
-                exc,
-                self.RETRY_S,
-            )
-            await asyncio.sleep(self.RETRY_S)
-            self._wanted[topic].set()
+            await self._retry_round(topic, len(begun), failures, exc)
         else:
             if failures:
                 log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
@@ -642,6 +699,28 @@ class DeliveryDriver:
             for p, epoch in begun:
                 self.ledger.end_restore(topic, p, epoch)
         return failures
+
+    def _start_round(self, topic: str, begun: list[tuple[int, int]]) -> asyncio.Task:
+        """The round's task (a revocation cancels it), and the watch of the event loop's
+        stalls unless one runs."""
+        round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
+            self._take_over(topic, begun), name=f"take-over-{topic}"
+        )
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
+        return round_
+
+    async def _retry_round(self, topic: str, partitions: int, failures: int, exc: Exception) -> None:
+        """A failed round: said once (then at debug), wanted again ``RETRY_S`` later."""
+        (log.warning if failures == 1 else log.debug)(
+            "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
+            partitions,
+            topic,
+            exc,
+            self.RETRY_S,
+        )
+        await asyncio.sleep(self.RETRY_S)
+        self._wanted[topic].set()
 
     async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
         started = time.monotonic()
@@ -666,12 +745,25 @@ class DeliveryDriver:
             return
         ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
         for p, state in kept.items():
-            owned = self.writes.ownership(changelog, p)
-            if owned is not None and ends[(changelog, p)] == owned.next_offset:
-                if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
-                    self.kept += 1
-            else:
-                self.writes.forget(changelog, p)
+            self._keep_if_unchanged(topic, changelog, p, state, epochs, ends)
+
+    def _keep_if_unchanged(
+        self,
+        topic: str,
+        changelog: str,
+        p: int,
+        state: Checkpointed,
+        epochs: dict[int, int],
+        ends: dict[TopicPartition, int],
+    ) -> None:
+        """Reinstate a kept state when its changelog ends where this worker's last write
+        did (its epoch taken out of ``epochs``); else forget its writes."""
+        owned = self.writes.ownership(changelog, p)
+        if owned is not None and ends[(changelog, p)] == owned.next_offset:
+            if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
+                self.kept += 1
+        else:
+            self.writes.forget(changelog, p)
 
     async def _restore_from_changelogs(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
         """Write a takeover record in each partition's changelog, read them up to it, and
@@ -686,11 +778,25 @@ class DeliveryDriver:
             await self.stages.reached("restore")
             valid = views[(changelog, p)].result()
             state, installed = await self._restore(topic, p, valid, epoch)
-            if self.ledger.install(topic, p, epochs[p], state, ends[(topic, p)]) is not None:
-                self.restored += 1
-                installed()
-            else:
-                self.writes.forget(changelog, p)
+            self._install_restored(topic, changelog, p, epochs[p], state, ends[(topic, p)], installed)
+
+    def _install_restored(
+        self,
+        topic: str,
+        changelog: str,
+        p: int,
+        epoch: int,
+        state: Checkpointed,
+        end: int,
+        installed: Callable[[], None],
+    ) -> None:
+        """Install a restored state (unless the ledger moved on meanwhile: then its writes
+        are forgotten)."""
+        if self.ledger.install(topic, p, epoch, state, end) is not None:
+            self.restored += 1
+            installed()
+        else:
+            self.writes.forget(changelog, p)
 
     async def _restore(self, topic: str, partition: int, valid: ValidState, epoch: int) -> Restored:
         """Run a stage's restore in steps, yielding whenever a slice of work is done."""
@@ -775,14 +881,23 @@ class DeliveryDriver:
         nothing more goes out), then leave the groups."""
         for route in self.routes:
             route.stopping = True
-        for topic in self._route_of if self.writes.output.failed is None else ():
+        if self.writes.output.failed is None:
+            await self._writes_out()
+        await self._stop_tasks()
+        await self.writes.close()
+
+    async def _writes_out(self) -> None:
+        """Wait for every assigned partition's writes in flight (each ``revoke_wait_s`` at most)."""
+        for topic in self._route_of:
             for p in self.ledger.assigned(topic):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.writes.idle(self.changelog(topic), p), self.revoke_wait_s)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the routes, the takeovers and the watch, and wait until they stopped."""
         tasks = [task for task, _ in self._tasks.values()] + ([self._watch] if self._watch is not None else [])
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        await self.writes.close()
