@@ -40,11 +40,8 @@ def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Mem
     """Every partition to one member subscribed to its topic: balanced (shares differ by
     one at most, among members of the same topics), each member keeping what it holds as
     far as its share allows; a partition claimed by two goes to the newer epoch."""
-    by_topic: dict[str, list[Partition]] = {}
-    for tp in sorted(set(partitions)):
-        by_topic.setdefault(tp[0], []).append(tp)
     out: dict[str, list[Partition]] = {m: [] for m in members}
-    for topic, tps in sorted(by_topic.items()):
+    for topic, tps in sorted(_by_topic(partitions).items()):
         subscribed = sorted(m for m, info in members.items() if topic in info.topics)
         if subscribed:
             for member, given in _assign_topic(tps, {m: members[m] for m in subscribed}).items():
@@ -52,29 +49,53 @@ def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Mem
     return out
 
 
+def _by_topic(partitions: Iterable[Partition]) -> dict[str, list[Partition]]:
+    """The distinct partitions, sorted, by topic."""
+    by_topic: dict[str, list[Partition]] = {}
+    for tp in sorted(set(partitions)):
+        by_topic.setdefault(tp[0], []).append(tp)
+    return by_topic
+
+
 def _assign_topic(tps: list[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
-    existing = set(tps)
-    owner: dict[Partition, str] = {}
-    for member in sorted(members, key=lambda m: (members[m].epoch, m)):  # the newest epoch last: it wins
-        for tp in members[member].held:
-            if tp in existing:
-                owner[tp] = member
+    owner = _owners(tps, members)
     held: dict[str, list[Partition]] = {m: sorted(tp for tp, o in owner.items() if o == m) for m in members}
-    base, extra = divmod(len(tps), len(members))
-    # the larger shares go to the members that hold the most: fewer partitions move
-    ranked = sorted(members, key=lambda m: (-len(held[m]), m))
-    share = {m: base + (1 if i < extra else 0) for i, m in enumerate(ranked)}
+    share = _shares(len(tps), held)
     out: dict[str, list[Partition]] = {}
     free: list[Partition] = sorted(tp for tp in tps if tp not in owner)
     for m in members:
         out[m] = held[m][: share[m]]
         free.extend(held[m][share[m] :])
     free.sort()
-    for m in sorted(members, key=lambda m: (len(out[m]), m)):
+    _fill(out, share, free)
+    return out
+
+
+def _owners(tps: list[Partition], members: Mapping[str, Member]) -> dict[Partition, str]:
+    """Each existing partition a member holds -> that member (of two, the newer epoch)."""
+    existing = set(tps)
+    owner: dict[Partition, str] = {}
+    for member in sorted(members, key=lambda m: (members[m].epoch, m)):  # the newest epoch last: it wins
+        for tp in members[member].held:
+            if tp in existing:
+                owner[tp] = member
+    return owner
+
+
+def _shares(partitions: int, held: dict[str, list[Partition]]) -> dict[str, int]:
+    """Each member's fair share of ``partitions`` (they differ by one at most)."""
+    base, extra = divmod(partitions, len(held))
+    # the larger shares go to the members that hold the most: fewer partitions move
+    ranked = sorted(held, key=lambda m: (-len(held[m]), m))
+    return {m: base + (1 if i < extra else 0) for i, m in enumerate(ranked)}
+
+
+def _fill(out: dict[str, list[Partition]], share: dict[str, int], free: list[Partition]) -> None:
+    """The free partitions (sorted) to the members below their share, fewest first."""
+    for m in sorted(out, key=lambda m: (len(out[m]), m)):
         while len(out[m]) < share[m] and free:
             out[m].append(free.pop(0))
         out[m].sort()
-    return out
 
 
 class _Metadata(msgspec.Struct, array_like=True):
@@ -116,11 +137,8 @@ class StickyAssignor:
         epoch = max((info.epoch for info in infos.values()), default=-1) + 1
         out = {}
         for member_id, given in sticky_assignment(partitions, infos).items():
-            by_topic: dict[str, list[int]] = {}
-            for topic, p in given:
-                by_topic.setdefault(topic, []).append(p)
             out[member_id] = ConsumerProtocolMemberAssignment(
-                self.version, sorted(by_topic.items()), msgspec.msgpack.encode(epoch)
+                self.version, sorted(_numbers_by_topic(given).items()), msgspec.msgpack.encode(epoch)
             )
         return out
 
@@ -130,6 +148,14 @@ class StickyAssignor:
             self.epoch = _decode_epoch(assignment.user_data)  # type: ignore[attr-defined]
         except msgspec.MsgspecError:
             self.epoch = -1
+
+
+def _numbers_by_topic(given: list[Partition]) -> dict[str, list[int]]:
+    """A member's partitions as the assignment protocol lists them: numbers by topic."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, p in given:
+        by_topic.setdefault(topic, []).append(p)
+    return by_topic
 
 
 def _member(metadata: object) -> Member:
