@@ -191,9 +191,8 @@ class OwnedWrites:
         checked (and the groups after wait for the check)."""
         while owned.acknowledged and not owned.checking:
             group = owned.acknowledged.popleft()
-            first, last = min(group.offsets), max(group.offsets)
-            if owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets)):
-                owned.next_offset = last + 1
+            if _in_place(owned, group):
+                owned.next_offset = max(group.offsets) + 1
                 self._spawn(self._complete(topic, partition, owned, group))
             else:
                 owned.checking = True
@@ -204,6 +203,24 @@ class OwnedWrites:
         self.gaps_checked += 1
         ours = set(group.offsets)
         start, end = owned.next_offset, max(ours) + 1
+        records = await self._read_skipped(topic, partition, start, end)
+        for offset, key, value in records:
+            if offset in ours or key is None or value is None or not is_takeover(key):
+                continue
+            takeover = takeover_of(value)
+            if takeover is not None and takeover.token != owned.token:
+                self._fenced_by(topic, partition, owned, takeover, offset)
+                return
+        owned.next_offset = end
+        owned.checking = False
+        await self._complete(topic, partition, owned, group)
+        self._verify(topic, partition, owned)
+
+    async def _read_skipped(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records of offsets ``start`` to ``end`` - 1, read until a read succeeds (the
+        first failure said, the rest logged at debug)."""
         for attempt in range(1_000_000):
             try:
                 records = await self.read_range(topic, partition, start, end)
@@ -220,29 +237,24 @@ class OwnedWrites:
                     exc,
                 )
                 await asyncio.sleep(1.0)
-        for offset, key, value in records:
-            if offset in ours or key is None or value is None or not is_takeover(key):
-                continue
-            takeover = takeover_of(value)
-            if takeover is not None and takeover.token != owned.token:
-                self.fenced += 1
-                log.warning(
-                    "%s[%d]: taken over by %s at offset %d since this worker's takeover at %d: its writes there "
-                    "no longer count, and it gives the partition up",
-                    topic,
-                    partition,
-                    takeover.owner or "another worker",
-                    offset,
-                    owned.epoch,
-                )
-                if self._owned.get((topic, partition)) is owned:
-                    self.forget(topic, partition)
-                    self.on_fenced(topic, partition)
-                return
-        owned.next_offset = end
-        owned.checking = False
-        await self._complete(topic, partition, owned, group)
-        self._verify(topic, partition, owned)
+        return records
+
+    def _fenced_by(self, topic: str, partition: int, owned: Ownership, takeover: Takeover, offset: int) -> None:
+        """Another worker's takeover since this one's: say so, and give the partition up
+        (unless it was given up meanwhile)."""
+        self.fenced += 1
+        log.warning(
+            "%s[%d]: taken over by %s at offset %d since this worker's takeover at %d: its writes there "
+            "no longer count, and it gives the partition up",
+            topic,
+            partition,
+            takeover.owner or "another worker",
+            offset,
+            owned.epoch,
+        )
+        if self._owned.get((topic, partition)) is owned:
+            self.forget(topic, partition)
+            self.on_fenced(topic, partition)
 
     async def _complete(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """A group verified: its outputs leave, then the deletions it made safe."""
@@ -276,3 +288,10 @@ class OwnedWrites:
 
     def stats(self) -> dict[str, Any]:
         return {"owned": len(self._owned), "gaps_checked": self.gaps_checked, "fenced": self.fenced}
+
+
+def _in_place(owned: Ownership, group: _Group) -> bool:
+    """Whether a group's offsets follow the partition's last ones without a gap (or the
+    partition is not owned: nothing to check)."""
+    first, last = min(group.offsets), max(group.offsets)
+    return owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets))
