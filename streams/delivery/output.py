@@ -244,19 +244,9 @@ class OrderedProducer:
             await wake.wait()
             wake.clear()
             while queue and self.failed is None:
-                topic, key, value, partition, on_ack = queue.popleft()
-                self.queued_bytes -= len(key or b"") + len(value or b"")
-                if self._room is not None and self.queued_bytes <= self._room_at:
-                    self._room.set()
+                topic, key, value, partition, on_ack = self._next()
                 try:
-                    partitions = self._partitions.get(topic)
-                    if partitions is None:
-                        partitions = await self._learn_partitions(topic)
-                    if partition is None:
-                        partition = partitions.of_key(key)
-                    tp = partitions.tps.get(partition)
-                    if tp is None:
-                        raise ValueError(f"{topic} has no partition {partition}")
+                    tp = await self._partition_of(topic, key, partition)
                     size = estimate_size(key, value, no_headers)
                     if size > self._max_request_size:
                         raise MessageSizeTooLargeError(
@@ -269,13 +259,37 @@ class OrderedProducer:
                     self._answered()
                     self.fail(topic, exc)
                     break
-                self._handed += 1
-                self._unacked[self._handed] = time.monotonic()
-                future.add_done_callback(
-                    lambda f, topic=topic, on_ack=on_ack, n=self._handed: self._done(topic, f, on_ack, n)
-                )
+                self._handed_over(topic, future, on_ack)
             if not queue:
                 idle.set()
+
+    def _next(self) -> tuple[str, bytes | None, bytes | None, int | None, OnAck | None]:
+        """The oldest message queued, taken out (waking a writer waiting for room once half
+        of its limit is left)."""
+        topic, key, value, partition, on_ack = self._queue.popleft()
+        self.queued_bytes -= len(key or b"") + len(value or b"")
+        if self._room is not None and self.queued_bytes <= self._room_at:
+            self._room.set()
+        return topic, key, value, partition, on_ack
+
+    async def _partition_of(self, topic: str, key: bytes | None, partition: int | None) -> Any:
+        """The topic partition a message goes to: the one given, else its key's (the
+        topic's partitions looked up once)."""
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            partitions = await self._learn_partitions(topic)
+        if partition is None:
+            partition = partitions.of_key(key)
+        tp = partitions.tps.get(partition)
+        if tp is None:
+            raise ValueError(f"{topic} has no partition {partition}")
+        return tp
+
+    def _handed_over(self, topic: str, future: Any, on_ack: OnAck | None) -> None:
+        """A message aiokafka took: waiting for its acknowledgement (``_done``)."""
+        self._handed += 1
+        self._unacked[self._handed] = time.monotonic()
+        future.add_done_callback(lambda f, topic=topic, on_ack=on_ack, n=self._handed: self._done(topic, f, on_ack, n))
 
     def unacked_for_s(self) -> float:
         """How long the oldest message handed to Kafka has waited for its acknowledgement (0:
