@@ -40,7 +40,7 @@ def dump_lines(lines: Iterable[bytes]) -> Iterator[bytes]:
     for number, line in enumerate(lines):
         if number == 0 and line.startswith(UTF16_BOMS):
             raise DumpEncodingError("it is UTF-16 text, not UTF-8 (PowerShell's `>` writes UTF-16)")
-        yield line[len(UTF8_BOM) :] if line.startswith(UTF8_BOM) else line
+        yield line.removeprefix(UTF8_BOM)
 
 
 _decoder = msgspec.json.Decoder()
