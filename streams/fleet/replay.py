@@ -121,9 +121,8 @@ class _Replay:
         if item.batch_id:
             self.batch_producers[(run, item.batch_id)].add(producer)
         value = msgspec.msgpack.encode(obj) if obj is not None else item.raw
-        session = obj.get("session_id") if isinstance(obj, dict) else None
         (await self.publisher_for(producer, run)).publish_raw(
-            value, session_id=session if isinstance(session, str) and session else None, batch_id=item.batch_id
+            value, session_id=_session_of(obj), batch_id=item.batch_id
         )
         self.summary.invalid += 1
 
@@ -137,11 +136,15 @@ class _Replay:
         """The end of the file: close every batch a producer left open, as its marker would."""
         for (_, run), publisher in self.publishers.items():
             for batch_id in publisher.open_batches():
-                expected = len(self.batch_producers.get((run, batch_id), ())) or 1
-                algorithm = self.algorithms.get((run, batch_id), self.speculative_algorithm)
-                await publisher.close_batch(batch_id, algorithm, expected)
-                self.closed((run, batch_id), publisher.settings.producer_id, expected)
-                self.summary.batches_closed_at_end += 1
+                await self._close_at_end(publisher, run, batch_id)
+
+    async def _close_at_end(self, publisher: Publisher, run: str | None, batch_id: str) -> None:
+        """Close one open batch of a producer, expecting every producer that sent it input."""
+        expected = len(self.batch_producers.get((run, batch_id), ())) or 1
+        algorithm = self.algorithms.get((run, batch_id), self.speculative_algorithm)
+        await publisher.close_batch(batch_id, algorithm, expected)
+        self.closed((run, batch_id), publisher.settings.producer_id, expected)
+        self.summary.batches_closed_at_end += 1
 
     def closed(self, key: tuple[str | None, str], producer: str, expected: int) -> None:
         self.marked[key].add(producer)
@@ -162,9 +165,26 @@ class _Replay:
             for publisher in self.publishers.values():
                 await publisher.stop(timeout_s)
         finally:
-            self.summary.acknowledged = sum(p.stats["records_acked"] for p in self.publishers.values())
-            self.summary.producers = len({producer for producer, _ in self.publishers})
-            self.summary.seconds = time.monotonic() - self.started
+            self._tally()
+
+    def _tally(self) -> None:
+        """Fill in what Kafka acknowledged, the producers and the time taken."""
+        self.summary.acknowledged = sum(p.stats["records_acked"] for p in self.publishers.values())
+        self.summary.producers = len({producer for producer, _ in self.publishers})
+        self.summary.seconds = time.monotonic() - self.started
+
+    async def send(self, lines: Iterable[bytes], rate: float | None, on_line: Callable[[int], None] | None) -> None:
+        """Publish every non-blank line of the dump, paced, yielding to the event loop now and then."""
+        for number, line in enumerate(dump_lines(lines), start=1):
+            if number % YIELD_EVERY_LINES == 0:
+                await asyncio.sleep(0)
+            if on_line is not None:
+                on_line(len(line))
+            if not line.strip():
+                continue
+            await self.line(line)
+            if rate:
+                await self.pace(rate)
 
 
 def _as_replayed(raw: bytes, producer: str, default_run: str | None) -> tuple[Any, str | None]:
@@ -175,16 +195,29 @@ def _as_replayed(raw: bytes, producer: str, default_run: str | None) -> tuple[An
         obj = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         return None, default_run
-    run = default_run
-    if isinstance(obj, dict):
-        named = obj.get("run_id")
-        if isinstance(named, str) and named:
-            run = named
-        elif named is None and default_run is not None:
-            obj["run_id"] = default_run
-        if not obj.get("producer_id"):
-            obj["producer_id"] = producer
+    if not isinstance(obj, dict):
+        return obj, default_run
+    run = _replayed_run(obj, default_run)
+    if not obj.get("producer_id"):
+        obj["producer_id"] = producer
     return obj, run
+
+
+def _replayed_run(obj: dict, default_run: str | None) -> str | None:
+    """The run an invalid object is counted in: the one it names, else the default run
+    (written into it, where it names none)."""
+    named = obj.get("run_id")
+    if isinstance(named, str) and named:
+        return named
+    if named is None and default_run is not None:
+        obj["run_id"] = default_run
+    return default_run
+
+
+def _session_of(obj: Any) -> str | None:
+    """The session an invalid line names, where it names one (a non-empty string)."""
+    session = obj.get("session_id") if isinstance(obj, dict) else None
+    return session if isinstance(session, str) and session else None
 
 
 async def replay_lines(
@@ -206,16 +239,7 @@ async def replay_lines(
     replay = _Replay(settings, speculative_algorithm, ReplaySummary() if summary is None else summary)
     stop_timeout_s = 30.0
     try:
-        for number, line in enumerate(dump_lines(lines), start=1):
-            if number % YIELD_EVERY_LINES == 0:
-                await asyncio.sleep(0)
-            if on_line is not None:
-                on_line(len(line))
-            if not line.strip():
-                continue
-            await replay.line(line)
-            if rate:
-                await replay.pace(rate)
+        await replay.send(lines, rate, on_line)
         await replay.close_open_batches()
     except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: asyncio.run cancels, a second one raises
         replay.summary.interrupted = True
