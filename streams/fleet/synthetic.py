@@ -81,7 +81,8 @@ class FleetSpec:
 
     def __post_init__(self) -> None:
         self._check_fleet()
-        self._check_records()
+        self._check_rates()
+        self._check_names()
 
     def _check_fleet(self) -> None:
         """The algorithm, the fleet's sizes and its versions."""
@@ -92,16 +93,19 @@ class FleetSpec:
         if self.stale_versions < 0 or self.draft_refresh_batches < 0 or self.first_version < 0:
             raise ValueError("stale_versions, draft_refresh_batches and first_version must be >= 0")
 
-    def _check_records(self) -> None:
-        """What the records carry: the drift, the run, the tasks, the contradicting share."""
+    def _check_rates(self) -> None:
+        """What shapes the records' counters: the drift and the contradicting share."""
         if not 0 <= self.drift_per_version < 1:
             raise ValueError("drift_per_version must be in [0, 1)")
+        if not 0 <= self.inconsistent_rate <= 1:
+            raise ValueError("inconsistent_rate must be in [0, 1]")
+
+    def _check_names(self) -> None:
+        """What the records name: the run and the tasks, as ids a record can carry."""
         if self.run_id is not None and not self.run_id:
             raise ValueError("run_id must be None or a non-empty string")
         if any(not 0 < len(name) <= MAX_ID or not 0 < factor <= 1 for name, factor in self.tasks):
             raise ValueError(f"tasks must be (name of 1 to {MAX_ID} characters, acceptance factor in (0, 1]) pairs")
-        if not 0 <= self.inconsistent_rate <= 1:
-            raise ValueError("inconsistent_rate must be in [0, 1]")
 
     def policy_version(self, batch: int) -> int:
         """The current policy version while batch ``batch`` is generated."""
