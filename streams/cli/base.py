@@ -81,25 +81,31 @@ def _env_naming(path: str | None) -> list[str]:
     return [name for name, value in os.environ.items() if path and value == path and name.startswith("KAFKA_")]
 
 
+#: what to set when the broker is not the one meant, or not running
+_SET_BROKER = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
+#: what to check when the broker refuses the credentials
+_CREDENTIALS = "check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and KAFKA_SASL_MECHANISM"
+
+
 def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
     """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
+    broker = params.get("broker", "the broker")
+    for explain in (_preflight_failure, _missing_topic, _kafka_failure, _publisher_failure, _local_failure):
+        explained = explain(exc, command, broker)
+        if explained is not None:
+            return explained
+    return None
+
+
+def _preflight_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What the checks before a command's start found: security, the broker, the web port, the topics."""
     from ..worker.topics import TopicProblem
     from .preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
 
-    broker = params.get("broker", "the broker")
-    set_broker = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
-    credentials = "check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and KAFKA_SASL_MECHANISM"
     if isinstance(exc, BadSecurity):
         return str(exc), None
     if isinstance(exc, BrokerUnreachable):
-        if exc.authentication_failed:
-            return f"the broker at {broker} refused authentication ({_reason(exc.reasons)})", credentials
-        if exc.tls_failed:
-            return (
-                f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
-                "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE",
-            )
-        return f"no Kafka broker answers at {broker} ({_reason(exc.reasons)})", set_broker
+        return _unreachable(exc, broker)
     if isinstance(exc, PortInUse):
         return (
             f"web port {exc.port} on {exc.host} is in use by another process",
@@ -109,18 +115,43 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
         return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
     if isinstance(exc, TopicProblem):
         return str(exc), exc.fix
+    return None
+
+
+def _unreachable(exc: Any, broker: str) -> tuple[str, str]:
+    """Why no broker answered: refused credentials, no TLS, or nothing there."""
+    if exc.authentication_failed:
+        return f"the broker at {broker} refused authentication ({_reason(exc.reasons)})", _CREDENTIALS
+    if exc.tls_failed:
+        return (
+            f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
+            "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE",
+        )
+    return f"no Kafka broker answers at {broker} ({_reason(exc.reasons)})", _SET_BROKER
+
+
+def _missing_topic(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """A reader's topic that does not exist (a reader never creates one)."""
     from ..readers.topic_lookup import TopicNotFound
 
-    if isinstance(exc, TopicNotFound):
-        variable = f"SPECMETER_{command.upper()}_TOPIC"
-        if exc.similar:
-            others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
-            fix = f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
-        elif exc.of_role:
-            fix = f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
-        else:
-            fix = f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
-        return f"topic {exc.topic!r} does not exist at {exc.broker} ({command} never creates one)", fix
+    if not isinstance(exc, TopicNotFound):
+        return None
+    return f"topic {exc.topic!r} does not exist at {exc.broker} ({command} never creates one)", _topic_fix(exc, command)
+
+
+def _topic_fix(exc: Any, command: str) -> str:
+    """The topic meant: a similar name, another metrics topic there, or the worker's."""
+    variable = f"SPECMETER_{command.upper()}_TOPIC"
+    if exc.similar:
+        others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
+        return f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+    if exc.of_role:
+        return f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+    return f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+
+
+def _kafka_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What aiokafka raised: a denied principal, refused credentials, a lost or silent broker."""
     from aiokafka import errors as kafka
 
     name = type(exc).__name__
@@ -132,21 +163,31 @@ def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[
     if isinstance(
         exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError, kafka.UnsupportedSaslMechanismError)
     ):
-        return f"the broker at {broker} refused authentication ({name}: {exc})", credentials
+        return f"the broker at {broker} refused authentication ({name}: {exc})", _CREDENTIALS
     if isinstance(exc, kafka.KafkaConnectionError):
-        return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {set_broker}"
+        return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {_SET_BROKER}"
     if isinstance(exc, kafka.KafkaTimeoutError):
-        return f"the broker at {broker} did not answer in time ({name})", f"check the broker; {set_broker}"
+        return f"the broker at {broker} did not answer in time ({name})", f"check the broker; {_SET_BROKER}"
+    return None
+
+
+def _publisher_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What the producers' library raised: a missing topic, or its own first line."""
     from specmeter.producers import PublisherError, TopicMissingError
 
     if isinstance(exc, TopicMissingError):
         return str(exc).splitlines()[0], f"or pass --topic NAME (env SPECMETER_{command.upper()}_TOPIC)"
     if isinstance(exc, PublisherError):
         return str(exc).splitlines()[0], None
-    if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
-        return (f"cannot read {exc.filename}: {exc.strerror}", f"check {' and '.join(_env_naming(exc.filename))}")
+    return None
+
+
+def _local_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What failed here: a file a KAFKA_ variable names, the TLS setup, or specmeter's own error."""
     import ssl
 
+    if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
+        return (f"cannot read {exc.filename}: {exc.strerror}", f"check {' and '.join(_env_naming(exc.filename))}")
     if isinstance(exc, ssl.SSLError):
         return f"TLS setup failed ({exc})", "check KAFKA_SSL_CAFILE (a PEM CA bundle) and KAFKA_SECURITY_PROTOCOL"
     if isinstance(exc, SpecmeterError):  # the rest of specmeter's own: the message says it, ``fix`` what to do
@@ -192,20 +233,22 @@ class Command(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.BadParameter as exc:
-            param = exc.param
-            name = None if param is None else envvar_set(param)
-            if (
-                param is None
-                or name is None
-                or ctx.get_parameter_source(param.name or "") is not (ParameterSource.ENVIRONMENT)
-            ):
+            name = _variable_blamed(ctx, exc.param)
+            if exc.param is None or name is None:
                 raise
-            flag = (param.opts or [param.human_readable_name])[0]
+            flag = (exc.param.opts or [exc.param.human_readable_name])[0]
             raise EnvValueInvalid(
                 f"{name}={os.environ[name]!r} is not a valid value for {flag}: {exc.message}",
                 f"set {name} to a valid value or unset it (`{ctx.command_path} --help` explains {flag})",
                 command=ctx.command_path,
             ) from None
+
+
+def _variable_blamed(ctx: click.Context, param: click.Parameter | None) -> str | None:
+    """The environment variable a bad value came from; None where a flag or a default gave it."""
+    if param is None or ctx.get_parameter_source(param.name or "") is not ParameterSource.ENVIRONMENT:
+        return None
+    return envvar_set(param)
 
 
 class Group(click.Group):
@@ -228,13 +271,15 @@ def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
     assumed = [address for address, guessed in addresses if guessed]
     if assumed:
-        name = envvar_set(param) if ctx.get_parameter_source("broker") is ParameterSource.ENVIRONMENT else None
-        given = f"{name}={value}" if name else f"--broker {value}"
-        click.echo(
-            f"{ctx.command_path}: {given} names no port: using {', '.join(assumed)} (Kafka's default)",
-            err=True,
-        )
+        _say_port_assumed(ctx, param, value, assumed)
     return ",".join(address for address, _ in addresses)
+
+
+def _say_port_assumed(ctx: click.Context, param: click.Parameter, value: str, assumed: list[str]) -> None:
+    """The line on stderr that names the addresses given Kafka's port, and where they were given."""
+    name = envvar_set(param) if ctx.get_parameter_source("broker") is ParameterSource.ENVIRONMENT else None
+    given = f"{name}={value}" if name else f"--broker {value}"
+    click.echo(f"{ctx.command_path}: {given} names no port: using {', '.join(assumed)} (Kafka's default)", err=True)
 
 
 def envvar_set(param: click.Parameter) -> str | None:
