@@ -42,11 +42,16 @@ def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Mem
     far as its share allows; a partition claimed by two goes to the newer epoch."""
     out: dict[str, list[Partition]] = {m: [] for m in members}
     for topic, tps in sorted(_by_topic(partitions).items()):
-        subscribed = sorted(m for m, info in members.items() if topic in info.topics)
+        subscribed = _subscribed(topic, members)
         if subscribed:
             for member, given in _assign_topic(tps, {m: members[m] for m in subscribed}).items():
                 out[member].extend(given)
     return out
+
+
+def _subscribed(topic: str, members: Mapping[str, Member]) -> list[str]:
+    """The members subscribed to ``topic``, sorted."""
+    return sorted(m for m, info in members.items() if topic in info.topics)
 
 
 def _by_topic(partitions: Iterable[Partition]) -> dict[str, list[Partition]]:
@@ -128,12 +133,7 @@ class StickyAssignor:
         from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
         infos = {member_id: _member(metadata) for member_id, metadata in members.items()}
-        topics = {t for info in infos.values() for t in info.topics}
-        partitions = [
-            (topic, p)
-            for topic in topics
-            for p in (cluster.partitions_for_topic(topic) or ())  # type: ignore[attr-defined]
-        ]
+        partitions = _partitions(cluster, {t for info in infos.values() for t in info.topics})
         epoch = max((info.epoch for info in infos.values()), default=-1) + 1
         out = {}
         for member_id, given in sticky_assignment(partitions, infos).items():
@@ -148,6 +148,15 @@ class StickyAssignor:
             self.epoch = _decode_epoch(assignment.user_data)  # type: ignore[attr-defined]
         except msgspec.MsgspecError:
             self.epoch = -1
+
+
+def _partitions(cluster: object, topics: set[str]) -> list[Partition]:
+    """Every partition of ``topics`` the cluster's metadata knows."""
+    return [
+        (topic, p)
+        for topic in topics
+        for p in (cluster.partitions_for_topic(topic) or ())  # type: ignore[attr-defined]
+    ]
 
 
 def _numbers_by_topic(given: list[Partition]) -> dict[str, list[int]]:
