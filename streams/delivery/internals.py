@@ -43,14 +43,7 @@ def check_pins() -> None:
     private member used here."""
     from importlib.metadata import version
 
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    missing = []
-    if not hasattr(AIOKafkaAdminClient, "_send_request"):
-        missing.append("AIOKafkaAdminClient._send_request")
-    if "self._fetch_max_wait_ms" not in _fetcher_source():
-        missing.append("Fetcher._fetch_max_wait_ms")
-    missing += _producer_missing()
+    missing = _client_missing() + _producer_missing()
     if missing:
         raise RuntimeError(
             f"{', '.join(missing)} missing; specmeter's streams/delivery/internals.py is written against "
@@ -101,6 +94,18 @@ async def stop_without_sending(producer: Any) -> None:
     connections and marks the producer closed."""
     await producer._sender.close()
     await producer.stop()
+
+
+def _client_missing() -> list[str]:
+    """The private members of the admin client and the fetcher used here that are missing."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    missing = []
+    if not hasattr(AIOKafkaAdminClient, "_send_request"):
+        missing.append("AIOKafkaAdminClient._send_request")
+    if "self._fetch_max_wait_ms" not in _fetcher_source():
+        missing.append("Fetcher._fetch_max_wait_ms")
+    return missing
 
 
 def _producer_missing() -> list[str]:
