@@ -113,6 +113,10 @@ class Ledger:
         gone = [tp for tp in self._partitions if tp[0] == topic and tp not in wanted]
         if gone:
             self.revoke(gone)
+        return self._add_new(topic, wanted)
+
+    def _add_new(self, topic: str, wanted: set[TopicPartition]) -> list[int]:
+        """The wanted partitions not held yet, each new in its own epoch; returns them."""
         new = sorted(p for t, p in wanted if (t, p) not in self._partitions)
         for p in new:
             self._new((topic, p))
