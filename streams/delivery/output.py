@@ -81,13 +81,28 @@ class _Partitions:
 
             partition = DefaultPartitioner()(key, self.ids, self.ids)
             if key is not None:
-                if len(self.by_key) >= _KEYS_REMEMBERED:
-                    self.by_key.clear()
-                self.by_key[key] = partition
+                self._remember(key, partition)
         return partition
+
+    def _remember(self, key: bytes, partition: int) -> None:
+        """A key's partition, for its next messages (all forgotten past ``_KEYS_REMEMBERED``)."""
+        if len(self.by_key) >= _KEYS_REMEMBERED:
+            self.by_key.clear()
+        self.by_key[key] = partition
 
 
 log = logging.getLogger("specmeter.output")
+
+
+async def _started(producer: Any) -> Any:
+    """``producer`` started (stopped again when its start fails)."""
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()
+        raise
+    return producer
+
 
 #: called with the offset Kafka gave a message
 OnAck = Callable[[int], None]
@@ -129,12 +144,7 @@ class OrderedProducer:
 
         self._wake, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
-        producer = AIOKafkaProducer(**self._kafka)
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
+        producer = await _started(AIOKafkaProducer(**self._kafka))
         self._producer = producer
         self._add = internals.message_appender(producer)
         producer.client.cluster.add_listener(self._forget_partitions)
@@ -207,11 +217,7 @@ class OrderedProducer:
         if self._producer is None:
             return
         if self.failed is not None:
-            if self._task is not None:
-                self._task.cancel()
-            self._producer.client.cluster.remove_listener(self._forget_partitions)
-            await internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
-            self._producer = None
+            await self._stop_failed()
             return
         try:
             await self.flush()
@@ -223,6 +229,14 @@ class OrderedProducer:
             self._producer.client.cluster.remove_listener(self._forget_partitions)
             await self._producer.stop()
             self._producer = None
+
+    async def _stop_failed(self) -> None:
+        """After a failure: stop the task and close the connection, sending nothing more."""
+        if self._task is not None:
+            self._task.cancel()
+        self._producer.client.cluster.remove_listener(self._forget_partitions)
+        await internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
+        self._producer = None
 
     async def _learn_partitions(self, topic: str) -> _Partitions:
         partitions = self._partitions[topic] = _Partitions(topic, await self._producer.partitions_for(topic))
