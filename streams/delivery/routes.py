@@ -116,22 +116,15 @@ class ChangelogReader:
         try:
             input_ends = await consumer.end_offsets([TP(t, p) for t, p in inputs]) if inputs else {}
             views = await self._read_views(consumer, {TP(t, p): end for (t, p), end in changelogs.items()})
-            return (
-                {(tp.topic, tp.partition): end for tp, end in input_ends.items()},
-                {(tp.topic, tp.partition): view for tp, view in views.items()},
-            )
+            return _keyed(input_ends), _keyed(views)
         finally:
             await consumer.stop()
 
     async def _read_views(self, consumer: Any, tps: dict[Any, int]) -> dict[Any, ChangelogView]:
         """Each changelog partition read from its start up to its end offset, through one
         consumer; fails when a whole ``STALL_S`` brings nothing new."""
-        starts = await consumer.beginning_offsets(list(tps))
         views = {tp: ChangelogView() for tp in tps}
-        reading = {tp for tp, end in tps.items() if end > starts[tp]}
-        if reading:
-            consumer.assign(sorted(reading))
-            await consumer.seek_to_beginning(*reading)
+        reading = await self._start_reading(consumer, tps)
         progress_at = time.monotonic()
         while reading:
             if time.monotonic() - progress_at > self.STALL_S:
@@ -139,6 +132,15 @@ class ChangelogReader:
             progress_at = await self._fetch_into(consumer, reading, views, tps, progress_at)
             await self._pause_read(consumer, reading, tps)
         return views
+
+    async def _start_reading(self, consumer: Any, tps: dict[Any, int]) -> set[Any]:
+        """The partitions with records before their end offset, assigned and sought to their start."""
+        starts = await consumer.beginning_offsets(list(tps))
+        reading = {tp for tp, end in tps.items() if end > starts[tp]}
+        if reading:
+            consumer.assign(sorted(reading))
+            await consumer.seek_to_beginning(*reading)
+        return reading
 
     async def _fetch_into(
         self,
@@ -207,6 +209,11 @@ class ChangelogReader:
         return out
 
 
+def _keyed(by_tp: Mapping[Any, Any]) -> dict[TopicPartition, Any]:
+    """A mapping keyed by aiokafka's TopicPartitions, keyed by (topic, partition) tuples."""
+    return {(tp.topic, tp.partition): value for tp, value in by_tp.items()}
+
+
 def _rebalance_listener(route: InputRoute) -> Any:
     """aiokafka's ``ConsumerRebalanceListener`` of one route (awaited during a rejoin)."""
     from aiokafka.abc import ConsumerRebalanceListener
@@ -273,12 +280,7 @@ class InputRoute:
     async def run(self) -> None:
         """Join the group and read until cancelled; errors are said once and retried."""
         driver = self.driver
-        consumer = driver.new_consumer(
-            group_id=self.group_id,
-            partition_assignment_strategy=(StickyAssignor(),),
-            **self.group_options,
-            **self.fetch_options,
-        )
+        consumer = self._new_consumer()
         try:
             consumer.subscribe([self.topic], listener=_rebalance_listener(self))
             await _retrying(f"route of {self.topic}: joining its group", consumer.start, driver.RETRY_S)
@@ -288,6 +290,15 @@ class InputRoute:
             self.consumer = None
             with contextlib.suppress(Exception):
                 await consumer.stop()  # leaves the group: its partitions move at once
+
+    def _new_consumer(self) -> Any:
+        """The route's consumer: a member of the stage's group, with the sticky assignor."""
+        return self.driver.new_consumer(
+            group_id=self.group_id,
+            partition_assignment_strategy=(StickyAssignor(),),
+            **self.group_options,
+            **self.fetch_options,
+        )
 
     async def _read(self, consumer: Any) -> None:
         last_input = time.monotonic()
@@ -599,6 +610,12 @@ class DeliveryDriver:
         changelog = self.changelog(topic)
         for _, p in suspended:
             await self._let_writes_out(topic, changelog, p)
+        self._forget_unsuspended(topic, changelog, partitions, suspended)
+
+    def _forget_unsuspended(
+        self, topic: str, changelog: str, partitions: list[int], suspended: list[TopicPartition]
+    ) -> None:
+        """The writes of the revoked partitions that kept no state: forgotten."""
         for p in partitions:
             if (topic, p) not in suspended:
                 self.writes.forget(changelog, p)
@@ -695,9 +712,7 @@ class DeliveryDriver:
                 log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
             failures = 0
         finally:
-            self._rounds.pop(topic, None)
-            for p, epoch in begun:
-                self.ledger.end_restore(topic, p, epoch)
+            self._end_round(topic, begun)
         return failures
 
     def _start_round(self, topic: str, begun: list[tuple[int, int]]) -> asyncio.Task:
@@ -722,6 +737,12 @@ class DeliveryDriver:
         await asyncio.sleep(self.RETRY_S)
         self._wanted[topic].set()
 
+    def _end_round(self, topic: str, begun: list[tuple[int, int]]) -> None:
+        """The round is over: the restores it began and did not install may begin again."""
+        self._rounds.pop(topic, None)
+        for p, epoch in begun:
+            self.ledger.end_restore(topic, p, epoch)
+
     async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
         started = time.monotonic()
         changelog = self.changelog(topic)
@@ -740,12 +761,16 @@ class DeliveryDriver:
         """Reinstate, without a restore, the partitions kept through the rebalance whose
         changelog nobody wrote since this worker's last write (taken out of ``epochs``);
         the others' writes are forgotten: they are restored."""
-        kept = {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
+        kept = self._take_kept(topic, epochs)
         if not kept:
             return
         ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
         for p, state in kept.items():
             self._keep_if_unchanged(topic, changelog, p, state, epochs, ends)
+
+    def _take_kept(self, topic: str, epochs: dict[int, int]) -> dict[int, Checkpointed]:
+        """The suspended states of the partitions to take over, taken out of the ledger."""
+        return {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
 
     def _keep_if_unchanged(
         self,
@@ -768,9 +793,7 @@ class DeliveryDriver:
     async def _restore_from_changelogs(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
         """Write a takeover record in each partition's changelog, read them up to it, and
         restore and install each state (unless the ledger moved on meanwhile)."""
-        owner_epochs = dict(
-            zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
-        )
+        owner_epochs = await self._write_takeovers(changelog, epochs)
         ends, views = await self.changelogs.read(
             {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in epochs]
         )
@@ -779,6 +802,12 @@ class DeliveryDriver:
             valid = views[(changelog, p)].result()
             state, installed = await self._restore(topic, p, valid, epoch)
             self._install_restored(topic, changelog, p, epochs[p], state, ends[(topic, p)], installed)
+
+    async def _write_takeovers(self, changelog: str, epochs: dict[int, int]) -> dict[int, int]:
+        """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
+        return dict(
+            zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
+        )
 
     def _install_restored(
         self,
@@ -855,14 +884,16 @@ class DeliveryDriver:
     def start(self, also: Iterable[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()) -> None:
         """Start the routes and the takeovers (and ``also``), or start one again at most every
         ``RESTART_S`` after it stopped on an error."""
-        runs = (
-            *also,
+        for name, run in (*also, *self._runs()):
+            if self._to_start(name):
+                self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
+
+    def _runs(self) -> tuple[tuple[str, Callable[[], Coroutine[Any, Any, None]]], ...]:
+        """The driver's own long-running tasks, by name: each topic's takeovers, then each route."""
+        return (
             *((f"take-over-{route.topic}", lambda t=route.topic: self.taking_over(t)) for route in self.routes),
             *((f"route-{route.topic}", route.run) for route in self.routes),
         )
-        for name, run in runs:
-            if self._to_start(name):
-                self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
 
     def _to_start(self, name: str) -> bool:
         """Whether a task is to be started: never started, or stopped at least ``RESTART_S``
