@@ -110,6 +110,13 @@ class OwnedWrites:
         the new epoch (its offset). Whatever this worker held of the partition is forgotten."""
         self.forget(topic, partition)
         token = takeover_token()
+        epoch = await self._append_takeover(topic, partition, token)
+        owned = self._owned[(topic, partition)] = Ownership(token=token, epoch=epoch, next_offset=epoch + 1)
+        owned.idle.set()
+        return epoch
+
+    async def _append_takeover(self, topic: str, partition: int, token: str) -> int:
+        """Append a takeover record with ``token`` and wait for it; returns its offset."""
         value = encode_takeover(Takeover(token=token, owner=self.owner, at_ms=int(time.time() * 1000)))
         acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -118,10 +125,7 @@ class OwnedWrites:
                 acked.set_result(offset)
 
         self.output.send(topic, takeover_key(partition, token), value, partition, on_ack=on_ack)
-        epoch = await acked
-        owned = self._owned[(topic, partition)] = Ownership(token=token, epoch=epoch, next_offset=epoch + 1)
-        owned.idle.set()
-        return epoch
+        return await acked
 
     def ownership(self, topic: str, partition: int) -> Ownership | None:
         return self._owned.get((topic, partition))
@@ -167,6 +171,10 @@ class OwnedWrites:
             return
         owned.groups.append(group)
         owned.idle.clear()
+        self._send(topic, partition, owned, writes)
+
+    def _send(self, topic: str, partition: int, owned: Ownership, writes: list[tuple[bytes, bytes | None]]) -> None:
+        """A group's writes to the producer, each acknowledgement counted (``_acked``)."""
 
         def on_ack(offset: int) -> None:
             self._acked(topic, partition, owned, offset)
@@ -204,13 +212,10 @@ class OwnedWrites:
         ours = set(group.offsets)
         start, end = owned.next_offset, max(ours) + 1
         records = await self._read_skipped(topic, partition, start, end)
-        for offset, key, value in records:
-            if offset in ours or key is None or value is None or not is_takeover(key):
-                continue
-            takeover = takeover_of(value)
-            if takeover is not None and takeover.token != owned.token:
-                self._fenced_by(topic, partition, owned, takeover, offset)
-                return
+        found = _other_takeover(records, ours, owned.token)
+        if found is not None:
+            self._fenced_by(topic, partition, owned, found[1], found[0])
+            return
         owned.next_offset = end
         owned.checking = False
         await self._complete(topic, partition, owned, group)
@@ -259,13 +264,18 @@ class OwnedWrites:
     async def _complete(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """A group verified: its outputs leave, then the deletions it made safe."""
         try:
-            if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
-                await group.release()
-                if group.deletions:
-                    self.submit(topic, partition, [(key, None) for key in group.deletions], _nothing)
+            await self._release(topic, partition, owned, group)
         finally:
             if not owned.groups and not owned.acknowledged and not owned.checking:
                 owned.idle.set()
+
+    async def _release(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """Unless the partition was given up meanwhile: the group's outputs, then its
+        deletions as a group of their own."""
+        if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
+            await group.release()
+            if group.deletions:
+                self.submit(topic, partition, [(key, None) for key in group.deletions], _nothing)
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -295,3 +305,17 @@ def _in_place(owned: Ownership, group: _Group) -> bool:
     partition is not owned: nothing to check)."""
     first, last = min(group.offsets), max(group.offsets)
     return owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets))
+
+
+def _other_takeover(
+    records: list[tuple[int, bytes | None, bytes | None]], ours: set[int], token: str
+) -> tuple[int, Takeover] | None:
+    """The first takeover among ``records`` (none of ``ours``) with another token than
+    ``token``, and its offset; None when there is none."""
+    for offset, key, value in records:
+        if offset in ours or key is None or value is None or not is_takeover(key):
+            continue
+        takeover = takeover_of(value)
+        if takeover is not None and takeover.token != token:
+            return offset, takeover
+    return None
