@@ -96,8 +96,6 @@ def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) 
 def _table(results: list, offline: dict):
     from rich.table import Table
 
-    from .tables import drift_text
-
     table = Table(
         title="specmeter: per-batch speculative decoding metrics (from the stream)",
         caption="drift: accept rate per weight version (policy drift away from the draft model)",
@@ -123,23 +121,39 @@ def _table(results: list, offline: dict):
             overflow="ellipsis",
         )
     for m in results:
-        x = m.metrics
-        fmt = lambda v: "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
-        table.add_row(
-            m.batch_id,
-            fmt(x.get("spec/accept_rate")),
-            fmt(x.get("spec/tokens_per_verify")),
-            fmt(x.get("spec/accept_count_coverage")),
-            fmt(x.get("spec/verify_count_coverage")),
-            fmt(x.get("spec/unique_generation_count")),
-            fmt(x.get("spec/sample_count")),
-            fmt(x.get("spec/conflicting_generation_count")),
-            str(m.invalid_record_count),
-            "yes" if m.complete else "no",
-            "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-            drift_text(m.by_weight_version, 32),
-        )
+        table.add_row(*_row(m, offline))
     return table
+
+
+def _row(m, offline: dict) -> list[str]:
+    """A batch's row: its numbers, whether it matches the offline result, its drift."""
+    from .tables import drift_text
+
+    x = m.metrics
+    return [
+        m.batch_id,
+        *(
+            _number(x.get(key))
+            for key in (
+                "spec/accept_rate",
+                "spec/tokens_per_verify",
+                "spec/accept_count_coverage",
+                "spec/verify_count_coverage",
+                "spec/unique_generation_count",
+                "spec/sample_count",
+                "spec/conflicting_generation_count",
+            )
+        ),
+        str(m.invalid_record_count),
+        "yes" if m.complete else "no",
+        "yes" if offline.get(m.batch_id) == m.metrics else "NO",
+        drift_text(m.by_weight_version, 32),
+    ]
+
+
+def _number(v) -> str:
+    """A metric as the table shows it: ``-`` where it is missing, a float to 4 places."""
+    return "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
 def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
@@ -178,27 +192,57 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
     from rich.console import Console
 
-    from specmeter.producers import PublisherSettings
-    from specmeter.schemas import encode_metrics
-
-    from ..core.offline import OfflineAggregator
-    from ..fleet.dumps import parse_dump_line
-    from ..fleet.replay import replay_lines
-    from ..settings import TopicNames, WorkerSettings
-    from ..worker.topics import ensure_topics
-
     console = Console(stderr=True)
     broker, started_broker = _start_broker(console)
     console.print(f"broker: [bold]{broker}[/]")
     _check_broker(broker)
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    topics = _demo_topics(broker, run)
+    log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
+    worker = None
+    succeeded = False
+    click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
+    try:
+        with log_path.open("wb") as log:
+            worker = subprocess.Popen(
+                _worker_args(broker, run, topics), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        _await_ready(console, worker, log_path)
+        console.print(f"worker: ready (app id [bold]{run}[/])")
+        _replay(console, dump, broker, topics.records)
+        expected = _offline(dump)
+        with console.status("waiting for the worker to publish every batch..."):
+            latest = _read_metrics(broker, topics.metrics, set(expected), timeout)
+        results = [latest[b] for b in expected if b in latest]
+        _print_results(results, expected, as_json)
+        _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {log_path})")
+        console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+        succeeded = True
+    finally:
+        _stop_worker(worker)
+        if started_broker and not keep_broker:
+            subprocess.run([str(BROKER), "stop"], capture_output=True)
+    if succeeded:
+        click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
+
+
+def _demo_topics(broker: str, run: str):
+    """The run's own topics, created as the worker wants them (4 partitions)."""
+    from ..settings import TopicNames, WorkerSettings
+    from ..worker.topics import ensure_topics
+
     topics = TopicNames(
         records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics", deadletter=f"{run}.deadletter"
     )
-    settings = WorkerSettings(broker=broker, app_id=run, topics=topics, partitions=4, batch_timeout_s=20.0)
-    asyncio.run(ensure_topics(settings))
-    log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
-    args = [
+    asyncio.run(
+        ensure_topics(WorkerSettings(broker=broker, app_id=run, topics=topics, partitions=4, batch_timeout_s=20.0))
+    )
+    return topics
+
+
+def _worker_args(broker: str, run: str, topics) -> list[str]:
+    """The worker's command line: the run's topics, short timeouts, no web server, a fresh data dir."""
+    return [
         sys.executable,
         "-m",
         "specmeter.streams.cli",
@@ -225,57 +269,74 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         "--data-dir",
         tempfile.mkdtemp(prefix="specmeter-demo-"),
     ]
-    worker = None
-    succeeded = False
-    click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
-    try:
-        with log_path.open("wb") as log, console.status("starting the worker..."):
-            worker = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + 90
-            while "Worker ready" not in log_path.read_text(errors="replace"):
-                if worker.poll() is not None or time.monotonic() > deadline:
-                    raise click.ClickException(f"the worker did not start; its log:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.2)
-        console.print(f"worker: ready (app id [bold]{run}[/])")
-        with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
-            summary = asyncio.run(
-                replay_lines(lines, PublisherSettings(bootstrap_servers=broker, topic=topics.records))
-            )
-        console.print(
-            f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
-            f"from {summary.producers} producers"
-        )
-        offline = OfflineAggregator(parse=parse_dump_line)
-        with dump.open("rb") as lines:
-            offline.feed_lines(lines)
-        expected = {m.batch_id: m.metrics for m in offline.results()}
-        with console.status("waiting for the worker to publish every batch..."):
-            latest = _read_metrics(broker, topics.metrics, set(expected), timeout)
-        results = [latest[b] for b in expected if b in latest]
-        if as_json:
-            for m in results:
-                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
-            sys.stdout.flush()
-        else:
-            out = Console()
-            if not out.is_terminal:
-                out = Console(width=170)
-            out.print(_table(results, expected))
-        missing = set(expected) - set(latest)
-        if missing:
-            raise click.ClickException(f"no metrics for {sorted(missing)} within {timeout:.0f}s (log: {log_path})")
-        if any(expected[m.batch_id] != m.metrics for m in results):
-            raise click.ClickException("the stream disagrees with `specmeter aggregate` on the same dump")
-        console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
-        succeeded = True
-    finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-        if started_broker and not keep_broker:
-            subprocess.run([str(BROKER), "stop"], capture_output=True)
-    if succeeded:
-        click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
+
+
+def _await_ready(console, worker: subprocess.Popen, log_path: Path) -> None:
+    """Wait for the worker's ready line in its log (90 s); a worker that exits or never gets there fails the demo."""
+    with console.status("starting the worker..."):
+        deadline = time.monotonic() + 90
+        while "Worker ready" not in log_path.read_text(errors="replace"):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise click.ClickException(f"the worker did not start; its log:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+
+def _replay(console, dump: Path, broker: str, topic: str) -> None:
+    """Replay the dump as its producers would, and say what was sent."""
+    from specmeter.producers import PublisherSettings
+
+    from ..fleet.replay import replay_lines
+
+    with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
+        summary = asyncio.run(replay_lines(lines, PublisherSettings(bootstrap_servers=broker, topic=topic)))
+    console.print(
+        f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
+        f"from {summary.producers} producers"
+    )
+
+
+def _offline(dump: Path) -> dict:
+    """Each batch's metrics as ``specmeter aggregate`` computes them from the same dump."""
+    from ..core.offline import OfflineAggregator
+    from ..fleet.dumps import parse_dump_line
+
+    offline = OfflineAggregator(parse=parse_dump_line)
+    with dump.open("rb") as lines:
+        offline.feed_lines(lines)
+    return {m.batch_id: m.metrics for m in offline.results()}
+
+
+def _print_results(results: list, expected: dict, as_json: bool) -> None:
+    """The worker's metrics on stdout: JSON lines, or the table (170 columns wide where stdout is no terminal)."""
+    from rich.console import Console
+
+    from specmeter.schemas import encode_metrics
+
+    if as_json:
+        for m in results:
+            sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+        sys.stdout.flush()
+        return
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=170)
+    out.print(_table(results, expected))
+
+
+def _check_results(expected: dict, latest: dict, results: list, waited: str) -> None:
+    """Fail the demo where a batch was not published in time or disagrees with the offline result."""
+    missing = set(expected) - set(latest)
+    if missing:
+        raise click.ClickException(f"no metrics for {sorted(missing)} {waited}")
+    if any(expected[m.batch_id] != m.metrics for m in results):
+        raise click.ClickException("the stream disagrees with `specmeter aggregate` on the same dump")
+
+
+def _stop_worker(worker: subprocess.Popen | None) -> None:
+    """Stop a worker still running: SIGTERM to its process group, SIGKILL after 30 s."""
+    if worker is not None and worker.poll() is None:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
