@@ -107,15 +107,7 @@ async def follow_metrics(
     Raises:
         TopicNotFound: ``topic`` does not exist (it is never created).
     """
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(  # no topic here: subscribing to a missing one would create it
-        bootstrap_servers=broker,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest" if from_beginning else "latest",
-        **(kafka or {}),
-    )
+    consumer = _consumer(broker, from_beginning, kafka)
     seen = 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
@@ -123,21 +115,54 @@ async def follow_metrics(
         await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
         if not from_beginning and last > 0:
             await _rewind(consumer, last)
-        while (max_messages is None or seen < max_messages) and (deadline is None or time.monotonic() < deadline):
+        while _room(seen, max_messages) and (deadline is None or time.monotonic() < deadline):
             for messages in (await consumer.getmany(timeout_ms=250)).values():
-                for message in messages:
-                    if max_messages is not None and seen >= max_messages:
-                        break
-                    try:
-                        metrics = decode_metrics(message.value)
-                    except Exception as exc:  # noqa: BLE001 - a foreign message must not stop the tail
-                        print(f"specmeter tail: skipped offset {message.offset}: {exc}", file=sys.stderr)
-                        continue
-                    on_metrics(metrics)
-                    seen += 1
+                seen = _deliver(messages, on_metrics, seen, max_messages)
     finally:
         await consumer.stop()
     return seen
+
+
+def _consumer(broker: str, from_beginning: bool, kafka: dict | None) -> Any:
+    """A consumer of no group, not started, subscribed to nothing: subscribing to a missing
+    topic would create it."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=broker,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        **(kafka or {}),
+    )
+
+
+def _room(seen: int, max_messages: int | None) -> bool:
+    """Whether ``max_messages`` leaves room for another message."""
+    return max_messages is None or seen < max_messages
+
+
+def _deliver(
+    messages: list[Any], on_metrics: Callable[[BatchMetrics], None], seen: int, max_messages: int | None
+) -> int:
+    """Hand each message that decodes to ``on_metrics`` while there is room; the count so far."""
+    for message in messages:
+        if not _room(seen, max_messages):
+            break
+        metrics = _decoded(message)
+        if metrics is not None:
+            on_metrics(metrics)
+            seen += 1
+    return seen
+
+
+def _decoded(message: Any) -> BatchMetrics | None:
+    """The message's BatchMetrics; None, with a line on stderr, for a foreign message."""
+    try:
+        return decode_metrics(message.value)
+    except Exception as exc:  # noqa: BLE001 - a foreign message must not stop the tail
+        print(f"specmeter tail: skipped offset {message.offset}: {exc}", file=sys.stderr)
+        return None
 
 
 def _missing_topic_fix(similar: list[str], of_role: list[str]) -> str:
