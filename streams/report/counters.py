@@ -238,26 +238,41 @@ def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
         out[i] = _quantity(metrics, source)
     histogram = metrics.accept_histogram if metrics.speculative else None
     if histogram:
-        at_least = out[_STEPS] = sum(histogram)
-        for k, count in enumerate(histogram[: MAX_EXPORTED_POSITION + 1]):
-            if k > 0:
-                out[_POSITIONS + k - 1] = at_least
-                present.add(_POSITIONS + k - 1)
-            at_least -= count
+        _add_positions(out, present, histogram)
     if metrics.speculative:
-        ages = version_ages(metrics)
-        entries = metrics.by_weight_version
-        shares = (
-            [(ages[e.weight_version], e.metrics) for e in entries]
-            if entries is not None
-            else [("unknown", metrics.metrics)]
-        )
-        for age, m in shares:
-            a = VERSION_AGES.index(age)
-            out[_AGES_ACCEPTED + a] += int(m.get("spec/paired_accepted_total", 0))
-            out[_AGES_PROPOSED + a] += int(m.get("spec/paired_proposed_total", 0))
-            present.update((_AGES_ACCEPTED + a, _AGES_PROPOSED + a))
+        _add_ages(out, present, _age_shares(metrics))
     return tuple(out), frozenset(present)
+
+
+def _add_positions(out: list[int], present: set[int], histogram: list[int]) -> None:
+    """The verify steps of a histogram, and those that reached each exported position."""
+    at_least = out[_STEPS] = sum(histogram)
+    for k, count in enumerate(histogram[: MAX_EXPORTED_POSITION + 1]):
+        if k > 0:
+            out[_POSITIONS + k - 1] = at_least
+            present.add(_POSITIONS + k - 1)
+        at_least -= count
+
+
+def _age_shares(metrics: Any) -> list[tuple[str, Any]]:
+    """(version age, metrics) of each share of a speculative batch: its
+    ``by_weight_version`` entries, or the whole batch as the unknown age."""
+    ages = version_ages(metrics)
+    entries = metrics.by_weight_version
+    return (
+        [(ages[e.weight_version], e.metrics) for e in entries]
+        if entries is not None
+        else [("unknown", metrics.metrics)]
+    )
+
+
+def _add_ages(out: list[int], present: set[int], shares: list[tuple[str, Any]]) -> None:
+    """The paired accepted and proposed drafts of each version age."""
+    for age, m in shares:
+        a = VERSION_AGES.index(age)
+        out[_AGES_ACCEPTED + a] += int(m.get("spec/paired_accepted_total", 0))
+        out[_AGES_PROPOSED + a] += int(m.get("spec/paired_proposed_total", 0))
+        present.update((_AGES_ACCEPTED + a, _AGES_PROPOSED + a))
 
 
 def _task_shares(metrics: Any) -> list[tuple[str | None, Any]]:
@@ -305,18 +320,21 @@ class LabelTotals:
         """The ``task`` label of a task's share: its own name while fewer than ``max_tasks``
         tasks have one here (first come, kept for the label set's life: every revision of a
         batch lands where its first did), else OTHER_TASKS; UNKNOWN_TASK for None."""
-        if task is None:
-            label = UNKNOWN_TASK
-        elif task in _RESERVED_TASKS:
-            label = OTHER_TASKS
-        elif task in self.task_added or sum(t not in _RESERVED_TASKS for t in self.task_added) < max_tasks:
-            label = task
-        else:
-            label = OTHER_TASKS
+        label = self._label_of(task, max_tasks)
         if label not in self.task_added:
             self.task_added[label] = [0] * len(TASK_COUNTERS)
             self.task_retracted[label] = [0] * len(TASK_COUNTERS)
         return label
+
+    def _label_of(self, task: str | None, max_tasks: int) -> str:
+        """The label a task's share goes under (``task_label``), given or not yet."""
+        if task is None:
+            return UNKNOWN_TASK
+        if task in _RESERVED_TASKS:
+            return OTHER_TASKS
+        if task in self.task_added or sum(t not in _RESERVED_TASKS for t in self.task_added) < max_tasks:
+            return task
+        return OTHER_TASKS
 
     def add(self, before: _Batch, after: _Batch, max_tasks: int) -> None:
         """Count a batch's change from one revision (``before``) to the next (``after``)."""
@@ -434,21 +452,30 @@ class PublishedTotals:
         labels = published_labels(metrics)
         batch = _Batch.of(metrics)
         if count:
-            before = _NOTHING
-            if known is not None and known.labels != labels:
-                # a marker named the algorithm after the first revision: the batch moves
-                self._label_totals(known.labels).add(known.batch, _NOTHING, self.max_tasks)
-            elif known is not None:
-                before = known.batch
-            self._label_totals(labels).add(before, batch, self.max_tasks)
+            self._count(known, labels, batch)
         if known is not None and known.labels != labels:
-            newest = self.latest.get(known.labels)
-            if newest is not None and (newest.run_id, newest.batch_id) == key:
-                del self.latest[known.labels]
+            self._drop_latest(known.labels, key)
         self._last[key] = _Published(labels, batch, metrics.revision, now_s)
         self._last.move_to_end(key)
         self._forget(now_s)
         self._keep_latest(labels, metrics)
+
+    def _count(self, known: _Published | None, labels: Labels, batch: _Batch) -> None:
+        """Count a revision's difference from the batch's previous one (taken back from its
+        label set first when the batch moved to another)."""
+        before = _NOTHING
+        if known is not None and known.labels != labels:
+            # a marker named the algorithm after the first revision: the batch moves
+            self._label_totals(known.labels).add(known.batch, _NOTHING, self.max_tasks)
+        elif known is not None:
+            before = known.batch
+        self._label_totals(labels).add(before, batch, self.max_tasks)
+
+    def _drop_latest(self, labels: Labels, key: tuple[str | None, str]) -> None:
+        """A batch that moved to another label set is no longer its old set's newest."""
+        newest = self.latest.get(labels)
+        if newest is not None and (newest.run_id, newest.batch_id) == key:
+            del self.latest[labels]
 
     def _keep_latest(self, labels: Labels, metrics: Any) -> None:
         newest = self.latest.get(labels)
