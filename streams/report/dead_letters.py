@@ -56,17 +56,21 @@ class DeadLetterLog:
         """One dead letter sent: said now if its reason is not being folded, else counted."""
         reason = self._reasons.get(letter.reason)
         if reason is None:
-            self._reasons[letter.reason] = _Reason(said_at=now)
-            self._log.warning(
-                "dead-lettered reason=%s %s; further dead letters of this reason are folded into one line a "
-                "minute (each is on the dead-letter topic)",
-                letter.reason,
-                describe(letter),
-            )
+            self._say_first(letter, now)
             return
         reason.folded += 1
         reason.partitions.add(letter.source_partition)
         reason.latest = letter
+
+    def _say_first(self, letter: DeadLetter, now: float) -> None:
+        """The first dead letter of a reason: said now, the next ones folded."""
+        self._reasons[letter.reason] = _Reason(said_at=now)
+        self._log.warning(
+            "dead-lettered reason=%s %s; further dead letters of this reason are folded into one line a "
+            "minute (each is on the dead-letter topic)",
+            letter.reason,
+            describe(letter),
+        )
 
     def tick(self, now: float) -> None:
         """Say what was folded for each reason whose interval is over; forget a reason
@@ -84,13 +88,22 @@ class DeadLetterLog:
             if reason.folded == 0:
                 del self._reasons[name]  # quiet for an interval: the next one is said at once
                 continue
-            assert reason.latest is not None
-            self._log.warning(
-                "dead-lettered %d more reason=%s in the last %.0f s, from partitions %s (latest: %s)",
-                reason.folded,
-                name,
-                now - reason.said_at,
-                ",".join(str(p) for p in sorted(reason.partitions, key=lambda p: -1 if p is None else p)),
-                describe(reason.latest),
-            )
+            self._say_folded(name, reason, now)
             self._reasons[name] = _Reason(said_at=now)
+
+    def _say_folded(self, name: str, reason: _Reason, now: float) -> None:
+        """One line for what a reason folded since its last line."""
+        assert reason.latest is not None
+        self._log.warning(
+            "dead-lettered %d more reason=%s in the last %.0f s, from partitions %s (latest: %s)",
+            reason.folded,
+            name,
+            now - reason.said_at,
+            _partitions_shown(reason.partitions),
+            describe(reason.latest),
+        )
+
+
+def _partitions_shown(partitions: set[int | None]) -> str:
+    """The source partitions of folded dead letters, in order (an unknown one first)."""
+    return ",".join(str(p) for p in sorted(partitions, key=lambda p: -1 if p is None else p))
