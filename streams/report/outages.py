@@ -83,6 +83,12 @@ def classify(message: str) -> tuple[str, str | None] | None:
         return None
     if _COORDINATOR.search(message):
         return COORDINATOR, None
+    return _endpoint(message)
+
+
+def _endpoint(message: str) -> tuple[str, str | None]:
+    """(target, address) of a line that says an endpoint other than the group coordinator
+    cannot be reached: a broker by node, else by address, else the coordinator or the cluster."""
     address = _address(message)
     node = _NODE.search(message)
     if node:
@@ -205,22 +211,25 @@ class Outages:
             if outage is not None:
                 self._fold(outage, detail, node, now)
                 return
-            outage = Outage(
-                target=target,
-                address=self._addresses.get(target),
-                since_s=now,
-                since_unix=self._wall(),
-                first_error=detail,
-                last_error=detail,
-                last_error_s=now,
-                last_line_s=now,
-                node=node,
-            )
-            self._open[target] = outage
+            outage = self._open[target] = self._new_outage(target, detail, node, now)
             if target in (COORDINATOR, CLUSTER):
                 return  # said when it lasts (``tick``): a coordinator moving or loading takes a moment
             self._said(outage)
         self._warn(outage)
+
+    def _new_outage(self, target: str, detail: str, node: str | None, now: float) -> Outage:
+        """An outage opened by its first error."""
+        return Outage(
+            target=target,
+            address=self._addresses.get(target),
+            since_s=now,
+            since_unix=self._wall(),
+            first_error=detail,
+            last_error=detail,
+            last_error_s=now,
+            last_line_s=now,
+            node=node,
+        )
 
     def _known_as(self, target: str, address: str | None) -> str:
         """The target a line names, as the outages know it: a broker named by its address
@@ -268,14 +277,7 @@ class Outages:
         if outage is None or not outage.warned:
             return
         if unused:
-            self._log.log(
-                self.back_level,
-                "%s still refuses connections, but nothing has asked for it for %.0f s (it left the cluster's "
-                "metadata): no longer counted as an outage (%d errors folded)",
-                self._name(outage),
-                now - outage.last_error_s,
-                outage.errors,
-            )
+            self._say_unused(outage, now)
             return
         self._log.log(
             self.back_level,
@@ -283,6 +285,17 @@ class Outages:
             self._name(outage),
             where,
             now - outage.since_s,
+            outage.errors,
+        )
+
+    def _say_unused(self, outage: Outage, now: float) -> None:
+        """A broker that left the cluster's metadata: no longer counted as an outage."""
+        self._log.log(
+            self.back_level,
+            "%s still refuses connections, but nothing has asked for it for %.0f s (it left the cluster's "
+            "metadata): no longer counted as an outage (%d errors folded)",
+            self._name(outage),
+            now - outage.last_error_s,
             outage.errors,
         )
 
@@ -305,6 +318,10 @@ class Outages:
         with self._lock:
             for target, o in self._open.items():
                 self._look_at(target, o, now, reachable, due)
+        self._say(due, now)
+
+    def _say(self, due: _Due, now: float) -> None:
+        """What a tick decided (outside the lock): first lines, ends, reminders."""
         for o in due.first:
             self._warn(o)
         for target in due.back:
@@ -312,14 +329,18 @@ class Outages:
         for target in due.unused:
             self._close(target, now, unused=True)
         for o, folded, last in due.remind:
-            self._log.warning(
-                "%s still %s after %.0f s: %d errors folded since the last line (latest: %s)",
-                self._name(o),
-                "unavailable" if o.target == COORDINATOR else "unreachable",
-                now - o.since_s,
-                folded,
-                last,
-            )
+            self._remind(o, folded, last, now)
+
+    def _remind(self, o: Outage, folded: int, last: str, now: float) -> None:
+        """The reminder of an outage still on, with the errors folded since its last line."""
+        self._log.warning(
+            "%s still %s after %.0f s: %d errors folded since the last line (latest: %s)",
+            self._name(o),
+            "unavailable" if o.target == COORDINATOR else "unreachable",
+            now - o.since_s,
+            folded,
+            last,
+        )
 
     def _look_at(self, target: str, o: Outage, now: float, reachable: set[str], due: _Due) -> None:
         """What one outage needs now (under the lock): said at last, over, or a reminder."""
@@ -327,6 +348,10 @@ class Outages:
             self._said(o)
             o.last_line_s, o.unreported = now, 0
             due.first.append(o)
+        self._end_or_remind(target, o, now, reachable, due)
+
+    def _end_or_remind(self, target: str, o: Outage, now: float, reachable: set[str], due: _Due) -> None:
+        """An outage over (back, or no longer used), or one said ``repeat_s`` ago: a reminder."""
         ended = self._ended(target, o, now, reachable)
         if ended is not None:
             (due.back if ended == "back" else due.unused).append(target)
@@ -357,21 +382,23 @@ class Outages:
         now = time.monotonic() if now is None else now
         with self._lock:
             return {
-                "unreachable": [
-                    {
-                        "target": o.target,
-                        "address": o.address,
-                        "since_unix": round(o.since_unix, 3),
-                        "for_s": round(now - o.since_s, 1),
-                        "errors_folded": o.errors,
-                        "said": o.warned,
-                        "first_error": o.first_error,
-                    }
-                    for o in self._open.values()
-                ],
+                "unreachable": [_outage_dict(o, now) for o in self._open.values()],
                 "outages_total": self.outages_total,
                 "errors_folded_total": self.errors_total,
             }
+
+
+def _outage_dict(o: Outage, now: float) -> dict[str, Any]:
+    """One outage on ``/specmeter/stats``."""
+    return {
+        "target": o.target,
+        "address": o.address,
+        "since_unix": round(o.since_unix, 3),
+        "for_s": round(now - o.since_s, 1),
+        "errors_folded": o.errors,
+        "said": o.warned,
+        "first_error": o.first_error,
+    }
 
 
 class OutageLogFilter(logging.Filter):
@@ -397,15 +424,20 @@ class OutageLogFilter(logging.Filter):
                 return self._below_warning(record)
             if self._retries is not None and not str(record.msg).startswith(self._retries):
                 return True
-            message = _with_exception(record)
-            kind = classify(message)
-            if kind is None:
-                return True
-            target, address = kind
-            self.outages.error(target, message, self._clock(), address)
-            return False
+            return self._fold(record)
         except Exception:  # noqa: BLE001 - a log filter must never lose the line it was given
             return True
+
+    def _fold(self, record: logging.LogRecord) -> bool:
+        """A WARNING or worse: one that says an endpoint cannot be reached goes to
+        ``Outages`` and is dropped (False); any other passes (True)."""
+        message = _with_exception(record)
+        kind = classify(message)
+        if kind is None:
+            return True
+        target, address = kind
+        self.outages.error(target, message, self._clock(), address)
+        return False
 
     def _below_warning(self, record: logging.LogRecord) -> bool:
         """An INFO or DEBUG line: "Discovered coordinator" ends the coordinator's outage.
