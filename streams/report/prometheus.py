@@ -239,10 +239,7 @@ def _age_metrics(entries: list[Any]) -> tuple[dict[str, float], list[float] | No
     """The metrics and acceptance by position of the by_weight_version entries of one
     version age: sums added, ratios taken from the sums (for one entry: its own values)."""
     sums = {key: sum(e.metrics.get(key, 0) for e in entries) for key in _AGE_SUMS}
-    out: dict[str, float] = dict(sums)
-    for ratio, numerator, denominator in _AGE_RATIOS:
-        if sums[denominator] > 0:
-            out[ratio] = sums[numerator] / sums[denominator]
+    out: dict[str, float] = dict(sums) | _age_ratios(sums)
     if len(entries) == 1:
         return out, entries[0].accept_rate_by_position
     return out, _positions_of_summed(entries)
@@ -256,14 +253,27 @@ _AGE_RATIOS = (
 )
 
 
+def _age_ratios(sums: dict[str, int]) -> dict[str, float]:
+    """The ratios of a version age, from its sums (none whose denominator is 0)."""
+    out: dict[str, float] = {}
+    for ratio, numerator, denominator in _AGE_RATIOS:
+        if sums[denominator] > 0:
+            out[ratio] = sums[numerator] / sums[denominator]
+    return out
+
+
 def _positions_of_summed(entries: list[Any]) -> list[float] | None:
     """Acceptance by position of the entries' histograms, summed (None: no histogram)."""
     histograms = [e.accept_histogram for e in entries if e.accept_histogram is not None]
     if not histograms:
         return None
+    return accept_rate_by_position(_summed(histograms))
+
+
+def _summed(histograms: list[Any]) -> list[int]:
+    """Histograms added up bin by bin (a shorter one has nothing past its end)."""
     width = max(map(len, histograms))
-    summed = [sum(h[i] for h in histograms if i < len(h)) for i in range(width)]
-    return accept_rate_by_position(summed)
+    return [sum(h[i] for h in histograms if i < len(h)) for i in range(width)]
 
 
 def _kafka(shell: Any) -> Iterator[Any]:
@@ -474,17 +484,20 @@ class _Latest:
     def add(self, m: Any) -> None:
         algorithm, run = published_labels(m)
         ids = [run, algorithm]
+        self._gauges(m, ids)
+        for name, (attribute, _) in _BATCH_FIELDS.items():
+            self.fields[name].add_metric(ids, float(getattr(m, attribute)))
+        self._steps(m.accept_histogram or [], ids)
+        _add_positions(self.positions, ids, m.accept_rate_by_position)
+        self.info.add_metric(ids, {"close_reason": m.close_reason})
+        self._versions(m, ids)
+
+    def _gauges(self, m: Any, ids: list[str]) -> None:
+        """The batch's gauges of the metrics it has."""
         for name, (key, _) in _BATCH_GAUGES.items():
             value = m.metrics.get(key)
             if value is not None:
                 self.gauges[name].add_metric(ids, value)
-        for name, (attribute, _) in _BATCH_FIELDS.items():
-            self.fields[name].add_metric(ids, float(getattr(m, attribute)))
-        self._steps(m.accept_histogram or [], ids)
-        for k, rate in enumerate((m.accept_rate_by_position or [])[:MAX_EXPORTED_POSITION], start=1):
-            self.positions.add_metric([*ids, str(k)], rate)
-        self.info.add_metric(ids, {"close_reason": m.close_reason})
-        self._versions(m, ids)
 
     def _steps(self, histogram: list[int], ids: list[str]) -> None:
         """The acceptance-length gauge: bins past the last exported one folded into it."""
@@ -495,18 +508,33 @@ class _Latest:
 
     def _versions(self, m: Any, ids: list[str]) -> None:
         """The gauges of each version age present in the batch's ``by_weight_version``."""
-        ages = version_ages(m)
-        by_age: dict[str, list[Any]] = {}
-        for entry in m.by_weight_version or ():
-            by_age.setdefault(ages[entry.weight_version], []).append(entry)
+        by_age = _by_age(m)
         for age in (age for age in VERSION_AGES if age in by_age):
-            metrics, rates = _age_metrics(by_age[age])
-            for name, (key, _) in _VERSION_GAUGES.items():
-                value = metrics.get(key)
-                if value is not None:
-                    self.versions[name].add_metric([*ids, age], value)
-            for k, rate in enumerate((rates or [])[:MAX_EXPORTED_POSITION], start=1):
-                self.version_positions.add_metric([*ids, age, str(k)], rate)
+            self._version(by_age[age], [*ids, age])
+
+    def _version(self, entries: list[Any], ids: list[str]) -> None:
+        """The gauges of one version age (``ids`` ending with it)."""
+        metrics, rates = _age_metrics(entries)
+        for name, (key, _) in _VERSION_GAUGES.items():
+            value = metrics.get(key)
+            if value is not None:
+                self.versions[name].add_metric(ids, value)
+        _add_positions(self.version_positions, ids, rates)
+
+
+def _by_age(m: Any) -> dict[str, list[Any]]:
+    """A batch's ``by_weight_version`` entries by version age."""
+    ages = version_ages(m)
+    by_age: dict[str, list[Any]] = {}
+    for entry in m.by_weight_version or ():
+        by_age.setdefault(ages[entry.weight_version], []).append(entry)
+    return by_age
+
+
+def _add_positions(family: Any, ids: list[str], rates: list[float] | None) -> None:
+    """Acceptance by position k = 1..MAX_EXPORTED_POSITION, under ``ids`` and k."""
+    for k, rate in enumerate((rates or [])[:MAX_EXPORTED_POSITION], start=1):
+        family.add_metric([*ids, str(k)], rate)
 
 
 def registry_for(shell: Any) -> CollectorRegistry:
