@@ -119,17 +119,35 @@ class WaitReporter:
     _said: set[tuple[str, str | None, str]] = field(default_factory=set)
 
     def lines(self, batches: list[BatchWait], merges: Iterable[MergeWaiting]) -> list[str]:
-        out, waiting = [], set()
+        waiting: set[tuple[str, str | None, str]] = set()
+        out = self._batch_lines(batches, waiting) + self._merge_lines(merges, waiting)
+        self._said = waiting  # a wait that ended may be said again if it comes back
+        return out
+
+    def _batch_lines(self, batches: list[BatchWait], waiting: set[tuple[str, str | None, str]]) -> list[str]:
+        """The lines of the batches that wait now and were not said (their waits into ``waiting``)."""
+        out = []
         for b in batches:
-            incomplete = 0 < len(b.marker_producers) < b.expected_producers
-            stalled = b.expected_producers == 0 and b.idle_ms >= self.batch_timeout_ms // 2
-            kind = "markers" if incomplete else "stalled" if stalled else None
+            kind = self._kind(b)
             if kind is None:
                 continue
             key = (kind, b.run_id, b.batch_id)
             waiting.add(key)
             if key not in self._said:
                 out.append(b.waiting_for)
+        return out
+
+    def _kind(self, b: BatchWait) -> str | None:
+        """What a batch waits for: ``markers`` (some arrived, not all), ``stalled`` (none
+        came and its input stopped for half the timeout), or None (nothing to say)."""
+        incomplete = 0 < len(b.marker_producers) < b.expected_producers
+        stalled = b.expected_producers == 0 and b.idle_ms >= self.batch_timeout_ms // 2
+        return "markers" if incomplete else "stalled" if stalled else None
+
+    def _merge_lines(self, merges: Iterable[MergeWaiting], waiting: set[tuple[str, str | None, str]]) -> list[str]:
+        """The lines of the merges that waited long enough and were not said (their waits
+        into ``waiting``)."""
+        out = []
         for m in merges:
             if m.waited_ms < MERGE_REPORT_AFTER_MS:
                 continue
@@ -137,5 +155,4 @@ class WaitReporter:
             waiting.add(key)
             if key not in self._said:
                 out.append(_merge_line(m))
-        self._said = waiting  # a wait that ended may be said again if it comes back
         return out
