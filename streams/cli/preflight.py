@@ -15,12 +15,13 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from specmeter.producers import KafkaSecurity
 
 from ..errors import SpecmeterError
 from ..settings import WorkerSettings
-from ..worker.topics import TopicMismatch
+from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec
 
 __all__ = [
     "BadSecurity",
@@ -81,6 +82,12 @@ class WebHostInvalid(SpecmeterError, OSError):
 
 def check_security(security: KafkaSecurity) -> None:
     """Raise ``BadSecurity`` for settings aiokafka would reject (or silently misuse)."""
+    _check_protocol(security)
+    _check_credentials(security)
+
+
+def _check_protocol(security: KafkaSecurity) -> None:
+    """The protocol and the SASL mechanism: known, and a mechanism only with a SASL protocol."""
     if security.protocol not in PROTOCOLS:
         raise BadSecurity(
             f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
@@ -98,6 +105,10 @@ def check_security(security: KafkaSecurity) -> None:
             "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
             "KAFKA_SASL_MECHANISM"
         )
+
+
+def _check_credentials(security: KafkaSecurity) -> None:
+    """What the protocol needs besides: a readable CA bundle, a SASL user and password."""
     if security.ssl_cafile is not None and not os.access(security.ssl_cafile, os.R_OK):
         raise BadSecurity(
             f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
@@ -151,26 +162,35 @@ async def check_broker(
             cannot use (every such topic is named; nothing is created).
     """
     from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.errors import KafkaConnectionError
-
-    from ..worker.topics import describe_cluster, plan_topics, worker_topics
 
     admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
-    plan = None
     with quiet_kafka_logs() as messages:
         try:
-            try:
-                await admin.start()
-            except KafkaConnectionError:
-                raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
-            if settings is not None:
-                specs = worker_topics(settings)
-                view = await describe_cluster(admin, [s.name for s in specs])
-                plan = plan_topics(specs, view, settings.partitions)
+            await _start_admin(admin, broker, messages)
+            planned = None if settings is None else await _worker_plan(admin, settings)
         finally:
             await admin.close()
-    if plan is not None and plan.mismatched:
-        raise TopicMismatch(plan, specs)
+    if planned is not None and planned[0].mismatched:
+        raise TopicMismatch(*planned)
+
+
+async def _start_admin(admin: Any, broker: str, messages: list[str]) -> None:
+    """Connect; ``BrokerUnreachable`` with aiokafka's lines on why no address answered."""
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        await admin.start()
+    except KafkaConnectionError:
+        raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
+
+
+async def _worker_plan(admin: Any, settings: WorkerSettings) -> tuple[TopicPlan, list[TopicSpec]]:
+    """The worker's topics as the cluster has them: the plan, and the topics it plans."""
+    from ..worker.topics import describe_cluster, plan_topics, worker_topics
+
+    specs = worker_topics(settings)
+    view = await describe_cluster(admin, [s.name for s in specs])
+    return plan_topics(specs, view, settings.partitions), specs
 
 
 def check_web_port(host: str, port: int) -> None:
@@ -182,16 +202,22 @@ def check_web_port(host: str, port: int) -> None:
     except socket.gaierror as exc:
         raise WebHostInvalid(host, exc.strerror or str(exc)) from None
     for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does on POSIX
-            try:
-                s.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise PortInUse(host, port) from None
-                if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
-                    raise WebHostInvalid(host, exc.strerror or str(exc)) from None
-                raise
+        _bind_once(host, port, family, kind, proto, address)
+
+
+def _bind_once(host: str, port: int, family: Any, kind: Any, proto: int, address: Any) -> None:
+    """Bind one of the host's addresses and let it go: ``PortInUse`` where another process
+    holds it, ``WebHostInvalid`` where the address is no address of this machine."""
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does on POSIX
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port) from None
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise WebHostInvalid(host, exc.strerror or str(exc)) from None
+            raise
 
 
 def security_from_env() -> KafkaSecurity:
