@@ -118,22 +118,23 @@ class Advice:
             "by": self.by,
             "draft_cost": self.draft_cost,
             "caveat": CAVEAT,
-            "curves": [
-                {
-                    **({self.by: c.group} if self.by else {}),
-                    "verify_steps": c.verify_steps,
-                    "accept_histogram": c.histogram,
-                    "budget_ran": c.budget_ran,
-                    "best_budget": c.best,
-                    "budgets": [
-                        {"budget": p.budget, "tokens_per_verify": p.tokens_per_verify, "speedup": p.speedup}
-                        for p in c.points
-                    ],
-                }
-                for c in self.curves
-            ],
+            "curves": [_curve_document(c, self.by) for c in self.curves],
             "skipped": [{**({self.by: group} if self.by else {}), "reason": reason} for group, reason in self.skipped],
         }
+
+
+def _curve_document(c: Curve, by: str | None) -> dict[str, Any]:
+    """One curve as JSON-ready builtins, named by its group where the advice is broken down."""
+    return {
+        **({by: c.group} if by else {}),
+        "verify_steps": c.verify_steps,
+        "accept_histogram": c.histogram,
+        "budget_ran": c.budget_ran,
+        "best_budget": c.best,
+        "budgets": [
+            {"budget": p.budget, "tokens_per_verify": p.tokens_per_verify, "speedup": p.speedup} for p in c.points
+        ],
+    }
 
 
 def budget_curve(histogram: list[int], draft_cost: float | None = None) -> list[BudgetPoint]:
@@ -231,19 +232,28 @@ def advise(
         raise ValueError(f"by must be one of {sorted(BREAKDOWNS)} or None, not {by!r}")
     newest = _newest(metrics)
     run = _choose_run({r for r, _ in newest}, run_id)
-    batches = sorted((m for (r, _), m in newest.items() if r == run), key=batch_order)
-    if last:
-        batches = batches[-last:]
+    batches = _last_batches(newest, run, last)
     ids = [m.batch_id for m in batches]
     curves, skipped = _curves(_histograms(batches, by, run), draft_cost)
     if not curves:
-        reasons = "; ".join(sorted({reason for _, reason in skipped}))
-        raise AdviceError(
-            f"the {len(batches)} batch(es) read of {_run_name(run)} ({ids[0]} .. {ids[-1]}) give no curve: {reasons}",
-            "the curve needs SGLang 0.5.9+ (spec_correct_drafts_histogram or spec_accept_histogram in meta_info) "
-            "and speculative decoding on; read more batches with --last N (0: all)",
-        )
+        raise _no_curve(run, ids, skipped)
     return Advice(run, ids, by, draft_cost, curves, skipped)
+
+
+def _last_batches(newest: dict[tuple[str | None, str], BatchMetrics], run: str | None, last: int) -> list[BatchMetrics]:
+    """The run's last ``last`` batches in natural order of their ids (0: all of them)."""
+    batches = sorted((m for (r, _), m in newest.items() if r == run), key=batch_order)
+    return batches[-last:] if last else batches
+
+
+def _no_curve(run: str | None, ids: list[str], skipped: list[tuple[str | None, str]]) -> AdviceError:
+    """Why the batches read give no curve at all: every group's reason, and what gives one."""
+    reasons = "; ".join(sorted({reason for _, reason in skipped}))
+    return AdviceError(
+        f"the {len(ids)} batch(es) read of {_run_name(run)} ({ids[0]} .. {ids[-1]}) give no curve: {reasons}",
+        "the curve needs SGLang 0.5.9+ (spec_correct_drafts_histogram or spec_accept_histogram in meta_info) "
+        "and speculative decoding on; read more batches with --last N (0: all)",
+    )
 
 
 def _histograms(
@@ -258,16 +268,24 @@ def _histograms(
     if by is None:
         return {None: [m.accept_histogram for m in batches]}
     attribute, name = BREAKDOWNS[by]
-    groups: dict[str | None, list[list[int] | None]] = {}
-    for m in batches:
-        for entry in getattr(m, attribute) or ():
-            groups.setdefault(getattr(entry, name), []).append(entry.accept_histogram)
+    groups = _entry_histograms(batches, attribute, name)
     if not groups:
         flag = "a task" if by == "task" else "a weight_version"
         raise AdviceError(
             f"none of the {len(batches)} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
             f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
         )
+    return groups
+
+
+def _entry_histograms(
+    batches: list[BatchMetrics], attribute: str, name: str
+) -> dict[str | None, list[list[int] | None]]:
+    """The breakdown entries' histograms under their task or weight version, batch by batch."""
+    groups: dict[str | None, list[list[int] | None]] = {}
+    for m in batches:
+        for entry in getattr(m, attribute) or ():
+            groups.setdefault(getattr(entry, name), []).append(entry.accept_histogram)
     return groups
 
 
@@ -299,16 +317,20 @@ def metrics_from_lines(lines: Iterable[bytes], name: str = "the input") -> Itera
         if not text:
             continue
         if text.startswith(b"["):  # one JSON document: the rest of the input belongs to it
-            document = b"".join([line, *it])
-            try:
-                yield from msgspec.json.decode(document, type=list[BatchMetrics])
-            except msgspec.DecodeError as exc:  # a ValidationError is one too
-                raise _not_metrics(name, f"the JSON list from line {number}", exc) from None
+            yield from _document(b"".join([line, *it]), name, number)
             return
         try:
             yield decode_metrics(text)
         except msgspec.DecodeError as exc:
             raise _not_metrics(name, f"line {number}", exc) from None
+
+
+def _document(document: bytes, name: str, number: int) -> list[BatchMetrics]:
+    """The BatchMetrics of one JSON list that starts at line ``number``."""
+    try:
+        return msgspec.json.decode(document, type=list[BatchMetrics])
+    except msgspec.DecodeError as exc:  # a ValidationError is one too
+        raise _not_metrics(name, f"the JSON list from line {number}", exc) from None
 
 
 def _not_metrics(name: str, where: str, exc: Exception) -> AdviceError:
@@ -346,20 +368,20 @@ def _table(advice: Advice, curve: Curve) -> Any:
         table.add_column(f"speedup (c={advice.draft_cost:g})", justify="right")
     table.add_column("")
     for point in curve.points:
-        marks = []
-        if point.budget == curve.best:
-            marks.append("◀ best")
-        if point.budget == curve.budget_ran:
-            marks.append("the fleet ran this")
-        speedup = [] if point.speedup is None else [f"{point.speedup:.3f}×"]
-        table.add_row(
-            str(point.budget),
-            f"{point.tokens_per_verify:.3f}",
-            *speedup,
-            ", ".join(marks),
-            style="bold" if point.budget == curve.best else None,
-        )
+        table.add_row(*_point_cells(curve, point), style="bold" if point.budget == curve.best else None)
     return table
+
+
+def _point_cells(curve: Curve, point: BudgetPoint) -> list[str]:
+    """A budget's row: k, tokens per verify step, the speedup if known, and its marks
+    (the best budget, the one the fleet ran)."""
+    marks = []
+    if point.budget == curve.best:
+        marks.append("◀ best")
+    if point.budget == curve.budget_ran:
+        marks.append("the fleet ran this")
+    speedup = [] if point.speedup is None else [f"{point.speedup:.3f}×"]
+    return [str(point.budget), f"{point.tokens_per_verify:.3f}", *speedup, ", ".join(marks)]
 
 
 def advice_tables(advice: Advice) -> list[Any]:
@@ -374,22 +396,33 @@ def advice_notes(advice: Advice) -> list[str]:
     batches = advice.batches
     span = batches[0] if len(batches) == 1 else f"{batches[0]} .. {batches[-1]}"
     by = f", one curve per {advice.by.replace('_', ' ')}" if advice.by else ""
-    notes = [f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}"]
-    for group, reason in advice.skipped:
-        name = "(unknown)" if group is None else group
-        notes.append(f"no curve for {advice.by.replace('_', ' ') if advice.by else 'it'} {name}: {reason}")
-    notes.append(f"The curve is {CAVEAT}.")
-    if advice.draft_cost is None:
-        notes.append(
+    return [
+        f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}",
+        *_skipped_notes(advice),
+        f"The curve is {CAVEAT}.",
+        _cost_note(advice.draft_cost),
+    ]
+
+
+def _skipped_notes(advice: Advice) -> list[str]:
+    """A line per group without a curve, and why."""
+    kind = advice.by.replace("_", " ") if advice.by else "it"
+    return [
+        f"no curve for {kind} {'(unknown)' if group is None else group}: {reason}" for group, reason in advice.skipped
+    ]
+
+
+def _cost_note(draft_cost: float | None) -> str:
+    """How the speedup is counted, or how to get one."""
+    if draft_cost is None:
+        return (
             "Pass --draft-cost C (one draft step's time over one target forward pass) to rank the budgets "
             "by expected speedup, tokens/verify / (1 + C·k)."
         )
-    else:
-        notes.append(
-            f"speedup = tokens/verify / (1 + {advice.draft_cost:g}·k): over decoding without speculation, "
-            "counting k draft steps and one verify pass per step."
-        )
-    return notes
+    return (
+        f"speedup = tokens/verify / (1 + {draft_cost:g}·k): over decoding without speculation, "
+        "counting k draft steps and one verify pass per step."
+    )
 
 
 # -- the command --
@@ -481,6 +514,11 @@ def advise_command(
     if as_json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(advice.as_document()), indent=2) + b"\n")
         return
+    _print_advice(advice)
+
+
+def _print_advice(advice: Advice) -> None:
+    """The advice on the terminal: what was read, a table per curve, then what the curve can say."""
     from rich.console import Console
 
     console = Console()
