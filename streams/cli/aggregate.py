@@ -51,23 +51,35 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
         if not quiet:
             click.echo(f"specmeter aggregate: {error}", err=True)
 
-    from ..fleet.dumps import DumpEncodingError, dump_lines, parse_dump_line
+    from ..fleet.dumps import parse_dump_line
 
     name = input_name(file)
     aggregator = OfflineAggregator(speculative_algorithm=speculative_algorithm, on_error=report, parse=parse_dump_line)
-    try:
-        aggregator.feed_lines(dump_lines(file))
-    except DumpEncodingError as exc:
-        raise CommandFailed(f"cannot read {name}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
+    _feed(aggregator, file, name)
     results = aggregator.results()
-    fmt = output_format.lower()
-    if fmt == "auto":
-        fmt = "table" if sys.stdout.isatty() else "jsonl"
-    _print_metrics(results, fmt, f"specmeter aggregate {name}: {len(results)} batch(es)")
+    _print_metrics(results, _format(output_format), f"specmeter aggregate {name}: {len(results)} batch(es)")
     if aggregator.errors and not quiet:
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
     if aggregator.read == 0:
         raise _nothing_read(name, aggregator.errors)
+
+
+def _feed(aggregator: OfflineAggregator, file: IO[bytes], name: str) -> None:
+    """Every line of the dump to the aggregator; a dump that is not UTF-8 said as such."""
+    from ..fleet.dumps import DumpEncodingError, dump_lines
+
+    try:
+        aggregator.feed_lines(dump_lines(file))
+    except DumpEncodingError as exc:
+        raise CommandFailed(f"cannot read {name}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
+
+
+def _format(output_format: str) -> str:
+    """The output format asked for; ``auto`` is a table on a terminal, JSON lines when piped."""
+    fmt = output_format.lower()
+    if fmt == "auto":
+        return "table" if sys.stdout.isatty() else "jsonl"
+    return fmt
 
 
 def _nothing_read(name: str, errors: int) -> CommandFailed:
@@ -83,11 +95,16 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
     out = sys.stdout.buffer
     if fmt == "jsonl":
         out.writelines(encode_metrics(m) + b"\n" for m in results)
-    elif fmt == "json":  # one object per line inside the list: readable, and one document
-        out.write(b"[\n" + b",\n".join(encode_metrics(m) for m in results) + (b"\n]\n" if results else b"]\n"))
+    elif fmt == "json":
+        out.write(_json_document(results))
     elif results:
         _print_tables(results, title)
     out.flush()
+
+
+def _json_document(results: list[Any]) -> bytes:
+    """One JSON list, one object per line inside it: readable, and one document."""
+    return b"[\n" + b",\n".join(encode_metrics(m) for m in results) + (b"\n]\n" if results else b"]\n")
 
 
 def _print_tables(results: list[Any], title: str) -> None:
