@@ -70,8 +70,7 @@ def replay(
     security = preflight.security_from_env()
     preflight.check_before_start(broker, security)
     settings = PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security)
-    stream = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115
-    total = None if file == "-" else os.path.getsize(file)
+    stream, total = _opened(file)
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -112,6 +111,13 @@ def replay(
     )
 
 
+def _opened(file: str) -> tuple[Any, int | None]:
+    """The dump to read and its size for the progress bar: stdin (size unknown) for '-'."""
+    if file == "-":
+        return sys.stdin.buffer, None
+    return open(file, "rb"), os.path.getsize(file)
+
+
 def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
     """Ctrl-C: what was sent, and which batches the worker will close only by timeout."""
     click.echo(
@@ -121,15 +127,19 @@ def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
         err=True,
     )
     if summary.half_sent:
-        names = [batch if run is None else f"{run}/{batch}" for run, batch in summary.half_sent]
-        more = f" and {len(names) - shown} more" if len(names) > shown else ""
-        click.echo(
-            f"specmeter replay: warning: {len(names)} batch(es) left half-sent, their markers not sent: "
-            f"{', '.join(names[:shown])}{more}",
-            err=True,
-        )
-        click.echo(
-            f"  the worker closes them after its --batch-timeout ({DEFAULTS.batch_timeout_s:g} s by default) "
-            "as 'timeout', incomplete",
-            err=True,
-        )
+        _warn_half_sent([batch if run is None else f"{run}/{batch}" for run, batch in summary.half_sent], shown)
+
+
+def _warn_half_sent(names: list[str], shown: int) -> None:
+    """The batches left without their markers (the first ``shown``), and how the worker closes them."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    click.echo(
+        f"specmeter replay: warning: {len(names)} batch(es) left half-sent, their markers not sent: "
+        f"{', '.join(names[:shown])}{more}",
+        err=True,
+    )
+    click.echo(
+        f"  the worker closes them after its --batch-timeout ({DEFAULTS.batch_timeout_s:g} s by default) "
+        "as 'timeout', incomplete",
+        err=True,
+    )
