@@ -20,19 +20,21 @@ def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tupl
     """``loadgen --tasks``: ``NAME:FACTOR,...`` (a name alone: factor 1), or ``none``."""
     if value.strip().lower() in ("", "none"):
         return ()
-    out = []
-    for item in value.split(","):
-        name, _, factor = item.strip().partition(":")
-        try:
-            number = float(factor) if factor else 1.0
-        except ValueError:
-            number = -1.0
-        if not name or not 0 < number <= 1:
-            raise click.BadParameter(
-                f"{item.strip()!r} is not NAME:FACTOR with a factor in (0, 1] (e.g. gsm8k:1,chat:0.9, or none)"
-            )
-        out.append((name, number))
-    return tuple(out)
+    return tuple(_task(item) for item in value.split(","))
+
+
+def _task(item: str) -> tuple[str, float]:
+    """One ``NAME:FACTOR`` of ``--tasks``, the factor in (0, 1]."""
+    name, _, factor = item.strip().partition(":")
+    try:
+        number = float(factor) if factor else 1.0
+    except ValueError:
+        number = -1.0
+    if not name or not 0 < number <= 1:
+        raise click.BadParameter(
+            f"{item.strip()!r} is not NAME:FACTOR with a factor in (0, 1] (e.g. gsm8k:1,chat:0.9, or none)"
+        )
+    return name, number
 
 
 @click.command(cls=Command, epilog=KAFKA_ENV_HELP)
