@@ -23,8 +23,6 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from ..core.cores import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
-
     def of(name: str) -> str:
         try:
             return version(name)
@@ -36,13 +34,19 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
         f"faust-streaming {of('faust-streaming')}, aiokafka {of('aiokafka')}, msgspec {of('msgspec')}, "
         f"python {platform.python_version()}"
     )
-    if NATIVE_CORE:
-        click.echo("native core loaded")
-    elif NATIVE_DISABLED:
-        click.echo("python core (native switched off by SPECMETER_NO_NATIVE)")
-    else:
-        click.echo(f"python core (native core not built: {NATIVE_IMPORT_ERROR})")
+    click.echo(_core_line())
     ctx.exit()
+
+
+def _core_line() -> str:
+    """Which core runs: the native one, or the Python one and why."""
+    from ..core.cores import NATIVE_CORE, NATIVE_DISABLED, NATIVE_IMPORT_ERROR
+
+    if NATIVE_CORE:
+        return "native core loaded"
+    if NATIVE_DISABLED:
+        return "python core (native switched off by SPECMETER_NO_NATIVE)"
+    return f"python core (native core not built: {NATIVE_IMPORT_ERROR})"
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECMETER"})
