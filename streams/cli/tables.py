@@ -84,11 +84,16 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
         f"{_fit_left(e.weight_version or '?', 10)} {_rate(e.metrics.get('spec/accept_rate'))}"
         for e in sorted(entries, key=lambda e: _natural(e.weight_version))
     ]
+    return _fit_left(_newest_fitting(parts, width), width)
+
+
+def _newest_fitting(parts: list[str], width: int) -> str:
+    """``parts`` joined, the oldest dropped (and "…" said) until the text fits or one is left."""
     text = " ".join(parts)
     while len(text) > width and len(parts) > 1:
         parts.pop(0)
         text = "… " + " ".join(parts)
-    return _fit_left(text, width)
+    return text
 
 
 def _fit_right(text: str, width: int) -> str:
@@ -195,6 +200,12 @@ def fit_labels(batches: list[BatchMetrics], width: int) -> list[str]:
     labels = [_label(m, suffixes) for m in batches]
     if all(len(text) <= width for text, _ in labels):
         return [text for text, _ in labels]
+    return _elided_apart(labels, width)
+
+
+def _elided_apart(labels: list[tuple[str, int]], width: int) -> list[str]:
+    """The labels elided to ``width``, their kept ends grown one character at a time until
+    the labels that differ stay different (as elided at first, when they never do)."""
     distinct = len({text for text, _ in labels})
     balanced = (width - 1) // 2
 
@@ -239,18 +250,27 @@ def coverage_text(metrics: dict[str, Any]) -> str:
     """The lower of the accept and verify coverage, marked ``a`` or ``v`` when one is
     lower than the other (``50%v``: half the generations know completion and verify,
     all of them accepted and proposed). Rounded down, so ``100%`` means every one."""
-    known = {
+    known = _coverages(metrics)
+    if not known:
+        return "-"
+    lowest = min(known.values())
+    return f"{math.floor(lowest * 100 + 1e-9):.0f}%" + _lower_mark(known)
+
+
+def _coverages(metrics: dict[str, Any]) -> dict[str, float]:
+    """The accept (``a``) and verify (``v``) coverage, those that are known."""
+    return {
         mark: metrics[key]
         for mark, key in (("a", "spec/accept_count_coverage"), ("v", "spec/verify_count_coverage"))
         if isinstance(metrics.get(key), (int, float))
     }
-    if not known:
-        return "-"
-    lowest = min(known.values())
-    text = f"{math.floor(lowest * 100 + 1e-9):.0f}%"
+
+
+def _lower_mark(known: dict[str, float]) -> str:
+    """``a`` or ``v`` where both are known and one is lower; nothing otherwise."""
     if len(known) == 2 and known["a"] != known["v"]:
-        return text + ("a" if known["a"] < known["v"] else "v")
-    return text
+        return "a" if known["a"] < known["v"] else "v"
+    return ""
 
 
 class _Layout:
@@ -267,11 +287,9 @@ class _Layout:
         batch_need = _widest(labels, 10)
         drift_need = _widest([drift_text(m.by_weight_version, 200) for m in shown], 10)
         self.tasks = _tasks_width(shown, room - batch_need - drift_need - _GAP)
-        if self.tasks:
-            room -= self.tasks + _GAP
+        room -= _taken(self.tasks)
         self.positions = _positions_width(shown, room - batch_need - _GAP, drift_need)
-        if self.positions:
-            room -= self.positions + _GAP
+        room -= _taken(self.positions)
         self.batch, self.drift = _label_and_drift_widths(shown, labels, room, batch_need, drift_need)
 
     def caption(self) -> str:
@@ -299,6 +317,11 @@ class _Layout:
         if self.tasks:
             extra.append(tasks_text(m.by_task, self.tasks))
         return [label, *(cells[name] for name, _ in self.fixed), *extra, drift_text(m.by_weight_version, self.drift)]
+
+
+def _taken(width: int) -> int:
+    """The room a column takes with its gap; none for a column not shown (width 0)."""
+    return width + _GAP if width else 0
 
 
 def _widest(texts: list[str], least: int) -> int:
@@ -404,18 +427,20 @@ def task_table(results: list[BatchMetrics], width: int = 80, title: str | None =
     verify step, accept coverage and generation count, and, where there is room, the
     tokens per verify step by draft budget (``1.65 2.07 2.36``, budgets 1, 2, 3 ...).
     None when no batch has a task breakdown."""
-    rows = [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
+    rows = _task_rows(results)
     if not rows:
         return None
     layout = _TaskLayout(width, rows)
     budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
     table = _table(title or "by task", "? unknown task" + budgets)
     layout.add_columns(table)
-    previous = None
-    for (m, e), label in zip(rows, fit_labels([m for m, _ in rows], layout.batch), strict=True):
-        table.add_row("" if m is previous else label, *layout.cells(e))  # a batch's name on its first row only
-        previous = m
+    layout.add_rows(table, rows)
     return table
+
+
+def _task_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, TaskMetrics]]:
+    """(batch, task) pairs: the batches by run and batch, each one's largest tasks first."""
+    return [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
 
 
 class _TaskLayout:
@@ -443,6 +468,13 @@ class _TaskLayout:
             table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
         if self.budget:
             table.add_column("tok/v by budget", width=self.budget, no_wrap=True, overflow="ellipsis")
+
+    def add_rows(self, table: Any, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+        """A row per batch and task, the batch's label on its first row only."""
+        previous = None
+        for (m, e), label in zip(rows, fit_labels([m for m, _ in rows], self.batch), strict=True):
+            table.add_row("" if m is previous else label, *self.cells(e))
+            previous = m
 
     def cells(self, e: TaskMetrics) -> list[str]:
         """A task's cells beside its batch's label: its name, rates, coverage, size and curve."""
