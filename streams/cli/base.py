@@ -233,22 +233,27 @@ class Command(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.BadParameter as exc:
-            name = _variable_blamed(ctx, exc.param)
-            if exc.param is None or name is None:
+            blamed = _env_value_invalid(ctx, exc)
+            if blamed is None:
                 raise
-            flag = (exc.param.opts or [exc.param.human_readable_name])[0]
-            raise EnvValueInvalid(
-                f"{name}={os.environ[name]!r} is not a valid value for {flag}: {exc.message}",
-                f"set {name} to a valid value or unset it (`{ctx.command_path} --help` explains {flag})",
-                command=ctx.command_path,
-            ) from None
+            raise blamed from None
 
 
-def _variable_blamed(ctx: click.Context, param: click.Parameter | None) -> str | None:
-    """The environment variable a bad value came from; None where a flag or a default gave it."""
+def _env_value_invalid(ctx: click.Context, exc: click.BadParameter) -> EnvValueInvalid | None:
+    """The bad value blamed on the environment variable it came from; None where a flag or
+    a default gave it."""
+    param = exc.param
     if param is None or ctx.get_parameter_source(param.name or "") is not ParameterSource.ENVIRONMENT:
         return None
-    return envvar_set(param)
+    name = envvar_set(param)
+    if name is None:
+        return None
+    flag = (param.opts or [param.human_readable_name])[0]
+    return EnvValueInvalid(
+        f"{name}={os.environ[name]!r} is not a valid value for {flag}: {exc.message}",
+        f"set {name} to a valid value or unset it (`{ctx.command_path} --help` explains {flag})",
+        command=ctx.command_path,
+    )
 
 
 class Group(click.Group):
