@@ -112,15 +112,20 @@ async def follow_metrics(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         await consumer.start()  # inside try: a failed start must still close the client
-        await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
-        if not from_beginning and last > 0:
-            await _rewind(consumer, last)
+        await _subscribe(consumer, topic, broker, from_beginning, last)
         while _room(seen, max_messages) and (deadline is None or time.monotonic() < deadline):
             for messages in (await consumer.getmany(timeout_ms=250)).values():
                 seen = _deliver(messages, on_metrics, seen, max_messages)
     finally:
         await consumer.stop()
     return seen
+
+
+async def _subscribe(consumer: Any, topic: str, broker: str, from_beginning: bool, last: int) -> None:
+    """Subscribe to the topic once it is found (never creating it) and seek to where reading starts."""
+    await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
+    if not from_beginning and last > 0:
+        await _rewind(consumer, last)
 
 
 def _consumer(broker: str, from_beginning: bool, kafka: dict | None) -> Any:
