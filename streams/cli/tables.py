@@ -396,13 +396,18 @@ def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 
     """The ``rows`` most recently updated batches of ``latest`` (in the order they were
     updated), as a rich Table no wider than ``width``, sorted by run and batch
     (``batch_order``)."""
-    shown = sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
+    shown = _shown(latest, rows)
     layout = _Layout(width, shown)
     table = _table(title or f"specmeter: latest {len(shown)} batches", layout.caption())
     layout.add_columns(table)
     for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
         table.add_row(*layout.row(m, label), style=None if m.complete else "yellow")
     return table
+
+
+def _shown(latest: dict[Any, BatchMetrics], rows: int) -> list[BatchMetrics]:
+    """The ``rows`` most recently updated batches, by run and batch (``batch_order``)."""
+    return sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
 
 
 def _table(title: str, caption: str) -> Any:
