@@ -33,6 +33,8 @@ BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
 def _start_broker(console) -> tuple[str, bool]:
+    """The broker KAFKA_BOOTSTRAP_SERVERS names, else the local one: its address, and
+    whether the demo started it."""
     from ..settings import bootstrap_servers
 
     configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -41,6 +43,12 @@ def _start_broker(console) -> tuple[str, bool]:
             return bootstrap_servers(configured), False
         except ValueError as exc:
             raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
+    return _local_broker(console)
+
+
+def _local_broker(console) -> tuple[str, bool]:
+    """The checkout's local broker, started unless it runs already: its address, and
+    whether the demo started it."""
     if not BROKER.exists():
         raise click.ClickException(
             "no local broker script here (an installed package, not a checkout): set "
