@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 from . import preflight
 from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, one_line_errors, run_id_option
+
+if TYPE_CHECKING:
+    from ..fleet.synthetic import FleetSpec
 
 
 def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
@@ -196,7 +199,7 @@ def loadgen(
 
     from specmeter.producers import PublisherSettings
 
-    from ..fleet.publish import publish_fleet, write_dump, write_expected
+    from ..fleet.publish import publish_fleet
     from ..fleet.synthetic import FleetSpec, synthetic_fleet
 
     spec = FleetSpec(
@@ -222,12 +225,7 @@ def loadgen(
     if dump is None:  # fail before writing --expect when the broker is not there
         security = preflight.security_from_env()
         preflight.check_before_start(broker, security)
-    if expect is not None:
-        n = write_expected(synthetic_fleet(spec), expect)
-        click.echo(f"loadgen: expected metrics of {n} batch(es) written to {expect.name}", err=True)
-    if dump is not None:
-        n = write_dump(synthetic_fleet(spec), dump)
-        click.echo(f"loadgen: {n} events written to {dump.name}", err=True)
+    if _written(spec, expect, dump):
         return
     assert security is not None  # no dump: the broker run, checked above
     with Progress(
@@ -259,3 +257,19 @@ def loadgen(
         f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
         err=True,
     )
+
+
+def _written(spec: FleetSpec, expect: IO[bytes] | None, dump: IO[bytes] | None) -> bool:
+    """Write ``--expect`` (first: a run can be checked end to end), then ``--dump``; True
+    when the events went to the dump instead of the broker."""
+    from ..fleet.publish import write_dump, write_expected
+    from ..fleet.synthetic import synthetic_fleet
+
+    if expect is not None:
+        n = write_expected(synthetic_fleet(spec), expect)
+        click.echo(f"loadgen: expected metrics of {n} batch(es) written to {expect.name}", err=True)
+    if dump is None:
+        return False
+    n = write_dump(synthetic_fleet(spec), dump)
+    click.echo(f"loadgen: {n} events written to {dump.name}", err=True)
+    return True
