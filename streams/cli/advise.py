@@ -119,14 +119,14 @@ class Advice:
             "draft_cost": self.draft_cost,
             "caveat": CAVEAT,
             "curves": [_curve_document(c, self.by) for c in self.curves],
-            "skipped": [{**({self.by: group} if self.by else {}), "reason": reason} for group, reason in self.skipped],
+            "skipped": [{**_named(self.by, group), "reason": reason} for group, reason in self.skipped],
         }
 
 
 def _curve_document(c: Curve, by: str | None) -> dict[str, Any]:
     """One curve as JSON-ready builtins, named by its group where the advice is broken down."""
     return {
-        **({by: c.group} if by else {}),
+        **_named(by, c.group),
         "verify_steps": c.verify_steps,
         "accept_histogram": c.histogram,
         "budget_ran": c.budget_ran,
@@ -135,6 +135,11 @@ def _curve_document(c: Curve, by: str | None) -> dict[str, Any]:
             {"budget": p.budget, "tokens_per_verify": p.tokens_per_verify, "speedup": p.speedup} for p in c.points
         ],
     }
+
+
+def _named(by: str | None, group: str | None) -> dict[str, str | None]:
+    """The group under the breakdown's name (``{"task": "gsm8k"}``); nothing where the advice is not broken down."""
+    return {by: group} if by else {}
 
 
 def budget_curve(histogram: list[int], draft_cost: float | None = None) -> list[BudgetPoint]:
@@ -158,10 +163,14 @@ def _curve(group: str | None, histograms: list[list[int] | None], draft_cost: fl
     if len(summed) < 2:
         return "histograms of one bin (no draft token was ever proposed)"
     points = budget_curve(summed, draft_cost)
-    best = None
-    if draft_cost is not None:
-        best = max(points, key=lambda p: (p.speedup, -p.budget)).budget
-    return Curve(group, summed, points, len(summed) - 1, best)
+    return Curve(group, summed, points, len(summed) - 1, _best(points, draft_cost))
+
+
+def _best(points: list[BudgetPoint], draft_cost: float | None) -> int | None:
+    """The budget with the greatest speedup (the smaller one on a tie); None without a draft cost."""
+    if draft_cost is None:
+        return None
+    return max(points, key=lambda p: (p.speedup, -p.budget)).budget
 
 
 def _run_name(run_id: str | None) -> str:
