@@ -93,9 +93,14 @@ def _name_envvars(group: click.Group) -> None:
     for name, command in group.commands.items():
         for param in command.params:
             if isinstance(param, click.Option):
-                if param.envvar is None:
-                    param.envvar = envvar_of(name, param)
-                param.show_envvar = True
+                _name_envvar(name, param)
+
+
+def _name_envvar(command: str, option: click.Option) -> None:
+    """One option's variable: the rule's, unless it reads a shared one; shown in --help."""
+    if option.envvar is None:
+        option.envvar = envvar_of(command, option)
+    option.show_envvar = True
 
 
 _name_envvars(main)
