@@ -197,12 +197,17 @@ def check_web_port(host: str, port: int) -> None:
     """Raise ``PortInUse`` when (host, port) cannot be bound as aiohttp will bind it."""
     if port == 0:
         return
+    for family, kind, proto, _, address in _addresses(host, port):
+        _bind_once(host, port, family, kind, proto, address)
+
+
+def _addresses(host: str, port: int) -> list[Any]:
+    """The addresses aiohttp will bind (every interface for an empty host); ``WebHostInvalid``
+    where the host does not resolve."""
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        return socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise WebHostInvalid(host, exc.strerror or str(exc)) from None
-    for family, kind, proto, _, address in infos:
-        _bind_once(host, port, family, kind, proto, address)
 
 
 def _bind_once(host: str, port: int, family: Any, kind: Any, proto: int, address: Any) -> None:
