@@ -268,16 +268,21 @@ def input_name(file: IO[bytes]) -> str:
 
 def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """HOST:PORT list; a host without a port gets Kafka's 9092, and a line on stderr says so."""
-    from specmeter.producers._settings import split_bootstrap
-
-    try:
-        addresses = split_bootstrap(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    addresses = _split_bootstrap(value)
     assumed = [address for address, guessed in addresses if guessed]
     if assumed:
         _say_port_assumed(ctx, param, value, assumed)
     return ",".join(address for address, _ in addresses)
+
+
+def _split_bootstrap(value: str) -> list[tuple[str, bool]]:
+    """Each HOST:PORT, and whether its port was assumed; a list that is none a bad parameter."""
+    from specmeter.producers._settings import split_bootstrap
+
+    try:
+        return split_bootstrap(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _say_port_assumed(ctx: click.Context, param: click.Parameter, value: str, assumed: list[str]) -> None:
