@@ -192,6 +192,7 @@ def _newest(metrics: Iterable[BatchMetrics]) -> dict[tuple[str | None, str], Bat
 
 
 def _choose_run(runs: set[str | None], run_id: str | EllipsisType | None) -> str | None:
+    """The run asked for, or the only one there; an error that names the runs otherwise."""
     if not runs:
         raise AdviceError(
             "no published batch to read",
@@ -199,18 +200,23 @@ def _choose_run(runs: set[str | None], run_id: str | EllipsisType | None) -> str
             "that a worker has published to (--broker, --topic)",
         )
     if run_id is ...:
-        if len(runs) > 1:
-            raise AdviceError(
-                f"the metrics hold {len(runs)} runs: {_runs_text(runs)}",
-                "pick one with --run-id ID (env SPECMETER_RUN_ID); --run-id '' is the default run",
-            )
-        return next(iter(runs))
+        return _only_run(runs)
     if run_id not in runs:
         raise AdviceError(
             f"no batch of {_run_name(run_id)} in the metrics (runs there: {_runs_text(runs)})",
             "check --run-id (env SPECMETER_RUN_ID); --run-id '' is the default run",
         )
     return run_id
+
+
+def _only_run(runs: set[str | None]) -> str | None:
+    """The one run the metrics hold, when none was asked for."""
+    if len(runs) > 1:
+        raise AdviceError(
+            f"the metrics hold {len(runs)} runs: {_runs_text(runs)}",
+            "pick one with --run-id ID (env SPECMETER_RUN_ID); --run-id '' is the default run",
+        )
+    return next(iter(runs))
 
 
 def advise(
@@ -279,12 +285,17 @@ def _histograms(
     attribute, name = BREAKDOWNS[by]
     groups = _entry_histograms(batches, attribute, name)
     if not groups:
-        flag = "a task" if by == "task" else "a weight_version"
-        raise AdviceError(
-            f"none of the {len(batches)} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
-            f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
-        )
+        raise _no_breakdown(len(batches), run, by, attribute)
     return groups
+
+
+def _no_breakdown(read: int, run: str | None, by: str, attribute: str) -> AdviceError:
+    """None of the batches read has the breakdown ``--by`` names: what the producers must give."""
+    flag = "a task" if by == "task" else "a weight_version"
+    return AdviceError(
+        f"none of the {read} batch(es) read of {_run_name(run)} has a {attribute} breakdown",
+        f"the producers must give the records {flag} (docs/contract.md); or leave out --by",
+    )
 
 
 def _entry_histograms(
@@ -328,10 +339,15 @@ def metrics_from_lines(lines: Iterable[bytes], name: str = "the input") -> Itera
         if text.startswith(b"["):  # one JSON document: the rest of the input belongs to it
             yield from _document(b"".join([line, *it]), name, number)
             return
-        try:
-            yield decode_metrics(text)
-        except msgspec.DecodeError as exc:
-            raise _not_metrics(name, f"line {number}", exc) from None
+        yield _line(text, name, number)
+
+
+def _line(text: bytes, name: str, number: int) -> BatchMetrics:
+    """The BatchMetrics of line ``number``."""
+    try:
+        return decode_metrics(text)
+    except msgspec.DecodeError as exc:
+        raise _not_metrics(name, f"line {number}", exc) from None
 
 
 def _document(document: bytes, name: str, number: int) -> list[BatchMetrics]:
