@@ -73,6 +73,11 @@ def _reason(messages: list[str]) -> str:
     ):
         if needle in text:
             return said
+    return _last_line(messages)
+
+
+def _last_line(messages: list[str]) -> str:
+    """The last line aiokafka logged, cut to 160 characters, when none says it plainly."""
     last = messages[-1] if messages else "no answer"
     return last if len(last) <= 160 else last[:157] + "..."
 
@@ -294,8 +299,12 @@ def _say_port_assumed(ctx: click.Context, param: click.Parameter, value: str, as
 
 def envvar_set(param: click.Parameter) -> str | None:
     """The environment variable ``param`` read its value from."""
-    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
-    return next((name for name in names if name in os.environ), None)
+    return next((name for name in _envvars(param) if name in os.environ), None)
+
+
+def _envvars(param: click.Parameter) -> list[str]:
+    """The variables ``param`` reads, in click's order (click takes one name or several)."""
+    return [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
 
 
 def broker_option(func):
