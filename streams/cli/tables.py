@@ -55,7 +55,12 @@ def _natural(text: str | None) -> tuple:
     """Natural order: step-2 before step-10, v9 before v10; None (unknown) last."""
     if text is None:
         return (1, ())
-    return (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p))
+    return (0, tuple(_natural_part(p) for p in re.split(r"(\d+)", text) if p))
+
+
+def _natural_part(part: str) -> tuple:
+    """A run of digits ordered by its number, before any text."""
+    return (0, int(part), "") if part.isdigit() else (1, 0, part)
 
 
 def batch_order(m: BatchMetrics) -> tuple:
@@ -448,6 +453,15 @@ def _task_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, TaskMetr
     return [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
 
 
+def _whole_widths(rows: list[tuple[BatchMetrics, TaskMetrics]]) -> tuple[int, int, int]:
+    """How wide the batch, task and by-budget columns of the by-task view are, nothing cut."""
+    return (
+        max(len(_label(m, {})[0]) for m, _ in rows),
+        max(len(e.task or "?") for _, e in rows),
+        max(len(positions_text(e.tokens_per_verify_by_budget)) for _, e in rows),
+    )
+
+
 class _TaskLayout:
     """Column widths of the by-task view: the batch and the task a third of what the
     numbers leave each at most, the curve by draft budget the rest (given up first)."""
@@ -456,15 +470,13 @@ class _TaskLayout:
 
     def __init__(self, width: int, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
         room = max(20, width - sum(w for _, w in self.FIXED) - _GAP * (len(self.FIXED) + 3))
-        labels = [_label(m, {})[0] for m, _ in rows]
-        names = [e.task or "?" for _, e in rows]
-        budgets = [positions_text(e.tokens_per_verify_by_budget) for _, e in rows]
-        self.batch = min(max(map(len, labels)), max(10, room // 3))
-        self.task = min(max(map(len, names)), max(8, room // 3))
-        self.budget = min(max(map(len, budgets)), room - self.batch - self.task - _GAP)
+        label_w, name_w, budget_w = _whole_widths(rows)
+        self.batch = min(label_w, max(10, room // 3))
+        self.task = min(name_w, max(8, room // 3))
+        self.budget = min(budget_w, room - self.batch - self.task - _GAP)
         if self.budget < 9:  # no room for a curve of two budgets: the column gives way
             self.budget = 0
-            self.task = min(max(map(len, names)), room - self.batch)
+            self.task = min(name_w, room - self.batch)
 
     def add_columns(self, table: Any) -> None:
         table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
