@@ -93,15 +93,20 @@ def _check_protocol(security: KafkaSecurity) -> None:
             f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
             f"{', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}"
         )
-    mechanism = security.sasl_mechanism
-    if mechanism is not None and mechanism.upper() not in MECHANISMS:
+    if security.sasl_mechanism is not None:
+        _check_mechanism(security.sasl_mechanism, security.protocol)
+
+
+def _check_mechanism(mechanism: str, protocol: str) -> None:
+    """A SASL mechanism KafkaSecurity can drive, set with a protocol that uses SASL."""
+    if mechanism.upper() not in MECHANISMS:
         raise BadSecurity(
             f"KAFKA_SASL_MECHANISM={mechanism!r} is not supported: set it to "
             f"{', '.join(MECHANISMS[:-1])} or {MECHANISMS[-1]}"
         )
-    if mechanism is not None and "SASL" not in security.protocol:
+    if "SASL" not in protocol:
         raise BadSecurity(
-            f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={security.protocol} "
+            f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={protocol} "
             "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
             "KAFKA_SASL_MECHANISM"
         )
@@ -114,7 +119,13 @@ def _check_credentials(security: KafkaSecurity) -> None:
             f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
             "bundle that verifies the brokers"
         )
-    if "SASL" in security.protocol and (not security.username or not security.password):
+    if "SASL" in security.protocol:
+        _check_login(security)
+
+
+def _check_login(security: KafkaSecurity) -> None:
+    """A SASL protocol's username and password, both given."""
+    if not security.username or not security.password:
         raise BadSecurity(
             f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
             "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)"
