@@ -113,7 +113,7 @@ async def follow_metrics(
     try:
         await consumer.start()  # inside try: a failed start must still close the client
         await _subscribe(consumer, topic, broker, from_beginning, last)
-        while _room(seen, max_messages) and (deadline is None or time.monotonic() < deadline):
+        while _room(seen, max_messages) and _before(deadline):
             for messages in (await consumer.getmany(timeout_ms=250)).values():
                 seen = _deliver(messages, on_metrics, seen, max_messages)
     finally:
@@ -145,6 +145,11 @@ def _consumer(broker: str, from_beginning: bool, kafka: dict | None) -> Any:
 def _room(seen: int, max_messages: int | None) -> bool:
     """Whether ``max_messages`` leaves room for another message."""
     return max_messages is None or seen < max_messages
+
+
+def _before(deadline: float | None) -> bool:
+    """Whether the deadline (None: none) is still ahead."""
+    return deadline is None or time.monotonic() < deadline
 
 
 def _deliver(
