@@ -219,9 +219,7 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         console.print(f"worker: ready (app id [bold]{run}[/])")
         _replay(console, dump, broker, topics.records)
         expected = _offline(dump)
-        with console.status("waiting for the worker to publish every batch..."):
-            latest = _read_metrics(broker, topics.metrics, set(expected), timeout)
-        results = [latest[b] for b in expected if b in latest]
+        latest, results = _published(console, broker, topics.metrics, expected, timeout)
         _print_results(results, expected, as_json)
         _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {log_path})")
         console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
@@ -312,6 +310,13 @@ def _offline(dump: Path) -> dict:
     with dump.open("rb") as lines:
         offline.feed_lines(lines)
     return {m.batch_id: m.metrics for m in offline.results()}
+
+
+def _published(console, broker: str, topic: str, expected: dict, timeout: float) -> tuple[dict, list]:
+    """What the worker published, each batch's newest, and of it the expected batches in their order."""
+    with console.status("waiting for the worker to publish every batch..."):
+        latest = _read_metrics(broker, topic, set(expected), timeout)
+    return latest, [latest[b] for b in expected if b in latest]
 
 
 def _print_results(results: list, expected: dict, as_json: bool) -> None:
