@@ -33,7 +33,7 @@ def fresh_topic(
     name: str | None = None,
     topic_configs: dict[str, str] | None = None,
 ) -> str:
-    from specmeter.streams._topics import create_topic
+    from specmeter.streams.worker.topics import create_topic
 
     name = name or f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
     asyncio.run(create_topic(bootstrap, name, partitions, topic_configs=topic_configs))
@@ -172,6 +172,6 @@ def report(title: str, rows: list[tuple[str, str]], data: dict | None = None, *,
 
 def core_name() -> str:
     """The stage-1 core this process runs (native or python)."""
-    from specmeter.streams._core import CORE
+    from specmeter.streams.core.cores import CORE
 
     return CORE.name

@@ -19,8 +19,8 @@ from _common import cpu_seconds, delete_topics, fresh_topic
 
 from specmeter.producers import PublisherSettings
 from specmeter.schemas import decode_records_message
-from specmeter.streams._loadgen import publish_fleet
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.publish import publish_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 #: the fleet every pipeline benchmark publishes: four producers, agentic sessions of up to
 #: 8 trajectories and 24 turns, 20 % redeliveries, 1 % conflicts, 5 % missing counters
@@ -139,7 +139,7 @@ def start_workers(
 
 def app_topics(name: str) -> list[str]:
     """The topics ``start_workers`` names and the worker creates for app ``name``."""
-    from specmeter.streams._layout import changelog_topics
+    from specmeter.streams.core.layout import changelog_topics
 
     return [f"{name}.partials", f"{name}.metrics", f"{name}.deadletter", *changelog_topics(name)]
 

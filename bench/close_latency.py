@@ -26,8 +26,8 @@ from _pipeline import FLEET_SHAPE, start_workers, stop_workers
 
 from specmeter.producers import PublisherSettings
 from specmeter.schemas import decode_metrics
-from specmeter.streams._loadgen import publish_fleet
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.publish import publish_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
 def percentile(values: list[float], q: float) -> float:

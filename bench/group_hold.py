@@ -34,8 +34,8 @@ from _common import add_json_flag, broker_address, core_name, delete_topics, fre
 from _pipeline import app_topics, start_workers, stop_workers
 
 from specmeter.producers import PublisherSettings
-from specmeter.streams._loadgen import publish_fleet
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.publish import publish_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
 def partitions_of(port: int) -> tuple[int, ...] | None:

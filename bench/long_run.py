@@ -43,8 +43,8 @@ from _pipeline import start_workers, stop_workers, worker_logs
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import GenerationRecord, decode_dead_letter, decode_metrics
-from specmeter.streams._loadgen import publish_fleet
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.publish import publish_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 PARTITIONS = 4
 

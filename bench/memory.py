@@ -16,7 +16,7 @@ much of its resident memory the native state gives back when the batch is droppe
 Targets (issue #14): <= 1.0x the plain dict (goal 0.5x).
 
 Expired batches (issue 21): what a partition remembers of each batch that expired,
-for the retention horizon (``_expired.GoneIds``: a 64-bit hash in sorted arrays, and
+for the retention horizon (``core.expired.GoneIds``: a 64-bit hash in sorted arrays, and
 the number of the changelog key that holds it), at 1M of them spread over a week of
 expiry ticks, in a fresh process: Python-allocated bytes and resident memory per id,
 for one id per changelog key (a tick expires one batch: the most per id) and 100.
@@ -81,13 +81,13 @@ def messages(n: int, histograms: bool) -> list[bytes]:
 
 def measure(kind: str, n: int, histograms: bool) -> dict:
     """One measurement, in this (fresh) process."""
-    from specmeter.streams import _core
+    from specmeter.streams.core import cores
 
     if kind == "dict":
         pairs = [(r.session_id.encode(), r.generation_id.encode()) for r in records(n, histograms)]
     else:
         msgs = messages(n, histograms)
-        core = _core.NATIVE if kind == "native" else _core.PYTHON
+        core = cores.NATIVE if kind == "native" else cores.PYTHON
         if core is None:
             return {"skipped": "the native core is not built"}
     gc.collect()
@@ -124,8 +124,8 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 
 def measure_expired(kind: str, n: int, per_key: int) -> dict:
     """Memory of ``n`` remembered expired batches, in this (fresh) process."""
-    from specmeter.streams._expired import GoneIds
-    from specmeter.streams._layout import GoneBatches, batch_hash, encode_state, expired_key, pack_hashes
+    from specmeter.streams.core.expired import GoneIds
+    from specmeter.streams.core.layout import GoneBatches, batch_hash, encode_state, expired_key, pack_hashes
 
     keys = [(None, f"step-{i:09d}") for i in range(n)]
     ticks = (n + per_key - 1) // per_key
@@ -163,7 +163,7 @@ def measure_expired(kind: str, n: int, per_key: int) -> dict:
 def _restore_s(entries: list[tuple[bytes, bytes]], n: int) -> float:
     """Seconds for a processor's restore to load every remembered id from the keys the
     expiry ticks wrote."""
-    from specmeter.streams._stage1 import PartitionProcessor
+    from specmeter.streams.core.stage1 import PartitionProcessor
 
     p = PartitionProcessor(0, source_topic="bench", batch_timeout_ms=60_000, grace_ms=60_000)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from _common import add_json_flag, broker_address, fresh_topic, report
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import GenerationRecord, encode_records_message
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
 def make_records(n: int) -> list[GenerationRecord]:

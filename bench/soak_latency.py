@@ -82,7 +82,7 @@ def summary(values: list[float], digits: int = 1) -> dict:
 def fleet_spec(rate: float, duration_s: float, batch_records: int, seed: int, prefix: str):
     """A fleet of ≈ rate * duration records in batches of ≈ batch_records (agentic sessions of
     up to 8 trajectories and 24 turns: ≈95 records each)."""
-    from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
     shape = {**FLEET_SHAPE, "producers": PRODUCERS, "invalid_rate": 0.005, "seed": seed}
     probe = FleetSpec(batches=1, sessions_per_batch=200, **shape)
@@ -95,8 +95,8 @@ def fleet_spec(rate: float, duration_s: float, batch_records: int, seed: int, pr
 def _load(bootstrap: str, topic: str, spec, rate: float, results) -> None:
     """The load process: loadgen's publish path (one Publisher per producer, markers per batch)."""
     from specmeter.producers import PublisherSettings
-    from specmeter.streams._loadgen import publish_fleet
-    from specmeter.streams.synthetic import synthetic_fleet
+    from specmeter.streams.fleet.publish import publish_fleet
+    from specmeter.streams.fleet.synthetic import synthetic_fleet
 
     done = asyncio.run(
         publish_fleet(synthetic_fleet(spec), PublisherSettings(bootstrap_servers=bootstrap, topic=topic), rate=rate)

@@ -36,9 +36,9 @@ from _common import add_json_flag, report
 from _pipeline import fleet
 
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
-from specmeter.streams import _core
-from specmeter.streams._stage1 import PartitionProcessor, _digest
-from specmeter.streams.synthetic import synthetic_fleet
+from specmeter.streams.core import cores
+from specmeter.streams.core.stage1 import PartitionProcessor, _digest
+from specmeter.streams.fleet.synthetic import synthetic_fleet
 
 PER_MESSAGE = 500
 CHUNK_RECORDS = 10_000
@@ -203,12 +203,12 @@ def main() -> None:
     print(f"building ≈{target:,} records{' without tasks' if args.no_tasks else ''} ...", file=sys.stderr)
     msgs, sizes, records = messages(target, tasks=not args.no_tasks)
     work = chunks(msgs, sizes)
-    cores = [_core.PYTHON] + ([_core.NATIVE] if _core.NATIVE is not None else [])
+    built = [cores.PYTHON] + ([cores.NATIVE] if cores.NATIVE is not None else [])
     results: dict[str, dict[str, float]] = {}
     digests = {}
     entries: dict[str, list[tuple[bytes, bytes]]] = {}
     repeat = 1 if args.smoke else args.repeat
-    for core in cores:
+    for core in built:
         best_process, best_apply, best_restore = float("inf"), float("inf"), float("inf")
         for _ in range(repeat):
             seconds, partials, changelog = run_processor(core, work)

@@ -17,7 +17,7 @@ import sys
 import msgspec
 
 from specmeter.schemas import record_to_builtins
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 encoder = msgspec.json.Encoder()
 for event in synthetic_fleet(

@@ -2,21 +2,21 @@
 
 Importing this package does not import Faust or aiokafka: the core is plain
 Python, shared by the worker and the offline ``specmeter aggregate``. Its hot part
-(stage 1's decoding, dedup and journal) also exists in Rust, ``_native``, used when
+(stage 1's decoding, dedup and journal) also exists in Rust, ``core._native``, used when
 built (``NATIVE_CORE``); ``SPECMETER_NO_NATIVE=1`` forces the Python reference. For a
 trainer, ``consume_metrics`` (and ``consume_metrics_sync``) read each batch's
 newest BatchMetrics from the metrics topic.
 """
 
-from ._consume import consume_metrics, consume_metrics_sync, metrics_scalars
-from ._core import CORE, NATIVE_CORE
-from ._errors import SpecmeterError
-from ._exact import expansion_value, merge_expansions
-from ._merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
-from ._offline import LineError, OfflineAggregator
-from ._state import Outcome
+from .core.cores import CORE, NATIVE_CORE
+from .core.exact import expansion_value, merge_expansions
+from .core.merge import batch_metrics_dict, build_batch_metrics, is_speculative, merge_partials, missing_records
+from .core.offline import LineError, OfflineAggregator
+from .core.state import Outcome
+from .errors import SpecmeterError
+from .readers.consume import consume_metrics, consume_metrics_sync, metrics_scalars
 
-#: the loaded core's batch state (native when built; see ``_core``)
+#: the loaded core's batch state (native when built; see ``core.cores``)
 BatchState = CORE.BatchState
 
 __all__ = [

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from specmeter.producers import KafkaSecurity
 from specmeter.producers import plain_bootstrap as bootstrap_servers
 from specmeter.schemas import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
 
-__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "faust_security_kwargs"]
+__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers"]
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +58,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
         session_timeout_s: how long a silent worker keeps its partitions (its group
             coordinator hears no heartbeat for this long: the group rebalances).
         ready_write_timeout_s: readiness (``/specmeter/readyz``) drops when the worker's
-            writes have waited this long with none acknowledged (``_readiness``); a
+            writes have waited this long with none acknowledged (``report.readiness``); a
             broker that leads some partitions and goes away stalls writes for about
             the cluster's broker session timeout (9 s by default), well below it.
         max_poll_interval_s: how long a stage's route may go without asking for input
@@ -111,23 +109,3 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     def consumer_groups(self) -> tuple[str, str]:
         """The consumer groups of stage 1 (the records topic) and stage 2 (the partials topic)."""
         return f"{self.app_id}-stage1", f"{self.app_id}-stage2"
-
-
-def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
-    """Keyword arguments for faust.App (``broker_credentials``) from the KAFKA_* security:
-    kept on the stream side, so the producer library never imports Faust."""
-    if security.protocol == "PLAINTEXT":
-        return {}
-    import faust
-
-    ssl_context = security.ssl_context()
-    if "SASL" in security.protocol:
-        return {
-            "broker_credentials": faust.SASLCredentials(
-                username=security.username,
-                password=security.password,
-                mechanism=security.sasl_mechanism or "PLAIN",
-                ssl_context=ssl_context,
-            )
-        }
-    return {"broker_credentials": ssl_context}

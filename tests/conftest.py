@@ -123,22 +123,22 @@ def deployment(kafka_bootstrap, request):
 def _cores():
     """The stage-1 cores to run a test on: the Python reference, and the native one
     (skipped where it is not built or SPECMETER_NO_NATIVE=1 switched it off)."""
-    from specmeter.streams import _core
+    from specmeter.streams.core import cores
 
     native_missing = (
-        "switched off by SPECMETER_NO_NATIVE" if _core.NATIVE_DISABLED else f"not built ({_core.NATIVE_IMPORT_ERROR})"
+        "switched off by SPECMETER_NO_NATIVE" if cores.NATIVE_DISABLED else f"not built ({cores.NATIVE_IMPORT_ERROR})"
     )
     return [
-        pytest.param(_core.PYTHON, id="python"),
+        pytest.param(cores.PYTHON, id="python"),
         pytest.param(
-            _core.NATIVE,
+            cores.NATIVE,
             id="native",
-            marks=pytest.mark.skipif(_core.NATIVE is None, reason=f"native core {native_missing}"),
+            marks=pytest.mark.skipif(cores.NATIVE is None, reason=f"native core {native_missing}"),
         ),
     ]
 
 
 @pytest.fixture(scope="module", params=_cores())
 def core(request):
-    """A stage-1 core (``specmeter.streams._core.Core``): run the test on each one."""
+    """A stage-1 core (``specmeter.streams.core.cores.Core``): run the test on each one."""
     return request.param

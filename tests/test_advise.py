@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics
-from specmeter.streams._advise import AdviceError, advise, budget_curve, metrics_from_lines
 from specmeter.streams.cli import main
+from specmeter.streams.cli.advise import AdviceError, advise, budget_curve, metrics_from_lines
 
 from .support.tools import run_specmeter
 from .test_consume import metrics, publish

@@ -86,7 +86,14 @@ def test_plain_wheel_installs_under_the_specmeter_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert "specmeter" in tops and not tops & {"schemas", "producers", "streams"}, tops
-    assert "specmeter/schemas/__init__.py" in names and "specmeter/streams/cli.py" in names
+    assert "specmeter/schemas/__init__.py" in names and "specmeter/streams/cli/__init__.py" in names
+    # every module of every folder ships (a subpackage missing from pyproject's list would not)
+    sources = {
+        f"specmeter/{p.relative_to(REPO).as_posix()}"
+        for folder in ("schemas", "producers", "streams")
+        for p in (REPO / folder).rglob("*.py")
+    }
+    assert sources <= set(names), sorted(sources - set(names))
     # install = unpack (a pure wheel); import from there alone: -S skips site, so the
     # editable finder of this checkout is not loaded; PYTHONPATH brings the dependencies
     site = tmp_path / "site"
@@ -157,9 +164,7 @@ def test_help_lists_the_environment_each_command_reads(command, own):
 
 
 def test_every_loadgen_option_explains_itself():
-    from specmeter.streams.cli import loadgen
-
-    undocumented = [p.name for p in loadgen.params if isinstance(p, click.Option) and not p.help]
+    undocumented = [p.name for p in main.commands["loadgen"].params if isinstance(p, click.Option) and not p.help]
     assert not undocumented
 
 
@@ -207,13 +212,13 @@ class _Captured:
         self.settings = None
 
     async def publish_fleet(self, events, settings, **kwargs):
-        from specmeter.streams._loadgen import LoadSummary
+        from specmeter.streams.fleet.publish import LoadSummary
 
         self.settings, self.events = settings, list(events)
         return LoadSummary()
 
     async def replay_lines(self, lines, settings, **kwargs):
-        from specmeter.streams._replay import ReplaySummary
+        from specmeter.streams.fleet.replay import ReplaySummary
 
         self.settings = settings
         return ReplaySummary()
@@ -221,12 +226,12 @@ class _Captured:
 
 @pytest.mark.parametrize("from_env", [False, True])
 def test_run_id_reaches_the_publisher_settings(monkeypatch, tmp_path, from_env):
-    import specmeter.streams._loadgen as loadgen_module
-    import specmeter.streams._replay as replay_module
-    import specmeter.streams.cli as cli
+    import specmeter.streams.cli.preflight as preflight
+    import specmeter.streams.fleet.publish as loadgen_module
+    import specmeter.streams.fleet.replay as replay_module
 
     captured = _Captured()
-    monkeypatch.setattr(cli, "_preflight", lambda *a, **k: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *a, **k: None)
     monkeypatch.setattr(loadgen_module, "publish_fleet", captured.publish_fleet)
     monkeypatch.setattr(replay_module, "replay_lines", captured.replay_lines)
     args, env = ([], {"SPECMETER_RUN_ID": "run-42"}) if from_env else (["--run-id", "run-42"], {})
@@ -298,7 +303,7 @@ def test_dev_script_help_is_a_clean_usage_text():
 
 
 def test_demo_says_what_to_try_next():
-    from specmeter.streams.demo import next_steps
+    from specmeter.streams.cli.demo import next_steps
 
     text = next_steps("127.0.0.1:9092", "demo-1.metrics", broker_running=True)
     assert "specmeter tail --broker 127.0.0.1:9092 --topic demo-1.metrics --from-beginning" in text
@@ -384,12 +389,12 @@ def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
 def test_every_worker_flag_reaches_the_settings(monkeypatch):
     """Each tuning flag of `specmeter worker` lands in the one settings object, and the
     flags' defaults are the settings' defaults."""
-    import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
+    import specmeter.streams.cli.preflight as preflight
+    import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     flags = {
         "--chunk-bytes": ("chunk_bytes", 4096),
@@ -425,12 +430,12 @@ def test_every_worker_flag_reaches_the_settings(monkeypatch):
 def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_environment(monkeypatch):
     """The bound on task labels (issue 31): --max-exported-tasks, or
     SPECMETER_WORKER_MAX_EXPORTED_TASKS, reaches the counters the worker's /metrics reads."""
-    import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
-    from specmeter.streams.app import StreamShell
+    import specmeter.streams.cli.preflight as preflight
+    import specmeter.streams.worker.run as worker_module
+    from specmeter.streams.worker.app import StreamShell
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     for args, env, want in (
@@ -448,12 +453,12 @@ def test_max_exported_tasks_bounds_the_worker_s_task_counters_by_flag_and_enviro
 def test_expired_retention_reaches_the_settings_by_flag_and_environment(monkeypatch):
     """How long expired batches are remembered (issue 21): --expired-retention, or
     SPECMETER_WORKER_EXPIRED_RETENTION; a week by default."""
-    import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
+    import specmeter.streams.cli.preflight as preflight
+    import specmeter.streams.worker.run as worker_module
     from specmeter.streams.settings import WorkerSettings
 
     seen = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     base = ["worker", "--no-web", "--broker", "127.0.0.1:1"]
     runs = [

@@ -21,8 +21,8 @@ from specmeter.schemas import (
     encode_records_message,
 )
 from specmeter.streams import OfflineAggregator, build_batch_metrics
-from specmeter.streams._layout import batch_hash
-from specmeter.streams._stage1 import PartitionProcessor
+from specmeter.streams.core.layout import batch_hash
+from specmeter.streams.core.stage1 import PartitionProcessor
 
 
 def _rec(**fields) -> dict:
@@ -303,7 +303,7 @@ def test_records_without_a_producer_count_under_their_envelope(core):
 def test_log_lines_are_bounded(caplog):
     import logging
 
-    from specmeter.streams._logging import MAX_LOG_CHARS, bound_log_lines
+    from specmeter.streams.report.log_lines import MAX_LOG_CHARS, bound_log_lines
 
     factory = logging.getLogRecordFactory()
     bound_log_lines()

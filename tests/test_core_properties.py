@@ -277,7 +277,7 @@ def test_add_many_equals_add_one_by_one(core, dicts, chunk_sizes, late):
 @given(batches, st.integers(1, 6))
 def test_deltas_replayed_rebuild_the_same_state(core, dicts, chunk):
     """What stage 1 writes to its changelog rebuilds exactly what it had in memory."""
-    from specmeter.streams._layout import decode_delta, encode_state
+    from specmeter.streams.core.layout import decode_delta, encode_state
 
     records = _records(dicts)
     live = core.BatchState("b")
@@ -299,7 +299,7 @@ def test_deltas_replayed_rebuild_the_same_state(core, dicts, chunk):
 def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk):
     """A changelog from before weight versions (six-item entries, no packed_versioned)
     restores: a worker upgraded mid-run keeps its state."""
-    from specmeter.streams._layout import decode_delta
+    from specmeter.streams.core.layout import decode_delta
 
     records = [msgspec.structs.replace(r, weight_version=None, task=None) for r in _records(dicts)]
     live = core.BatchState("b")
@@ -326,7 +326,7 @@ def test_a_worker_upgraded_to_tasks_restores_what_the_older_one_wrote(core, befo
     upgraded worker goes on with ``after``'s records, tasks and all. What both wrote
     restores the state that saw the same: a value without a task is still written in
     ten items (its bytes are what they were), one with a task in eleven."""
-    from specmeter.streams._layout import decode_delta, encode_state
+    from specmeter.streams.core.layout import decode_delta, encode_state
 
     older = [msgspec.structs.replace(r, task=None) for r in _records(before)]
     live = core.BatchState("b")
@@ -377,7 +377,7 @@ def test_compacting_a_state_anywhere_changes_nothing(core, dicts, chunk, data):
 def test_compact_waits_for_changes_to_be_taken_as_a_delta():
     """Changes not yet in a delta would be lost to the changelog: the Python core's
     compact() (which pickles the state) leaves the state live."""
-    from specmeter.streams._state import BatchState
+    from specmeter.streams.core.state import BatchState
 
     state = BatchState("b")
     state.start_journal()
@@ -397,7 +397,7 @@ def _canonical(partial) -> dict:
     their exact sum does not."""
     import msgspec
 
-    from specmeter.streams._exact import exact_sum
+    from specmeter.streams.core.exact import exact_sum
 
     out = msgspec.structs.asdict(partial)
     out["accept_ratio_parts"] = exact_sum(partial.accept_ratio_parts)

@@ -30,7 +30,7 @@ import yaml
 
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMetrics, GenerationRecord
-from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
 from .support.kafka_helpers import create_topic
 from .support.prometheus_server import PrometheusServer

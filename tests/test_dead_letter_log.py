@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from specmeter.schemas import DeadLetter
-from specmeter.streams._dead_letters import DeadLetterLog
+from specmeter.streams.report.dead_letters import DeadLetterLog
 
 
 def letter(reason: str = "invalid", partition: int = 0, offset: int = 0, batch_id: str | None = "b") -> DeadLetter:

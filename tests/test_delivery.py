@@ -1,5 +1,5 @@
-"""The delivery rules without a broker: the sans-IO ``_delivery.Ledger`` exactly, then the
-``_routes.DeliveryDriver`` over fake group consumers and a fake producer that serve
+"""The delivery rules without a broker: the sans-IO ``delivery.ledger.Ledger`` exactly, then the
+``delivery.routes.DeliveryDriver`` over fake group consumers and a fake producer that serve
 in-memory logs (takeovers, write groups, rebalances, fencing)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from specmeter.streams._delivery import Admitted, Claim, Ledger
-from specmeter.streams._ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
-from specmeter.streams._routes import DeliveryDriver
+from specmeter.streams.core.ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
+from specmeter.streams.delivery.ledger import Admitted, Claim, Ledger
+from specmeter.streams.delivery.routes import DeliveryDriver
 
 R, P = "records", "partials"
 

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
-from specmeter.streams._counters import MAX_EXPORTED_POSITION
-from specmeter.streams._prometheus import (
+from specmeter.streams.report.counters import MAX_EXPORTED_POSITION
+from specmeter.streams.report.prometheus import (
     _BATCH_FIELDS,
     _BATCH_GAUGES,
     _PUBLISHED_COUNTERS,

@@ -15,10 +15,10 @@ from specmeter.streams import SpecmeterError
 
 def _error_classes() -> list[type]:
     found = []
-    for module in pkgutil.iter_modules(specmeter.streams.__path__):
-        if module.name in ("demo", "__main__"):
+    for module in pkgutil.walk_packages(specmeter.streams.__path__, "specmeter.streams."):
+        if module.name.endswith("__main__"):  # runs a command line when imported
             continue
-        loaded = importlib.import_module(f"specmeter.streams.{module.name}")
+        loaded = importlib.import_module(module.name)
         for _, obj in inspect.getmembers(loaded, inspect.isclass):
             if obj.__module__ == loaded.__name__ and issubclass(obj, BaseException):
                 found.append(obj)
@@ -35,9 +35,9 @@ def test_every_error_the_streams_package_defines_is_a_specmeter_error():
 
 
 def test_each_is_also_the_built_in_kind_it_is():
-    from specmeter.streams._preflight import BrokerUnreachable, PortInUse
-    from specmeter.streams._topic_lookup import TopicNotFound
-    from specmeter.streams._topics import TopicsNotCreated
+    from specmeter.streams.cli.preflight import BrokerUnreachable, PortInUse
+    from specmeter.streams.readers.topic_lookup import TopicNotFound
+    from specmeter.streams.worker.topics import TopicsNotCreated
 
     assert issubclass(BrokerUnreachable, ConnectionError) and BrokerUnreachable.retriable
     assert issubclass(PortInUse, OSError) and issubclass(TopicNotFound, LookupError)

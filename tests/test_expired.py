@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
-from specmeter.streams._expired import GENERATIONS_PER_HORIZON, GoneIds
-from specmeter.streams._layout import (
+from specmeter.streams.core.expired import GENERATIONS_PER_HORIZON, GoneIds
+from specmeter.streams.core.layout import (
     Checkpoint,
     batch_hash,
     checkpoint_key,
@@ -24,7 +24,7 @@ from specmeter.streams._layout import (
     state_key_prefix,
     unpack_hashes,
 )
-from specmeter.streams._stage1 import PartitionProcessor
+from specmeter.streams.core.stage1 import PartitionProcessor
 
 GRACE_MS = 10
 HORIZON_MS = 7 * 24 * 3600 * 1000
@@ -231,7 +231,7 @@ def test_a_crash_anywhere_in_an_overflowing_chunk_recovers_the_same_outcome(core
     """The overflowed ids go under a key named by the chunk's last offset, before its
     checkpoint: durable without the checkpoint they are stale (the chunk is replayed and
     overflows again), so what is sent after any crash matches the uncrashed run."""
-    from specmeter.streams._stage1 import _digest
+    from specmeter.streams.core.stage1 import _digest
 
     messages = [(i, _flood(i, 20)) for i in range(6)]
     reference = _processor(core, max_open_generations=50)

@@ -13,7 +13,7 @@ import time
 import msgspec
 import pytest
 
-from specmeter.streams._faults import CRASH_POINTS
+from specmeter.streams.worker.faults import CRASH_POINTS
 
 from .support.worker_harness import (
     assert_conserved,
@@ -177,7 +177,7 @@ def test_a_flood_of_unique_keys_is_cut_at_the_open_generation_limit(deployment):
     it is published early as incomplete, its later records are dead-lettered as
     overflow, a normal batch beside it is exact, and every record is accounted for."""
     from specmeter.schemas import GenerationRecord
-    from specmeter.streams.synthetic import FleetEvent
+    from specmeter.streams.fleet.synthetic import FleetEvent
 
     flood = [
         FleetEvent(
@@ -225,7 +225,7 @@ def test_broker_stopped_and_restarted_mid_stream(private_broker, request):
     accepted is lost and the metrics are exact."""
     from specmeter.producers import Publisher, PublisherSettings, QueueFullError
     from specmeter.schemas import GenerationRecord, decode_records_message
-    from specmeter.streams._loadgen import publish_fleet
+    from specmeter.streams.fleet.publish import publish_fleet
 
     from .support.kafka_helpers import create_topic, read_topic
     from .support.worker_harness import Deployment

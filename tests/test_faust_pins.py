@@ -1,6 +1,6 @@
-"""What ``streams/_internals.py`` relies on of aiokafka's private internals, and of Faust's
-boot strategy: these tests fail when the installed release changes it, so the room is
-looked at again."""
+"""What ``streams/delivery/internals.py`` relies on of aiokafka's private internals, and the
+worker's Faust boot strategy: these tests fail when the installed release changes it, so
+the room is looked at again."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ import inspect
 
 import pytest
 
-from specmeter.streams import _internals
-from specmeter.streams._internals import AIOKAFKA_PINNED, FAUST_PINNED, boot_strategy, check_pins
+from specmeter.streams.delivery import internals
+from specmeter.streams.delivery.internals import AIOKAFKA_PINNED, FAUST_PINNED, check_pins
+from specmeter.streams.worker.app import boot_strategy
 
 
 def test_the_installed_releases_are_the_pinned_ones():
     import aiokafka
     import faust
 
-    assert faust.__version__ == FAUST_PINNED, "read streams/_internals.py against this faust-streaming, then re-pin"
-    assert aiokafka.__version__ == AIOKAFKA_PINNED, "read streams/_internals.py against this aiokafka, then re-pin"
+    assert faust.__version__ == FAUST_PINNED, (
+        "read streams/delivery/internals.py against this faust-streaming, then re-pin"
+    )
+    assert aiokafka.__version__ == AIOKAFKA_PINNED, (
+        "read streams/delivery/internals.py against this aiokafka, then re-pin"
+    )
 
 
 def test_the_metadata_request_the_fetch_wait_and_the_appender_are_where_they_were():
@@ -56,6 +61,6 @@ def test_faust_runs_no_kafka_client_of_its_own():
 
 
 def test_an_aiokafka_without_a_private_member_fails_at_start_up_with_a_clear_error(monkeypatch):
-    monkeypatch.setattr(_internals, "_fetcher_source", lambda: "class Fetcher: pass")
+    monkeypatch.setattr(internals, "_fetcher_source", lambda: "class Fetcher: pass")
     with pytest.raises(RuntimeError, match=r"Fetcher._fetch_max_wait_ms missing.*must be updated"):
         check_pins()

@@ -16,10 +16,10 @@ import tracemalloc
 import msgspec
 
 from specmeter.schemas import RecordBatch, encode_records_message
-from specmeter.streams._stage1 import PartitionProcessor
-from specmeter.streams._state import BatchState as PythonBatchState
-from specmeter.streams.app import _compact_closed
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.core.stage1 import PartitionProcessor
+from specmeter.streams.core.state import BatchState as PythonBatchState
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.worker.app import _compact_closed
 
 
 def _fleet_messages(batches: int = 2, sessions: int = 30) -> list[bytes]:
@@ -119,8 +119,8 @@ def test_a_compacted_python_state_holds_a_fraction_of_the_memory():
 def test_the_worker_times_every_garbage_collection():
     """Collector pauses stop the event loop (a marker waits meanwhile): the worker
     counts them per generation, longest included, on /specmeter/stats."""
-    from specmeter.streams._counters import WorkerCounters
-    from specmeter.streams.worker import _gc_timer
+    from specmeter.streams.core.counts import WorkerCounters
+    from specmeter.streams.worker.run import _gc_timer
 
     counters = WorkerCounters()
     timer = _gc_timer(counters)

@@ -212,7 +212,7 @@ def test_a_missing_or_unusable_request_id_names_what_was_found_and_the_call_to_m
 def test_dump_lines_of_sglang_outputs_carry_version_and_run():
     import json
 
-    from specmeter.streams._dump import parse_dump_line
+    from specmeter.streams.fleet.dumps import parse_dump_line
 
     line = {
         "meta_info": {"id": "r1", "weight_version": 12, "spec_verify_ct": 1},
@@ -233,7 +233,7 @@ def test_the_task_reaches_the_record_and_is_one_for_every_attempt():
     generation has one task for all its attempts; an empty or too long one is refused."""
     import json
 
-    from specmeter.streams._dump import parse_dump_line
+    from specmeter.streams.fleet.dumps import parse_dump_line
 
     meta = {"id": "req-1", "spec_verify_ct": 2, "task": "ignored"}
     assert record_from_meta_info(meta, batch_id="b", session_id="s").task is None

@@ -56,7 +56,7 @@ async def _time_passes(bootstrap: str, topic: str) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    from specmeter.streams._topics import topic_configs
+    from specmeter.streams.worker.topics import topic_configs
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

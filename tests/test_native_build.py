@@ -9,12 +9,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from specmeter.streams import _core
 from specmeter.streams.cli import main
+from specmeter.streams.core import cores
 
 
 def _loaded(env: dict[str, str]) -> str:
-    code = "import specmeter.streams as s, specmeter.streams._core as c; print(s.NATIVE_CORE, c.CORE.name)"
+    code = "import specmeter.streams as s, specmeter.streams.core.cores as c; print(s.NATIVE_CORE, c.CORE.name)"
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}
     ).stdout.strip()
@@ -22,14 +22,14 @@ def _loaded(env: dict[str, str]) -> str:
 
 def test_ci_builds_and_runs_the_native_core():
     """CI's install builds the extension: a silent fallback to Python would skip every native test."""
-    if not os.environ.get("CI") or _core.NATIVE_DISABLED:
+    if not os.environ.get("CI") or cores.NATIVE_DISABLED:
         pytest.skip("only CI must have the native core (and not when it is switched off)")
-    assert _core.NATIVE_CORE, f"the native core did not load ({_core.NATIVE_IMPORT_ERROR}): is cargo on PATH?"
+    assert cores.NATIVE_CORE, f"the native core did not load ({cores.NATIVE_IMPORT_ERROR}): is cargo on PATH?"
 
 
 def test_SPECMETER_NO_NATIVE_forces_the_python_core():
     assert _loaded({"SPECMETER_NO_NATIVE": "1"}) == "False python"
-    if _core.NATIVE is not None:
+    if cores.NATIVE is not None:
         assert _loaded({"SPECMETER_NO_NATIVE": ""}) == "True native"
         assert _loaded({"SPECMETER_NO_NATIVE": "0"}) == "True native"
 
@@ -37,12 +37,12 @@ def test_SPECMETER_NO_NATIVE_forces_the_python_core():
 def test_the_loaded_core_is_the_public_batch_state():
     import specmeter.streams as streams
 
-    assert streams.BatchState is _core.CORE.BatchState
-    assert streams.NATIVE_CORE is (_core.CORE.name == "native")
+    assert streams.BatchState is cores.CORE.BatchState
+    assert streams.NATIVE_CORE is (cores.CORE.name == "native")
 
 
 def test_version_names_the_libraries_and_the_core():
     out = CliRunner().invoke(main, ["--version"]).output
     for name in ("specmeter ", "faust-streaming ", "aiokafka ", "msgspec "):
         assert name in out, out
-    assert ("native core loaded" in out) is _core.NATIVE_CORE, out
+    assert ("native core loaded" in out) is cores.NATIVE_CORE, out

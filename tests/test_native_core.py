@@ -18,15 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
-from specmeter.streams import _core
-from specmeter.streams._layout import decode_delta
+from specmeter.streams.core import cores
+from specmeter.streams.core.layout import decode_delta
 
 from .test_core_properties import _canonical
 from .test_core_properties import _shaped as _shaped_dict
 
-pytestmark = pytest.mark.skipif(_core.NATIVE is None, reason="the native core is not built or is switched off")
+pytestmark = pytest.mark.skipif(cores.NATIVE is None, reason="the native core is not built or is switched off")
 
-PY, NATIVE = _core.PYTHON, _core.NATIVE
+PY, NATIVE = cores.PYTHON, cores.NATIVE
 
 counter = st.one_of(
     st.none(), st.integers(0, 5), st.sampled_from([2**20 - 2, 2**20 - 1, 2**24 - 2, 2**24 - 1, 2**31, 2**32 - 1])

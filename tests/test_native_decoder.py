@@ -1,4 +1,4 @@
-"""The native records decoder (streams/native, issue #14) against msgspec's.
+"""The native records decoder (streams/core/native, issue #14) against msgspec's.
 
 Whatever the input, a message the native decoder accepts decodes to exactly what
 the Python path decodes (tests/support/native_check.py); every clean record or packed batch

@@ -14,7 +14,7 @@ import time
 import msgspec
 import pytest
 
-from specmeter.streams._outages import COORDINATOR, OutageLogFilter, Outages, classify
+from specmeter.streams.report.outages import COORDINATOR, OutageLogFilter, Outages, classify
 
 from .support.tools import free_port, get_json
 
@@ -226,7 +226,7 @@ def test_the_coordinator_on_a_broker_that_is_away_is_that_brokers_outage(said):
 
 
 def test_the_workers_own_retry_lines_are_folded_and_nothing_else_of_it():
-    from specmeter.streams._outages import WORKER_RETRIES
+    from specmeter.streams.report.outages import WORKER_RETRIES
 
     outages = Outages()
     folding = OutageLogFilter(outages, retries=WORKER_RETRIES)
@@ -312,7 +312,7 @@ def test_a_broker_taken_out_of_the_cluster_is_not_waited_for():
     ],
 )
 def test_readiness_is_serving_and_writing(serving, stalled_s, no_broker, ready, reason):
-    from specmeter.streams._readiness import decide
+    from specmeter.streams.report.readiness import decide
 
     answer = decide(
         serving=serving,

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from specmeter.streams._output import OrderedProducer
-from specmeter.streams._routes import split_chunk
+from specmeter.streams.delivery.output import OrderedProducer
+from specmeter.streams.delivery.routes import split_chunk
 
 from .support.kafka_helpers import create_topic, read_topic
 

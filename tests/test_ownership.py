@@ -1,5 +1,5 @@
-"""Which records of a changelog partition count (``_ownership``), and the sticky assignment
-(``_assignor``): pure, no broker. Issue 30: a worker that lost a partition may still write
+"""Which records of a changelog partition count (``core.ownership``), and the sticky assignment
+(``delivery.assignor``): pure, no broker. Issue 30: a worker that lost a partition may still write
 it; what it writes after the new owner's takeover never counts."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import random
 
 import pytest
 
-from specmeter.streams._assignor import Member, sticky_assignment
-from specmeter.streams._ownership import (
+from specmeter.streams.core.ownership import (
     ChangelogView,
     Takeover,
     encode_takeover,
@@ -18,6 +17,7 @@ from specmeter.streams._ownership import (
     takeover_key,
     takeover_of,
 )
+from specmeter.streams.delivery.assignor import Member, sticky_assignment
 
 
 def _key(owner: int | None, kind: str, name: str = "b") -> bytes:

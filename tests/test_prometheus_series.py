@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
-from specmeter.streams._counters import (
+from specmeter.streams.core.counts import WorkerCounters
+from specmeter.streams.core.merge import accept_rate_by_position
+from specmeter.streams.report.counters import (
     MAX_EXPORTED_POSITION,
     OTHER_TASKS,
     PUBLISHED_QUANTITIES,
@@ -23,10 +25,8 @@ from specmeter.streams._counters import (
     TASK_COUNTERS,
     UNKNOWN_TASK,
     PublishedTotals,
-    WorkerCounters,
 )
-from specmeter.streams._merge import accept_rate_by_position
-from specmeter.streams._prometheus import EXPORTED_METRICS, render
+from specmeter.streams.report.prometheus import EXPORTED_METRICS, render
 
 from .support.tools import find_tool
 

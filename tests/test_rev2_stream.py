@@ -214,7 +214,7 @@ def test_the_topics_the_worker_writes_accept_its_largest_outputs(deployment):
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    from specmeter.streams._layout import changelog_topics
+    from specmeter.streams.core.layout import changelog_topics
 
     worker = deployment.start_worker()
     deployment.wait_ready(worker)

@@ -182,7 +182,7 @@ def _specmeter(*args: str, env: dict[str, str], timeout: float = 180) -> subproc
 
 
 def test_sasl_ssl_with_least_privilege_end_to_end(secure_broker, tmp_path):
-    from specmeter.streams._layout import changelog_topics
+    from specmeter.streams.core.layout import changelog_topics
 
     d = Deployment(secure_broker["secure"], batch_timeout_s=30.0)
     t = d.topics

@@ -8,7 +8,7 @@ from specmeter.streams.settings import WorkerSettings
 
 def test_plaintext_by_default_adds_nothing():
     assert WorkerSettings().security.aiokafka_kwargs() == {}
-    from specmeter.streams.settings import faust_security_kwargs
+    from specmeter.streams.worker.app import faust_security_kwargs
 
     assert faust_security_kwargs(KafkaSecurity.from_env({})) == {}
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, decode_records_message, encode_records_message
-from specmeter.streams._stage1 import PartitionProcessor
+from specmeter.streams.core.stage1 import PartitionProcessor
 
 
 def _record(batch: str, i: int, producer: str = "p0") -> GenerationRecord:
@@ -112,7 +112,7 @@ def test_the_early_close_does_not_depend_on_chunking(core):
 _FLOOD = textwrap.dedent("""
     import json, sys
     from specmeter.schemas import GenerationRecord, RecordBatch, encode_records_message
-    from specmeter.streams._stage1 import PartitionProcessor
+    from specmeter.streams.core.stage1 import PartitionProcessor
 
     def rss_kib(field):
         for line in open("/proc/self/status"):
@@ -165,7 +165,7 @@ def test_resident_memory_stays_bounded_under_a_flood_of_unique_keys(core):
 def test_restore_sends_the_partials_and_publications_a_crash_may_have_lost(core):
     """A status (or stage-2 entry) that says "emitted" can be durable while the
     partial (or BatchMetrics) itself was not: restore sends the same message again."""
-    from specmeter.streams._stage2 import BatchMerger
+    from specmeter.streams.core.stage2 import BatchMerger
 
     p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)
     changelog: dict[bytes, bytes | None] = {}
@@ -251,7 +251,7 @@ def test_a_crash_anywhere_in_a_changelog_flush_recovers_the_same_partial(core):
     checkpoint sends a partial equal to the one the uncrashed run sent, nothing counted late.
     (A status durable without its checkpoint used to leave the batch closed with its
     closing chunk replayed as late input and its partial never sent.)"""
-    from specmeter.streams._stage1 import _digest
+    from specmeter.streams.core.stage1 import _digest
 
     marker = BatchMarker(batch_id="b", producer_id="p0", records_sent=30, expected_producers=1)
     messages = [*_messages("b", 30, 10), (3, encode_records_message(marker))]

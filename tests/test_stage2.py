@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specmeter.schemas import GenerationRecord, encode_partial
 from specmeter.streams import BatchState
-from specmeter.streams._layout import (
+from specmeter.streams.core.layout import (
     MergeEntry,
     decode_stage2_checkpoint,
     encode_state,
@@ -12,7 +12,7 @@ from specmeter.streams._layout import (
     merge_partial_prefixes,
     stage2_checkpoint_key,
 )
-from specmeter.streams._stage2 import BatchMerger
+from specmeter.streams.core.stage2 import BatchMerger
 
 TIMEOUT_MS, GRACE_MS = 1_000, 5_000
 

@@ -8,16 +8,16 @@ import cramjam
 import msgspec
 
 from specmeter.schemas import RecordBatch, encode_records_message
-from specmeter.streams import _core
-from specmeter.streams._layout import (
+from specmeter.streams.core import cores
+from specmeter.streams.core.layout import (
     COMPRESSED,
     compress_state,
     decode_delta,
     encode_state,
     state_key_prefix,
 )
-from specmeter.streams._stage1 import PartitionProcessor, _digest
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.core.stage1 import PartitionProcessor, _digest
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
 def _fleet_messages(batches: int = 3, sessions: int = 40) -> list[tuple[int, bytes]]:
@@ -70,9 +70,9 @@ def test_deltas_are_written_compressed_and_restore_in_either_core(core):
     plain = {k: encode_state(decode_delta(v)) for k, v in deltas.items()}
     # ids repeat: compressed they are a fraction of what the plain msgpack took
     assert sum(map(len, deltas.values())) * 3 < sum(map(len, plain.values()))
-    cores = [_core.PYTHON] + ([_core.NATIVE] if _core.NATIVE is not None else [])
+    built = [cores.PYTHON] + ([cores.NATIVE] if cores.NATIVE is not None else [])
     want = sorted(_digest(p) for p in partials)
-    for reader in cores:
+    for reader in built:
         restored = _processor(reader)
         again = restored.restore(list(live.items()), now_ms=10**6)
         assert sorted(_digest(p) for p in again.partials) == want, reader.name

@@ -107,7 +107,7 @@ def test_timeout_then_late_within_grace_then_after_grace(kafka_bootstrap):
                 producer_id="p0",
             )
 
-        from specmeter.streams.synthetic import FleetEvent
+        from specmeter.streams.fleet.synthetic import FleetEvent
 
         first = [FleetEvent("record", "p0", "lonely", record(f"s{i}", "g", i)) for i in range(6)]
         asyncio.run(publish_events(kafka_bootstrap, d.topics.records, first))  # no marker: never completes
@@ -169,7 +169,7 @@ def test_readme_main_job(kafka_bootstrap):
 def test_asking_for_named_topics_neither_lists_the_cluster_nor_creates_a_missing_one(kafka_bootstrap, monkeypatch):
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from specmeter.streams._topics import existing_partitions
+    from specmeter.streams.worker.topics import existing_partitions
 
     name = f"named-{time.time_ns()}"
     asyncio.run(create_topic(kafka_bootstrap, f"{name}.present", 3))
@@ -195,9 +195,9 @@ def test_asking_for_named_topics_neither_lists_the_cluster_nor_creates_a_missing
 
 def test_topics_are_created_with_the_workers_partition_count(kafka_bootstrap):
     """Not the broker's default (4 here): describing a missing topic must not auto-create it."""
-    from specmeter.streams._layout import changelog_topics
-    from specmeter.streams._topics import TopicMismatch, ensure_topics
+    from specmeter.streams.core.layout import changelog_topics
     from specmeter.streams.settings import TopicNames, WorkerSettings
+    from specmeter.streams.worker.topics import TopicMismatch, ensure_topics
 
     name = f"topics-{time.time_ns()}"
     topics = TopicNames(

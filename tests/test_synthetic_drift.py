@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specmeter.schemas import BatchMarker, GenerationRecord
-from specmeter.streams.synthetic import FleetSpec, synthetic_fleet
+from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_sessions_name_their_task_and_the_draft_accepts_as_the_task_says(records
     """Revision 4: each session's generations name one task; the draft accepts less on
     the tasks with a smaller factor (chat 0.9, gsm8k 1, swe-bench 0.8 by default); a
     share of generations contradicts its histogram (SPEC §3.5)."""
-    from specmeter.streams._state import inconsistent
+    from specmeter.streams.core.state import inconsistent
 
     by_session: dict[str, set] = defaultdict(set)
     for r in records:

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics, encode_metrics, encode_metrics_key
-from specmeter.streams._tail import batch_label, drift_text, fit_labels, metrics_table, positions_text, tasks_text
+from specmeter.streams.cli.tables import batch_label, drift_text, fit_labels, metrics_table, positions_text, tasks_text
 
 
 def version(name: str | None, rate: float | None) -> WeightVersionMetrics:
@@ -439,7 +439,7 @@ def test_the_task_column_takes_only_the_room_batch_and_drift_leave(width):
 
 @pytest.mark.parametrize("width", [50, 80, 160])
 def test_the_by_task_view_has_a_row_per_batch_and_task_and_fits(width):
-    from specmeter.streams._tail import task_table
+    from specmeter.streams.cli.tables import task_table
 
     results = [
         with_tasks(batch("step-2"), [task("chat", 0.5, 3, [1.5, 1.75]), task("gsm8k", 0.875, 9, [2.0, 2.75])]),

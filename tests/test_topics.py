@@ -12,7 +12,8 @@ import uuid
 import msgspec
 import pytest
 
-from specmeter.streams._topics import (
+from specmeter.streams.settings import TopicNames, WorkerSettings
+from specmeter.streams.worker.topics import (
     CLEANUP_CONFIGS,
     ClusterView,
     TopicMismatch,
@@ -25,7 +26,6 @@ from specmeter.streams._topics import (
     topic_configs,
     worker_topics,
 )
-from specmeter.streams.settings import TopicNames, WorkerSettings
 
 from .support.kafka_helpers import create_topic
 from .support.tools import run_specmeter
@@ -167,10 +167,11 @@ def test_the_replication_factor_flag_and_its_variable_reach_the_settings(monkeyp
     from click.testing import CliRunner
 
     import specmeter.streams.cli as cli
-    import specmeter.streams.worker as worker_module
+    import specmeter.streams.cli.preflight as preflight
+    import specmeter.streams.worker.run as worker_module
 
     seen: list[WorkerSettings] = []
-    monkeypatch.setattr(cli, "_preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(preflight, "check_before_start", lambda *args, **kwargs: None)
     monkeypatch.setattr(worker_module, "run_worker", seen.append)
     result = CliRunner().invoke(cli.main, ["worker", "--no-web", "--broker", "127.0.0.1:1", *args], env=env)
     assert result.exit_code == 0, result.output
@@ -188,7 +189,7 @@ _specmeter = functools.partial(run_specmeter, timeout=120)
 async def _existing(bootstrap: str, names: list[str]) -> dict[str, tuple[int, int]]:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from specmeter.streams._topics import describe_cluster
+    from specmeter.streams.worker.topics import describe_cluster
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 
 from specmeter.schemas import BatchMarker, GenerationRecord, encode_records_message
-from specmeter.streams._stage1 import PartitionProcessor
-from specmeter.streams._stage2 import MergeWaiting
-from specmeter.streams._waits import WaitReporter, stage1_waits
+from specmeter.streams.core.stage1 import PartitionProcessor
+from specmeter.streams.core.stage2 import MergeWaiting
+from specmeter.streams.report.waits import WaitReporter, stage1_waits
 
 TIMEOUT_MS = 60_000
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from specmeter.streams._topics import create_topic
+from specmeter.streams.worker.topics import create_topic
 
 __all__ = ["create_topic", "read_topic", "send_to_partitions"]
 

@@ -9,10 +9,10 @@ field by field, in the same groups, with the same envelope -- and nothing invali
 from __future__ import annotations
 
 from specmeter.schemas import decode_records_message
-from specmeter.streams._state import Decoded
+from specmeter.streams.core.state import Decoded
 
 try:
-    from specmeter.streams import _native
+    from specmeter.streams.core import _native
 except ImportError:  # built without Rust
     _native = None
 

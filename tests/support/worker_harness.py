@@ -18,9 +18,9 @@ import msgspec
 from specmeter.producers import Publisher, PublisherSettings
 from specmeter.schemas import BatchMetrics, decode_dead_letter, decode_metrics, decode_records_message
 from specmeter.streams import OfflineAggregator
-from specmeter.streams._loadgen import publish_fleet
+from specmeter.streams.fleet.publish import publish_fleet
+from specmeter.streams.fleet.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 from specmeter.streams.settings import TopicNames
-from specmeter.streams.synthetic import FleetEvent, FleetSpec, synthetic_fleet
 
 from .kafka_helpers import delete_topics, read_topic
 
@@ -154,7 +154,7 @@ class Deployment:
         asyncio.run(delete_topics(self.bootstrap, self.topic_names()))
 
     def topic_names(self) -> list[str]:
-        from specmeter.streams._layout import changelog_topics
+        from specmeter.streams.core.layout import changelog_topics
 
         t = self.topics
         return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name)]

@@ -1,0 +1,348 @@
+"""What every command shares: a failure said in one or two lines, the shared options,
+and aiokafka's outage lines folded.
+
+A command that cannot work (no broker, a port in use, a topic of another shape,
+bad security settings) ends with one or two lines on stderr that say what is
+wrong and which flag or environment variable to set: ``_explain`` is the one
+place that maps a failure to those lines; anything it does not know is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Coroutine
+from typing import IO, Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from specmeter.schemas import MAX_ID
+
+from ..errors import SpecmeterError
+from ..settings import WorkerSettings
+
+#: every worker flag's default is the settings object's (one home for each default)
+DEFAULTS = WorkerSettings()
+#: what a command's coroutine returns (``folded``)
+T = TypeVar("T")
+
+#: the environment every command that talks to Kafka reads (producers/_security.py)
+KAFKA_ENV_HELP = """\b
+Environment (besides each flag's own variable, shown with the flag):
+  KAFKA_BOOTSTRAP_SERVERS    broker address(es), as --broker
+  KAFKA_SECURITY_PROTOCOL    PLAINTEXT (default), SSL, SASL_PLAINTEXT, SASL_SSL
+  KAFKA_SASL_MECHANISM       PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+  KAFKA_SASL_USERNAME        or KAFKA_SASL_USERNAME_FILE
+  KAFKA_SASL_PASSWORD        or KAFKA_SASL_PASSWORD_FILE
+  KAFKA_SSL_CAFILE           CA bundle that verifies the brokers (SSL, SASL_SSL)
+"""
+
+
+class CommandFailed(click.ClickException):
+    """What went wrong and, on a second line, what to set; no traceback."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str | None = None, command: str | None = None) -> None:
+        super().__init__(problem)
+        self.fix = fix
+        if command is None:
+            ctx = click.get_current_context(silent=True)
+            command = ctx.command_path if ctx is not None else "specmeter"
+        self.command = command
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"{self.command}: {self.message}", err=True)
+        if self.fix:
+            click.echo(f"  {self.fix}", err=True)
+
+
+def _reason(messages: list[str]) -> str:
+    """aiokafka's connection errors, as a person says them."""
+    text = " ".join(messages)
+    for needle, said in (
+        ("Connect call failed", "connection refused"),
+        ("Connection refused", "connection refused"),
+        ("Name or service not known", "unknown host"),
+        ("nodename nor servname", "unknown host"),
+        ("Temporary failure in name resolution", "unknown host"),
+        ("timed out", "timed out"),
+        ("TimeoutError", "timed out"),
+    ):
+        if needle in text:
+            return said
+    return _last_line(messages)
+
+
+def _last_line(messages: list[str]) -> str:
+    """The last line aiokafka logged, cut to 160 characters, when none says it plainly."""
+    last = messages[-1] if messages else "no answer"
+    return last if len(last) <= 160 else last[:157] + "..."
+
+
+def _env_naming(path: str | None) -> list[str]:
+    return [name for name, value in os.environ.items() if path and value == path and name.startswith("KAFKA_")]
+
+
+#: what to set when the broker is not the one meant, or not running
+_SET_BROKER = "set --broker or KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
+#: what to check when the broker refuses the credentials
+_CREDENTIALS = "check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or their _FILE forms) and KAFKA_SASL_MECHANISM"
+
+
+def _explain(exc: BaseException, command: str, params: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(what is wrong, what to set) for a failure a person can fix; None for a bug."""
+    broker = params.get("broker", "the broker")
+    for explain in (_preflight_failure, _missing_topic, _kafka_failure, _publisher_failure, _local_failure):
+        explained = explain(exc, command, broker)
+        if explained is not None:
+            return explained
+    return None
+
+
+def _preflight_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What the checks before a command's start found: security, the broker, the web port, the topics."""
+    from ..worker.topics import TopicProblem
+    from .preflight import BadSecurity, BrokerUnreachable, PortInUse, WebHostInvalid
+
+    if isinstance(exc, BadSecurity):
+        return str(exc), None
+    if isinstance(exc, BrokerUnreachable):
+        return _unreachable(exc, broker)
+    if isinstance(exc, PortInUse):
+        return (
+            f"web port {exc.port} on {exc.host} is in use by another process",
+            "pass --web-port N (env SPECMETER_WORKER_WEB_PORT) or --no-web (env SPECMETER_WORKER_NO_WEB=1)",
+        )
+    if isinstance(exc, WebHostInvalid):
+        return str(exc), "pass --web-host ADDRESS (env SPECMETER_WORKER_WEB_HOST), e.g. 0.0.0.0 or 127.0.0.1"
+    if isinstance(exc, TopicProblem):
+        return str(exc), exc.fix
+    return None
+
+
+def _unreachable(exc: Any, broker: str) -> tuple[str, str]:
+    """Why no broker answered: refused credentials, no TLS, or nothing there."""
+    if exc.authentication_failed:
+        return f"the broker at {broker} refused authentication ({_reason(exc.reasons)})", _CREDENTIALS
+    if exc.tls_failed:
+        return (
+            f"no TLS connection to the broker at {broker} ({_reason(exc.reasons)})",
+            "check KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL only for a TLS listener) and KAFKA_SSL_CAFILE",
+        )
+    return f"no Kafka broker answers at {broker} ({_reason(exc.reasons)})", _SET_BROKER
+
+
+def _missing_topic(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """A reader's topic that does not exist (a reader never creates one)."""
+    from ..readers.topic_lookup import TopicNotFound
+
+    if not isinstance(exc, TopicNotFound):
+        return None
+    return f"topic {exc.topic!r} does not exist at {exc.broker} ({command} never creates one)", _topic_fix(exc, command)
+
+
+def _topic_fix(exc: Any, command: str) -> str:
+    """The topic meant: a similar name, another metrics topic there, or the worker's."""
+    variable = f"SPECMETER_{command.upper()}_TOPIC"
+    if exc.similar:
+        others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
+        return f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+    if exc.of_role:
+        return f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+    return f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+
+
+def _kafka_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What aiokafka raised: a denied principal, refused credentials, a lost or silent broker."""
+    from aiokafka import errors as kafka
+
+    name = type(exc).__name__
+    if isinstance(exc, kafka.KafkaError) and "Authorization" in name:
+        return (
+            f"the broker at {broker} denied this principal ({name}: {exc})",
+            "grant it the ACLs docs/operations.md lists for `specmeter " + command + "`, or check KAFKA_SASL_USERNAME",
+        )
+    if isinstance(
+        exc, (kafka.SaslAuthenticationFailed, kafka.AuthenticationFailedError, kafka.UnsupportedSaslMechanismError)
+    ):
+        return f"the broker at {broker} refused authentication ({name}: {exc})", _CREDENTIALS
+    if isinstance(exc, kafka.KafkaConnectionError):
+        return f"lost the Kafka broker at {broker} ({exc})", f"check the broker; {_SET_BROKER}"
+    if isinstance(exc, kafka.KafkaTimeoutError):
+        return f"the broker at {broker} did not answer in time ({name})", f"check the broker; {_SET_BROKER}"
+    return None
+
+
+def _publisher_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What the producers' library raised: a missing topic, or its own first line."""
+    from specmeter.producers import PublisherError, TopicMissingError
+
+    if isinstance(exc, TopicMissingError):
+        return str(exc).splitlines()[0], f"or pass --topic NAME (env SPECMETER_{command.upper()}_TOPIC)"
+    if isinstance(exc, PublisherError):
+        return str(exc).splitlines()[0], None
+    return None
+
+
+def _local_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
+    """What failed here: a file a KAFKA_ variable names, the TLS setup, or specmeter's own error."""
+    import ssl
+
+    if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
+        return (f"cannot read {exc.filename}: {exc.strerror}", f"check {' and '.join(_env_naming(exc.filename))}")
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS setup failed ({exc})", "check KAFKA_SSL_CAFILE (a PEM CA bundle) and KAFKA_SECURITY_PROTOCOL"
+    if isinstance(exc, SpecmeterError):  # the rest of specmeter's own: the message says it, ``fix`` what to do
+        return str(exc).splitlines()[0], exc.fix
+    return None
+
+
+def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command; turn a failure ``_explain`` knows into ``CommandFailed``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        try:
+            return func(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            explained = None
+        except Exception as exc:
+            explained = _explain(exc, ctx.info_name or "", ctx.params)
+            if explained is None:
+                raise
+        # raised outside the except block: no chained traceback keeps the failed clients alive
+        if explained is None:  # Ctrl-C: no traceback, the shell's exit status for SIGINT
+            ctx.exit(130)
+        raise CommandFailed(*explained, command=ctx.command_path)
+
+    return wrapper
+
+
+class EnvValueInvalid(CommandFailed):
+    """A flag's environment variable holds a value the flag does not take: blamed on the variable."""
+
+    exit_code = 2  # a usage error, as click's own
+
+
+class Command(click.Command):
+    """A command that blames a bad value read from the environment on the variable
+    (``SPECMETER_WORKER_PARTITIONS='abc' ...``), not on a flag the person never typed."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            blamed = _env_value_invalid(ctx, exc)
+            if blamed is None:
+                raise
+            raise blamed from None
+
+
+def _env_value_invalid(ctx: click.Context, exc: click.BadParameter) -> EnvValueInvalid | None:
+    """The bad value blamed on the environment variable it came from; None where a flag or
+    a default gave it."""
+    param = exc.param
+    if param is None or ctx.get_parameter_source(param.name or "") is not ParameterSource.ENVIRONMENT:
+        return None
+    name = envvar_set(param)
+    if name is None:
+        return None
+    flag = (param.opts or [param.human_readable_name])[0]
+    return EnvValueInvalid(
+        f"{name}={os.environ[name]!r} is not a valid value for {flag}: {exc.message}",
+        f"set {name} to a valid value or unset it (`{ctx.command_path} --help` explains {flag})",
+        command=ctx.command_path,
+    )
+
+
+class Group(click.Group):
+    command_class = Command
+
+
+def input_name(file: IO[bytes]) -> str:
+    """How a command names the file it reads: ``stdin`` for '-', else its path as given."""
+    given = getattr(file, "name", "-")
+    return "stdin" if given in ("-", "<stdin>") or not isinstance(given, str) else click.format_filename(given)
+
+
+def _bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """HOST:PORT list; a host without a port gets Kafka's 9092, and a line on stderr says so."""
+    addresses = _split_bootstrap(value)
+    assumed = [address for address, guessed in addresses if guessed]
+    if assumed:
+        _say_port_assumed(ctx, param, value, assumed)
+    return ",".join(address for address, _ in addresses)
+
+
+def _split_bootstrap(value: str) -> list[tuple[str, bool]]:
+    """Each HOST:PORT, and whether its port was assumed; a list that is none a bad parameter."""
+    from specmeter.producers._settings import split_bootstrap
+
+    try:
+        return split_bootstrap(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _say_port_assumed(ctx: click.Context, param: click.Parameter, value: str, assumed: list[str]) -> None:
+    """The line on stderr that names the addresses given Kafka's port, and where they were given."""
+    name = envvar_set(param) if ctx.get_parameter_source("broker") is ParameterSource.ENVIRONMENT else None
+    given = f"{name}={value}" if name else f"--broker {value}"
+    click.echo(f"{ctx.command_path}: {given} names no port: using {', '.join(assumed)} (Kafka's default)", err=True)
+
+
+def envvar_set(param: click.Parameter) -> str | None:
+    """The environment variable ``param`` read its value from."""
+    return next((name for name in _envvars(param) if name in os.environ), None)
+
+
+def _envvars(param: click.Parameter) -> list[str]:
+    """The variables ``param`` reads, in click's order (click takes one name or several)."""
+    return [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+
+
+def broker_option(func):
+    return click.option(
+        "--broker",
+        "--bootstrap",
+        "-b",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        default="127.0.0.1:9092",
+        show_default=True,
+        metavar="HOST:PORT",
+        callback=_bootstrap,
+        help="Kafka bootstrap address(es), comma-separated; kafka://HOST:PORT (Faust's form) is accepted.",
+    )(func)
+
+
+def run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not 0 < len(value) <= MAX_ID:
+        raise click.BadParameter(f"a run id is 1 to {MAX_ID} characters")
+    return value
+
+
+def run_id_option(func):
+    return click.option(
+        "--run-id",
+        envvar="SPECMETER_RUN_ID",
+        default=None,
+        metavar="ID",
+        callback=run_id,
+        help="The training run (attempt) the records belong to; a job restarted from a checkpoint gets a new one, "
+        "so its batches never merge into the old attempt's (default: none).",
+    )(func)
+
+
+async def folded(command: str, work: Coroutine[Any, Any, T]) -> T:
+    """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
+    folds them (``report.outages.folded_outages``)."""
+    from ..report.outages import folded_outages
+
+    async with folded_outages(command):
+        return await work

@@ -1,0 +1,355 @@
+"""The README's main job: a worker on an embedded local Kafka broker, fed by the
+bundled sample rollout, printing the metrics it publishes.
+
+    deploy/dev demo            (or: python -m specmeter.streams.demo --help)
+
+Steps: start the local KRaft broker (deploy/kafka/broker) unless
+KAFKA_BOOTSTRAP_SERVERS is set; start `specmeter worker` with a fresh app id
+(its log path is printed on a line of its own); replay the sample dump as its
+three producers would; read the metrics topic until every batch is published;
+check the result against `specmeter aggregate` on the same file; stop the
+worker (and the broker it started); say what to try next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parents[2]
+#: the bundled sample rollout ships inside the package (it works from an installed wheel)
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_rollout.jsonl"
+#: the local broker script exists in a checkout only; elsewhere KAFKA_BOOTSTRAP_SERVERS names a broker
+BROKER = REPO / "deploy" / "kafka" / "broker"
+
+
+def _start_broker(console) -> tuple[str, bool]:
+    """The broker KAFKA_BOOTSTRAP_SERVERS names, else the local one: its address, and
+    whether the demo started it."""
+    from ..settings import bootstrap_servers
+
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        try:
+            return bootstrap_servers(configured), False
+        except ValueError as exc:
+            raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
+    return _local_broker(console)
+
+
+def _local_broker(console) -> tuple[str, bool]:
+    """The checkout's local broker, started unless it runs already: its address, and
+    whether the demo started it."""
+    if not BROKER.exists():
+        raise click.ClickException(
+            "no local broker script here (an installed package, not a checkout): set "
+            "KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
+        )
+    was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
+    with console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
+        proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise click.ClickException(f"the local broker did not start:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1], not was_running
+
+
+def _check_broker(broker: str) -> None:
+    from specmeter.producers import KafkaSecurity
+
+    from .preflight import BrokerUnreachable, check_broker
+
+    try:  # the demo's own clients use no security (it runs on a local broker)
+        asyncio.run(check_broker(broker, KafkaSecurity()))
+    except BrokerUnreachable as exc:
+        raise click.ClickException(
+            f"no Kafka broker answers at {broker}: set KAFKA_BOOTSTRAP_SERVERS to a running "
+            "broker's HOST:PORT, or unset it to start the local one "
+            f"({'; '.join(exc.reasons)[:200]})"
+        ) from None
+
+
+def _read_metrics(broker: str, topic: str, batches: set[str], timeout_s: float) -> dict:
+    from aiokafka import AIOKafkaConsumer
+
+    from specmeter.schemas import decode_metrics
+
+    async def read() -> dict:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker, auto_offset_reset="earliest", group_id=None)
+        await consumer.start()
+        latest: dict = {}
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not batches <= set(latest):
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    for message in messages:
+                        m = decode_metrics(message.value)
+                        if m.batch_id not in latest or m.revision >= latest[m.batch_id].revision:
+                            latest[m.batch_id] = m
+        finally:
+            await consumer.stop()
+        return latest
+
+    return asyncio.run(read())
+
+
+def _table(results: list, offline: dict):
+    from rich.table import Table
+
+    table = Table(
+        title="specmeter: per-batch speculative decoding metrics (from the stream)",
+        caption="drift: accept rate per weight version (policy drift away from the draft model)",
+    )
+    for column in (
+        "batch",
+        "accept rate",
+        "tokens/verify",
+        "accept cov.",
+        "verify cov.",
+        "generations",
+        "samples",
+        "conflicts",
+        "invalid",
+        "complete",
+        "= offline",
+        "drift",
+    ):
+        table.add_column(
+            column,
+            justify="left" if column in ("batch", "drift") else "right",
+            no_wrap=column in ("batch", "drift"),
+            overflow="ellipsis",
+        )
+    for m in results:
+        table.add_row(*_row(m, offline))
+    return table
+
+
+def _row(m, offline: dict) -> list[str]:
+    """A batch's row: its numbers, whether it matches the offline result, its drift."""
+    from .tables import drift_text
+
+    x = m.metrics
+    return [
+        m.batch_id,
+        *(
+            _number(x.get(key))
+            for key in (
+                "spec/accept_rate",
+                "spec/tokens_per_verify",
+                "spec/accept_count_coverage",
+                "spec/verify_count_coverage",
+                "spec/unique_generation_count",
+                "spec/sample_count",
+                "spec/conflicting_generation_count",
+            )
+        ),
+        str(m.invalid_record_count),
+        "yes" if m.complete else "no",
+        "yes" if offline.get(m.batch_id) == m.metrics else "NO",
+        drift_text(m.by_weight_version, 32),
+    ]
+
+
+def _number(v) -> str:
+    """A metric as the table shows it: ``-`` where it is missing, a float to 4 places."""
+    return "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
+
+
+def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
+    """What to try after the demo, as lines to paste: the tools on the same broker,
+    a worker's HTTP side."""
+    lines = ["next (the commands are in .venv/bin; `source .venv/bin/activate` puts them on your PATH):"]
+    if not broker_running:
+        lines += [
+            "  # the demo stopped the broker it started; bring it back (or run the demo with --keep-broker)",
+            "  deploy/kafka/broker start",
+        ]
+    lines += [
+        "  # this demo's batches again, with the drift view (accept rate per weight version)",
+        f"  specmeter tail --broker {broker} --topic {metrics_topic} --from-beginning",
+        "  # a worker with its HTTP server and Prometheus metrics, a synthetic fleet with drift, the live table",
+        f"  specmeter worker --broker {broker} --web-port 6066 &",
+        "  curl -s localhost:6066/metrics | grep '^specmeter_'",
+        f"  specmeter loadgen --broker {broker} --batches 20 --rate 5000",
+        f"  specmeter tail --broker {broker}",
+    ]
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--dump",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=SAMPLE,
+    show_default=True,
+    help="Rollout dump to feed the worker.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print BatchMetrics JSON lines instead of a table.")
+@click.option("--timeout", type=float, default=180.0, show_default=True, help="Give up after this many seconds.")
+@click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
+def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
+    """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    broker, started_broker = _start_broker(console)
+    console.print(f"broker: [bold]{broker}[/]")
+    _check_broker(broker)
+    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    topics = _demo_topics(broker, run)
+    log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
+    worker = None
+    succeeded = False
+    click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
+    try:
+        with log_path.open("wb") as log:
+            worker = subprocess.Popen(
+                _worker_args(broker, run, topics), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        _await_ready(console, worker, log_path)
+        console.print(f"worker: ready (app id [bold]{run}[/])")
+        _replay(console, dump, broker, topics.records)
+        expected = _offline(dump)
+        latest, results = _published(console, broker, topics.metrics, expected, timeout)
+        _print_results(results, expected, as_json)
+        _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {log_path})")
+        console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+        succeeded = True
+    finally:
+        _stop_worker(worker)
+        if started_broker and not keep_broker:
+            subprocess.run([str(BROKER), "stop"], capture_output=True)
+    if succeeded:
+        click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
+
+
+def _demo_topics(broker: str, run: str):
+    """The run's own topics, created as the worker wants them (4 partitions)."""
+    from ..settings import TopicNames, WorkerSettings
+    from ..worker.topics import ensure_topics
+
+    topics = TopicNames(
+        records=f"{run}.records", partials=f"{run}.partials", metrics=f"{run}.metrics", deadletter=f"{run}.deadletter"
+    )
+    asyncio.run(
+        ensure_topics(WorkerSettings(broker=broker, app_id=run, topics=topics, partitions=4, batch_timeout_s=20.0))
+    )
+    return topics
+
+
+def _worker_args(broker: str, run: str, topics) -> list[str]:
+    """The worker's command line: the run's topics, short timeouts, no web server, a fresh data dir."""
+    return [
+        sys.executable,
+        "-m",
+        "specmeter.streams.cli",
+        "worker",
+        "--broker",
+        broker,
+        "--app-id",
+        run,
+        "--records-topic",
+        topics.records,
+        "--partials-topic",
+        topics.partials,
+        "--metrics-topic",
+        topics.metrics,
+        "--deadletter-topic",
+        topics.deadletter,
+        "--partitions",
+        "4",
+        "--batch-timeout",
+        "20",
+        "--session-timeout",
+        "10",
+        "--no-web",
+        "--data-dir",
+        tempfile.mkdtemp(prefix="specmeter-demo-"),
+    ]
+
+
+def _await_ready(console, worker: subprocess.Popen, log_path: Path) -> None:
+    """Wait for the worker's ready line in its log (90 s); a worker that exits or never gets there fails the demo."""
+    with console.status("starting the worker..."):
+        deadline = time.monotonic() + 90
+        while "Worker ready" not in log_path.read_text(errors="replace"):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise click.ClickException(f"the worker did not start; its log:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+
+def _replay(console, dump: Path, broker: str, topic: str) -> None:
+    """Replay the dump as its producers would, and say what was sent."""
+    from specmeter.producers import PublisherSettings
+
+    from ..fleet.replay import replay_lines
+
+    with dump.open("rb") as lines, console.status(f"replaying {dump.name} as its producers would..."):
+        summary = asyncio.run(replay_lines(lines, PublisherSettings(bootstrap_servers=broker, topic=topic)))
+    console.print(
+        f"replayed {summary.records} records, {summary.invalid} invalid, {summary.markers} markers "
+        f"from {summary.producers} producers"
+    )
+
+
+def _offline(dump: Path) -> dict:
+    """Each batch's metrics as ``specmeter aggregate`` computes them from the same dump."""
+    from ..core.offline import OfflineAggregator
+    from ..fleet.dumps import parse_dump_line
+
+    offline = OfflineAggregator(parse=parse_dump_line)
+    with dump.open("rb") as lines:
+        offline.feed_lines(lines)
+    return {m.batch_id: m.metrics for m in offline.results()}
+
+
+def _published(console, broker: str, topic: str, expected: dict, timeout: float) -> tuple[dict, list]:
+    """What the worker published, each batch's newest, and of it the expected batches in their order."""
+    with console.status("waiting for the worker to publish every batch..."):
+        latest = _read_metrics(broker, topic, set(expected), timeout)
+    return latest, [latest[b] for b in expected if b in latest]
+
+
+def _print_results(results: list, expected: dict, as_json: bool) -> None:
+    """The worker's metrics on stdout: JSON lines, or the table (170 columns wide where stdout is no terminal)."""
+    from rich.console import Console
+
+    from specmeter.schemas import encode_metrics
+
+    if as_json:
+        for m in results:
+            sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+        sys.stdout.flush()
+        return
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=170)
+    out.print(_table(results, expected))
+
+
+def _check_results(expected: dict, latest: dict, results: list, waited: str) -> None:
+    """Fail the demo where a batch was not published in time or disagrees with the offline result."""
+    missing = set(expected) - set(latest)
+    if missing:
+        raise click.ClickException(f"no metrics for {sorted(missing)} {waited}")
+    if any(expected[m.batch_id] != m.metrics for m in results):
+        raise click.ClickException("the stream disagrees with `specmeter aggregate` on the same dump")
+
+
+def _stop_worker(worker: subprocess.Popen | None) -> None:
+    """Stop a worker still running: SIGTERM to its process group, SIGKILL after 30 s."""
+    if worker is not None and worker.poll() is None:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)

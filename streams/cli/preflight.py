@@ -1,0 +1,251 @@
+"""Checks the command-line tools run before they start anything.
+
+A broker that is not there, a web port in use or a records topic of another
+shape would otherwise surface as a traceback from deep inside aiokafka or Faust,
+after a progress bar or a worker banner was already on the screen. These checks
+raise small typed errors instead; the command line turns each into one line that says
+what is wrong and what to set.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from specmeter.producers import KafkaSecurity
+
+from ..errors import SpecmeterError
+from ..settings import WorkerSettings
+from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec
+
+__all__ = [
+    "BadSecurity",
+    "BrokerUnreachable",
+    "PortInUse",
+    "TopicMismatch",
+    "WebHostInvalid",
+    "check_broker",
+    "check_security",
+    "check_web_port",
+    "quiet_kafka_logs",
+]
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: what KafkaSecurity can drive: username and password (aiokafka's GSSAPI and
+#: OAUTHBEARER need a Kerberos setup or a token provider it does not pass)
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class BadSecurity(SpecmeterError, ValueError):
+    """The KAFKA_* security environment cannot work; the message names the variable."""
+
+
+class BrokerUnreachable(SpecmeterError, ConnectionError):
+    """No broker at ``broker`` completed a connection; ``reasons`` are aiokafka's, per address."""
+
+    retriable = True
+
+    def __init__(self, broker: str, reasons: list[str]) -> None:
+        super().__init__(f"no Kafka broker answers at {broker}")
+        self.broker = broker
+        self.reasons = reasons
+
+    @property
+    def authentication_failed(self) -> bool:
+        return any("Authentication" in r or "authentication" in r or "SASL" in r for r in self.reasons)
+
+    @property
+    def tls_failed(self) -> bool:
+        return any("SSL" in r or "certificate" in r or "TLS" in r for r in self.reasons)
+
+
+class PortInUse(SpecmeterError, OSError):
+    """The worker's web port is taken by another process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(f"web port {port} on {host} is in use")
+        self.host, self.port = host, port
+
+
+class WebHostInvalid(SpecmeterError, OSError):
+    """The worker's web host is no address of this machine."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        super().__init__(f"cannot bind the web server to {host!r}: {reason}")
+        self.host = host
+
+
+def check_security(security: KafkaSecurity) -> None:
+    """Raise ``BadSecurity`` for settings aiokafka would reject (or silently misuse)."""
+    _check_protocol(security)
+    _check_credentials(security)
+
+
+def _check_protocol(security: KafkaSecurity) -> None:
+    """The protocol and the SASL mechanism: known, and a mechanism only with a SASL protocol."""
+    if security.protocol not in PROTOCOLS:
+        raise BadSecurity(
+            f"KAFKA_SECURITY_PROTOCOL={security.protocol!r} is not a protocol: set it to "
+            f"{', '.join(PROTOCOLS[:-1])} or {PROTOCOLS[-1]}"
+        )
+    if security.sasl_mechanism is not None:
+        _check_mechanism(security.sasl_mechanism, security.protocol)
+
+
+def _check_mechanism(mechanism: str, protocol: str) -> None:
+    """A SASL mechanism KafkaSecurity can drive, set with a protocol that uses SASL."""
+    if mechanism.upper() not in MECHANISMS:
+        raise BadSecurity(
+            f"KAFKA_SASL_MECHANISM={mechanism!r} is not supported: set it to "
+            f"{', '.join(MECHANISMS[:-1])} or {MECHANISMS[-1]}"
+        )
+    if "SASL" not in protocol:
+        raise BadSecurity(
+            f"KAFKA_SASL_MECHANISM={mechanism} is set but KAFKA_SECURITY_PROTOCOL={protocol} "
+            "uses no SASL: set KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or unset "
+            "KAFKA_SASL_MECHANISM"
+        )
+
+
+def _check_credentials(security: KafkaSecurity) -> None:
+    """What the protocol needs besides: a readable CA bundle, a SASL user and password."""
+    if security.ssl_cafile is not None and not os.access(security.ssl_cafile, os.R_OK):
+        raise BadSecurity(
+            f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
+            "bundle that verifies the brokers"
+        )
+    if "SASL" in security.protocol:
+        _check_login(security)
+
+
+def _check_login(security: KafkaSecurity) -> None:
+    """A SASL protocol's username and password, both given."""
+    if not security.username or not security.password:
+        raise BadSecurity(
+            f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
+            "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)"
+        )
+
+
+class _Tap(logging.Handler):
+    """Keeps aiokafka's connection errors instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a bad log call must not hide the real error
+            pass
+
+
+@contextmanager
+def quiet_kafka_logs() -> Iterator[list[str]]:
+    """aiokafka's log lines while the block runs, collected instead of printed."""
+    logger = logging.getLogger("aiokafka")
+    tap = _Tap()
+    propagate = logger.propagate
+    logger.addHandler(tap)
+    logger.propagate = False
+    try:
+        yield tap.messages
+    finally:
+        logger.removeHandler(tap)
+        logger.propagate = propagate
+
+
+async def check_broker(
+    broker: str, security: KafkaSecurity, *, settings: WorkerSettings | None = None, timeout_ms: int = 15_000
+) -> None:
+    """Connect once and close; with ``settings``, check every topic of that worker first.
+
+    Raises:
+        BrokerUnreachable: no address of ``broker`` completed a connection
+            (refused, unresolvable, TLS or SASL failure: see ``reasons``).
+        TopicMismatch: existing topics of the worker have partition counts it
+            cannot use (every such topic is named; nothing is created).
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker, request_timeout_ms=timeout_ms, **security.aiokafka_kwargs())
+    with quiet_kafka_logs() as messages:
+        try:
+            await _start_admin(admin, broker, messages)
+            planned = None if settings is None else await _worker_plan(admin, settings)
+        finally:
+            await admin.close()
+    if planned is not None and planned[0].mismatched:
+        raise TopicMismatch(*planned)
+
+
+async def _start_admin(admin: Any, broker: str, messages: list[str]) -> None:
+    """Connect; ``BrokerUnreachable`` with aiokafka's lines on why no address answered."""
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        await admin.start()
+    except KafkaConnectionError:
+        raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
+
+
+async def _worker_plan(admin: Any, settings: WorkerSettings) -> tuple[TopicPlan, list[TopicSpec]]:
+    """The worker's topics as the cluster has them: the plan, and the topics it plans."""
+    from ..worker.topics import describe_cluster, plan_topics, worker_topics
+
+    specs = worker_topics(settings)
+    view = await describe_cluster(admin, [s.name for s in specs])
+    return plan_topics(specs, view, settings.partitions), specs
+
+
+def check_web_port(host: str, port: int) -> None:
+    """Raise ``PortInUse`` when (host, port) cannot be bound as aiohttp will bind it."""
+    if port == 0:
+        return
+    for family, kind, proto, _, address in _addresses(host, port):
+        _bind_once(host, port, family, kind, proto, address)
+
+
+def _addresses(host: str, port: int) -> list[Any]:
+    """The addresses aiohttp will bind (every interface for an empty host); ``WebHostInvalid``
+    where the host does not resolve."""
+    try:
+        return socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise WebHostInvalid(host, exc.strerror or str(exc)) from None
+
+
+def _bind_once(host: str, port: int, family: Any, kind: Any, proto: int, address: Any) -> None:
+    """Bind one of the host's addresses and let it go: ``PortInUse`` where another process
+    holds it, ``WebHostInvalid`` where the address is no address of this machine."""
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does on POSIX
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port) from None
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise WebHostInvalid(host, exc.strerror or str(exc)) from None
+            raise
+
+
+def security_from_env() -> KafkaSecurity:
+    """KAFKA_* security from the environment, checked before anything connects."""
+    security = KafkaSecurity.from_env()
+    check_security(security)
+    security.aiokafka_kwargs()  # reads KAFKA_SSL_CAFILE now, not in the middle of a run
+    return security
+
+
+def check_before_start(broker: str, security: KafkaSecurity, settings: WorkerSettings | None = None) -> None:
+    """``check_broker``, run to the end: what a command checks before it starts anything."""
+    import asyncio
+
+    asyncio.run(check_broker(broker, security, settings=settings))

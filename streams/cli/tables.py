@@ -1,0 +1,535 @@
+"""The metrics as a terminal table, for ``tail``, ``aggregate`` and the demo.
+
+The table fits the terminal (80 columns included), one row per batch sorted by run
+and batch (``step-2`` before ``step-10``): fixed numeric columns, the rest shared by
+the batch name (never cut below what tells rows apart), the acceptance by draft
+position (``.81 .62 .40``, dropped first when short), the accept rate per task
+(``gsm8k .88 chat .71``, the largest tasks first, where the batch name and the drift
+view leave room) and a compact drift view, the accept rate per weight version
+(``v7 .75 v8 .71``). ``RowPrinter`` prints the same cells a line at a time, for a
+pipe. ``task_table`` is the by-task view of ``specmeter aggregate``: a row per batch
+and task.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
+
+__all__ = [
+    "metrics_table",
+    "drift_text",
+    "tasks_text",
+    "task_table",
+    "positions_text",
+    "batch_label",
+    "fit_labels",
+    "batch_order",
+    "RowPrinter",
+    "coverage_text",
+]
+
+#: (header, content width) of the numeric columns, between "batch" and "c/i/l"
+_FIXED = (("rev", 3), ("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
+#: below this width "gens" is left out, so batch names and the drift view keep room
+_WIDE = 100
+_GAP = 2  # between columns: the (blank) divider and one space of right padding
+#: the per-position column shows at most this many positions (then "…")
+_MAX_POSITIONS = 8
+#: the drift view keeps at least this much room before the per-position column is shown
+_DRIFT_BEFORE_POSITIONS = 20
+#: the narrowest per-task column worth showing (one task and its rate: ``gsm8k .88 …``)
+_MIN_TASKS = 12
+#: a task's name in the per-task column: at most this many characters (then "…")
+_TASK_NAME = 12
+
+
+def _fixed(width: int) -> tuple[tuple[str, int], ...]:
+    return _FIXED if width >= _WIDE else tuple(c for c in _FIXED if c[0] != "gens")
+
+
+def _natural(text: str | None) -> tuple:
+    """Natural order: step-2 before step-10, v9 before v10; None (unknown) last."""
+    if text is None:
+        return (1, ())
+    return (0, tuple(_natural_part(p) for p in re.split(r"(\d+)", text) if p))
+
+
+def _natural_part(part: str) -> tuple:
+    """A run of digits ordered by its number, before any text."""
+    return (0, int(part), "") if part.isdigit() else (1, 0, part)
+
+
+def batch_order(m: BatchMetrics) -> tuple:
+    """Rows by run, then batch, both in natural order (step-2 before step-10); the
+    default run (no run_id) first."""
+    return (m.run_id is not None, _natural(m.run_id), _natural(m.batch_id))
+
+
+def _rate(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    text = f"{value:.2f}"
+    return text[1:] if text.startswith("0.") else text
+
+
+def _fit_left(text: str, width: int) -> str:
+    """``text``, or its end behind an ellipsis when it is too long."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
+
+
+def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
+    """Accept rate per weight version, oldest first, as many of the newest as fit: ``v7 .75 v8 .71``."""
+    if not entries:
+        return "-"
+    parts = [
+        f"{_fit_left(e.weight_version or '?', 10)} {_rate(e.metrics.get('spec/accept_rate'))}"
+        for e in sorted(entries, key=lambda e: _natural(e.weight_version))
+    ]
+    return _fit_left(_newest_fitting(parts, width), width)
+
+
+def _newest_fitting(parts: list[str], width: int) -> str:
+    """``parts`` joined, the oldest dropped (and "…" said) until the text fits or one is left."""
+    text = " ".join(parts)
+    while len(text) > width and len(parts) > 1:
+        parts.pop(0)
+        text = "… " + " ".join(parts)
+    return text
+
+
+def _fit_right(text: str, width: int) -> str:
+    """``text``, or its start before an ellipsis when it is too long."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _by_size(entries: list[TaskMetrics]) -> list[TaskMetrics]:
+    """Tasks with the most generations first (ties by name), the unknown task last."""
+    return sorted(
+        entries,
+        key=lambda e: (e.task is None, -e.metrics.get("spec/unique_generation_count", 0), _natural(e.task)),
+    )
+
+
+def tasks_text(entries: list[TaskMetrics] | None, width: int) -> str:
+    """Accept rate per task, the largest tasks first, as many as fit, then "…":
+    ``gsm8k .88 chat .71 …`` (``?``: the unknown task)."""
+    if not entries:
+        return "-"
+    parts = [
+        f"{_fit_right(e.task or '?', _TASK_NAME)} {_rate(e.metrics.get('spec/accept_rate'))}" for e in _by_size(entries)
+    ]
+    return _fit_right(_fitted(parts, width, keep=1), width)
+
+
+def positions_text(rates: list[float] | None, width: int = 80) -> str:
+    """Acceptance by draft position, first position first: ``.81 .62 .40`` (as many as fit, then …)."""
+    if not rates:
+        return "-"
+    parts = [_rate(r) for r in rates[:_MAX_POSITIONS]]
+    text = _fitted(parts, width, cut=len(parts) < len(rates))
+    return text if parts else "…"
+
+
+def _fitted(parts: list[str], width: int, *, cut: bool = False, keep: int = 0) -> str:
+    """``parts`` joined by spaces, the last ones dropped (and "…" said once any is, or
+    ``cut`` already) until the text fits ``width`` or ``keep`` parts are left."""
+    while len(parts) > keep and len(_joined(parts, cut)) > width:
+        parts.pop()
+        cut = True
+    return _joined(parts, cut)
+
+
+def _joined(parts: list[str], cut: bool) -> str:
+    return " ".join(parts) + (" …" if cut else "")
+
+
+_SEPARATORS = "-_./:@"
+
+
+def _run_suffixes(batches: list[BatchMetrics]) -> dict[str, int]:
+    """For each run id shown, the length of its end that tells it from the other runs:
+    what follows their common prefix, from the separator before it (``-2`` of
+    ``grpo-7-attempt-2`` beside ``grpo-7-attempt-3``); 0 when a single run is shown."""
+    runs = sorted({m.run_id for m in batches if m.run_id is not None})
+    start = _first_difference(runs) if len(runs) >= 2 else 0
+    if start == 0:  # a single run, or they differ from their first character, which the label's start keeps
+        return dict.fromkeys(runs, 0)
+    start = _back_to_separator(runs[0], start)
+    return {run: len(run) - start for run in runs}
+
+
+def _first_difference(runs: list[str]) -> int:
+    """Where the runs' names first differ (the shortest one's length when one is a prefix of all)."""
+    return next((i for i, chars in enumerate(zip(*runs, strict=False)) if len(set(chars)) > 1), min(map(len, runs)))
+
+
+def _back_to_separator(run: str, start: int) -> int:
+    """``start``, moved back to the separator before it, a few characters at most."""
+    for back in range(1, 9):
+        if start - back >= 0 and run[start - back] in _SEPARATORS:
+            return start - back
+    return start
+
+
+def _label(m: BatchMetrics, run_suffix: dict[str, int]) -> tuple[str, int]:
+    """``run/batch`` (just the batch in the default run), and how much of its end an
+    elided label keeps whenever it can: the batch id and what tells the run apart."""
+    if m.run_id is None:
+        return m.batch_id, 0
+    return f"{m.run_id}/{m.batch_id}", len(m.batch_id) + 1 + run_suffix.get(m.run_id, 0)
+
+
+def _elide(text: str, width: int, tail: int) -> str:
+    """``text`` in ``width`` characters: its start, "…", then its last ``tail`` characters."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    tail = max(0, min(tail, width - 1))
+    return text[: width - 1 - tail] + "…" + (text[len(text) - tail :] if tail else "")
+
+
+def fit_labels(batches: list[BatchMetrics], width: int) -> list[str]:
+    """Each row's ``run/batch`` in ``width`` characters, rows that differ kept different.
+
+    A label too long loses its middle, never the batch id at its end while that
+    fits, nor what tells its run from the other runs shown: ``grpo-7-attempt-2/step-1``
+    and ``grpo-7-attempt-3/step-1`` become ``grpo-7…-2/step-1`` and ``grpo-7…-3/step-1``,
+    not two ``grpo-7-at…/step-1``. Where labels still collide, the kept end grows one
+    character at a time until every label is told apart."""
+    suffixes = _run_suffixes(batches)
+    labels = [_label(m, suffixes) for m in batches]
+    if all(len(text) <= width for text, _ in labels):
+        return [text for text, _ in labels]
+    return _elided_apart(labels, width)
+
+
+def _elided_apart(labels: list[tuple[str, int]], width: int) -> list[str]:
+    """The labels elided to ``width``, their kept ends grown one character at a time until
+    the labels that differ stay different (as elided at first, when they never do)."""
+    distinct = len({text for text, _ in labels})
+    balanced = (width - 1) // 2
+
+    def attempt(extra: int) -> list[str]:
+        return [_elide(text, width, (batch_end or balanced) + extra) for text, batch_end in labels]
+
+    for extra in range(width):
+        out = attempt(extra)
+        if len(set(out)) == distinct:
+            return out
+    return attempt(0)
+
+
+def batch_label(m: BatchMetrics, width: int) -> str:
+    """One row's label in ``width`` characters (``fit_labels`` of a single row)."""
+    return fit_labels([m], width)[0]
+
+
+def _count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if n >= 10_000_000:
+        return f"{n / 1e6:.0f}M"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 100_000:
+        return f"{n / 1e3:.0f}k"
+    return f"{n:.0f}"
+
+
+def _problems(m: BatchMetrics) -> str:
+    """conflicting/invalid/late: shown whole, whatever its width."""
+    conflicting = m.metrics.get("spec/conflicting_generation_count", 0)
+    return "/".join(_count(n) for n in (conflicting, m.invalid_record_count, m.late_record_count))
+
+
+def _close(m: BatchMetrics) -> str:
+    return m.close_reason if m.complete else f"{m.close_reason}!"
+
+
+def coverage_text(metrics: dict[str, Any]) -> str:
+    """The lower of the accept and verify coverage, marked ``a`` or ``v`` when one is
+    lower than the other (``50%v``: half the generations know completion and verify,
+    all of them accepted and proposed). Rounded down, so ``100%`` means every one."""
+    known = _coverages(metrics)
+    if not known:
+        return "-"
+    lowest = min(known.values())
+    return f"{math.floor(lowest * 100 + 1e-9):.0f}%" + _lower_mark(known)
+
+
+def _coverages(metrics: dict[str, Any]) -> dict[str, float]:
+    """The accept (``a``) and verify (``v``) coverage, those that are known."""
+    return {
+        mark: metrics[key]
+        for mark, key in (("a", "spec/accept_count_coverage"), ("v", "spec/verify_count_coverage"))
+        if isinstance(metrics.get(key), (int, float))
+    }
+
+
+def _lower_mark(known: dict[str, float]) -> str:
+    """``a`` or ``v`` where both are known and one is lower; nothing otherwise."""
+    if len(known) == 2 and known["a"] != known["v"]:
+        return "a" if known["a"] < known["v"] else "v"
+    return ""
+
+
+class _Layout:
+    """Column widths of a table ``total`` columns wide, in the order things give way:
+    the per-position column goes first, then the per-task column (it only takes what
+    the batch labels and the drift view leave), then (below 100 columns) the
+    generation count; the drift view shrinks before the batch labels do, and a label
+    is never cut below what tells it from the other rows; c/i/l and close are never cut."""
+
+    def __init__(self, total: int, shown: list[BatchMetrics]) -> None:
+        self.fixed = _fixed_columns(total, shown)
+        room = max(20, total - sum(w for _, w in self.fixed) - _GAP * (len(self.fixed) + 1))
+        labels = [_label(m, {})[0] for m in shown]
+        batch_need = _widest(labels, 10)
+        drift_need = _widest([drift_text(m.by_weight_version, 200) for m in shown], 10)
+        self.tasks = _tasks_width(shown, room - batch_need - drift_need - _GAP)
+        room -= _taken(self.tasks)
+        self.positions = _positions_width(shown, room - batch_need - _GAP, drift_need)
+        room -= _taken(self.positions)
+        self.batch, self.drift = _label_and_drift_widths(shown, labels, room, batch_need, drift_need)
+
+    def caption(self) -> str:
+        return (
+            LEGEND
+            + (" · pos: accept rate by draft position" if self.positions else "")
+            + (" · task: accept rate by task" if self.tasks else "")
+            + " · drift: accept rate by version"
+        )
+
+    def add_columns(self, table: Any) -> None:
+        table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
+        for name, w in self.fixed:
+            table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
+        if self.positions:
+            table.add_column("pos", width=self.positions, no_wrap=True, overflow="ellipsis")
+        if self.tasks:
+            table.add_column("task", width=self.tasks, no_wrap=True, overflow="ellipsis")
+        table.add_column("drift", width=self.drift, no_wrap=True, overflow="ellipsis")
+
+    def row(self, m: BatchMetrics, label: str) -> list[str]:
+        """One batch's cells, its label fitted already."""
+        cells = _cells(m)
+        extra = [positions_text(m.accept_rate_by_position, self.positions)] if self.positions else []
+        if self.tasks:
+            extra.append(tasks_text(m.by_task, self.tasks))
+        return [label, *(cells[name] for name, _ in self.fixed), *extra, drift_text(m.by_weight_version, self.drift)]
+
+
+def _taken(width: int) -> int:
+    """The room a column takes with its gap; none for a column not shown (width 0)."""
+    return width + _GAP if width else 0
+
+
+def _widest(texts: list[str], least: int) -> int:
+    return max([len(t) for t in texts] + [least])
+
+
+def _fixed_columns(total: int, shown: list[BatchMetrics]) -> list[tuple[str, int]]:
+    """The numeric columns (the revision's as wide as the largest), then c/i/l and close, never cut."""
+    revision_w = _widest([str(m.revision) for m in shown], 3)
+    fixed = [(name, revision_w if name == "rev" else w) for name, w in _fixed(total)]
+    fixed.append(("c/i/l", _widest([_problems(m) for m in shown], 5)))
+    fixed.append(("close", _widest([_close(m) for m in shown], 5)))
+    return fixed
+
+
+def _tasks_width(shown: list[BatchMetrics], spare: int) -> int:
+    """The per-task column: what the batch labels and the drift view leave, if that is
+    worth showing (0: no column)."""
+    if not any(m.by_task for m in shown) or spare < _MIN_TASKS:
+        return 0
+    return min(max(len(tasks_text(m.by_task, 200)) for m in shown), spare)
+
+
+def _positions_width(shown: list[BatchMetrics], spare: int, drift_need: int) -> int:
+    """The per-position column, whole, when the drift view keeps enough room beside it (0: no column)."""
+    if not any(m.accept_rate_by_position for m in shown):
+        return 0
+    need = _widest([positions_text(m.accept_rate_by_position) for m in shown], 3)
+    return need if spare - need >= min(drift_need, _DRIFT_BEFORE_POSITIONS) else 0
+
+
+def _label_and_drift_widths(
+    shown: list[BatchMetrics], labels: list[str], room: int, batch_need: int, drift_need: int
+) -> tuple[int, int]:
+    """The batch labels' and the drift view's widths in ``room``: the drift view shrinks
+    first, and the labels stay wide enough to tell the rows apart."""
+    if batch_need + drift_need <= room:
+        return batch_need, drift_need
+    batch = min(batch_need, max(10, room - drift_need, room // 2))
+    while batch < min(batch_need, room - 10) and not _distinct(fit_labels(shown, batch), labels):
+        batch += 1
+    return batch, max(10, room - batch)
+
+
+def _distinct(fitted: list[str], labels: list[str]) -> bool:
+    return len(set(fitted)) == len(set(labels))
+
+
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _cells(m: BatchMetrics) -> dict[str, str]:
+    """A row's fixed cells, by column header."""
+    x = m.metrics
+    return {
+        "rev": str(m.revision),
+        "accept": _ratio(x.get("spec/accept_rate")),
+        "tok/v": _ratio(x.get("spec/tokens_per_verify")),
+        "cov": coverage_text(x),
+        "gens": _count(x.get("spec/unique_generation_count")),
+        "c/i/l": _problems(m),
+        "close": _close(m),
+    }
+
+
+#: what the table's caption and the piped header say the columns are
+LEGEND = "c/i/l conflicting/invalid/late · ! incomplete · cov: lower of accept/verify coverage (a/v: which)"
+
+
+def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
+    """The ``rows`` most recently updated batches of ``latest`` (in the order they were
+    updated), as a rich Table no wider than ``width``, sorted by run and batch
+    (``batch_order``)."""
+    shown = _shown(latest, rows)
+    layout = _Layout(width, shown)
+    table = _table(title or f"specmeter: latest {len(shown)} batches", layout.caption())
+    layout.add_columns(table)
+    for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
+        table.add_row(*layout.row(m, label), style=None if m.complete else "yellow")
+    return table
+
+
+def _shown(latest: dict[Any, BatchMetrics], rows: int) -> list[BatchMetrics]:
+    """The ``rows`` most recently updated batches, by run and batch (``batch_order``)."""
+    return sorted(list(latest.values())[-rows:] if rows else [], key=batch_order)
+
+
+def _table(title: str, caption: str) -> Any:
+    """A rich Table as both views draw it: a simple head, no edges, a space between columns."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        expand=False,
+        caption=caption,
+    )
+
+
+def task_table(results: list[BatchMetrics], width: int = 80, title: str | None = None) -> Any:
+    """The by-task view (``specmeter aggregate``'s table): a row per batch and task (the
+    largest tasks first, the unknown task last, ``?``), with its accept rate, tokens per
+    verify step, accept coverage and generation count, and, where there is room, the
+    tokens per verify step by draft budget (``1.65 2.07 2.36``, budgets 1, 2, 3 ...).
+    None when no batch has a task breakdown."""
+    rows = _task_rows(results)
+    if not rows:
+        return None
+    layout = _TaskLayout(width, rows)
+    budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
+    table = _table(title or "by task", "? unknown task" + budgets)
+    layout.add_columns(table)
+    layout.add_rows(table, rows)
+    return table
+
+
+def _task_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, TaskMetrics]]:
+    """(batch, task) pairs: the batches by run and batch, each one's largest tasks first."""
+    return [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
+
+
+def _whole_widths(rows: list[tuple[BatchMetrics, TaskMetrics]]) -> tuple[int, int, int]:
+    """How wide the batch, task and by-budget columns of the by-task view are, nothing cut."""
+    return (
+        max(len(_label(m, {})[0]) for m, _ in rows),
+        max(len(e.task or "?") for _, e in rows),
+        max(len(positions_text(e.tokens_per_verify_by_budget)) for _, e in rows),
+    )
+
+
+class _TaskLayout:
+    """Column widths of the by-task view: the batch and the task a third of what the
+    numbers leave each at most, the curve by draft budget the rest (given up first)."""
+
+    FIXED = (("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
+
+    def __init__(self, width: int, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+        room = max(20, width - sum(w for _, w in self.FIXED) - _GAP * (len(self.FIXED) + 3))
+        label_w, name_w, budget_w = _whole_widths(rows)
+        self.batch = min(label_w, max(10, room // 3))
+        self.task = min(name_w, max(8, room // 3))
+        self.budget = min(budget_w, room - self.batch - self.task - _GAP)
+        if self.budget < 9:  # no room for a curve of two budgets: the column gives way
+            self.budget = 0
+            self.task = min(name_w, room - self.batch)
+
+    def add_columns(self, table: Any) -> None:
+        table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
+        table.add_column("task", width=self.task, no_wrap=True, overflow="ellipsis")
+        for name, w in self.FIXED:
+            table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
+        if self.budget:
+            table.add_column("tok/v by budget", width=self.budget, no_wrap=True, overflow="ellipsis")
+
+    def add_rows(self, table: Any, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+        """A row per batch and task, the batch's label on its first row only."""
+        previous = None
+        for (m, e), label in zip(rows, fit_labels([m for m, _ in rows], self.batch), strict=True):
+            table.add_row("" if m is previous else label, *self.cells(e))
+            previous = m
+
+    def cells(self, e: TaskMetrics) -> list[str]:
+        """A task's cells beside its batch's label: its name, rates, coverage, size and curve."""
+        x = e.metrics
+        cells = [
+            _fit_right(e.task or "?", self.task),
+            _ratio(x.get("spec/accept_rate")),
+            _ratio(x.get("spec/tokens_per_verify")),
+            _share(x.get("spec/accept_count_coverage")),
+            _count(x.get("spec/unique_generation_count")),
+        ]
+        if self.budget:
+            cells.append(positions_text(e.tokens_per_verify_by_budget, self.budget))
+        return cells
+
+
+def _share(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+class RowPrinter:
+    """Rows for a pipe, one line per message as it arrives (``tail … | head``, ``| grep``):
+    a header line first, then the fixed cells of ``metrics_table`` in columns of a
+    width fixed up front (so rows line up without knowing the rows to come), the
+    ``run/batch`` label elided to its column and the drift view in what is left."""
+
+    def __init__(self, width: int) -> None:
+        self.fixed = [*_fixed(width), ("c/i/l", 8), ("close", 8)]
+        cells = sum(w for _, w in self.fixed) + _GAP * (len(self.fixed) + 1)
+        self.label = max(10, min(32, (width - cells) * 2 // 3))
+        self.drift = max(10, width - cells - self.label)
+
+    def _line(self, label: str, cells: dict[str, str], drift: str) -> str:
+        fixed = "  ".join(cells[name].rjust(w) for name, w in self.fixed)
+        return f"{label.ljust(self.label)}  {fixed}  {drift}".rstrip()
+
+    def header(self) -> str:
+        return self._line("batch", {name: name for name, _ in self.fixed}, "drift")
+
+    def row(self, m: BatchMetrics) -> str:
+        return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))

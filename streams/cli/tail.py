@@ -1,0 +1,305 @@
+"""``specmeter tail``: follow the metrics topic, as a live table, rows or JSON lines.
+
+Like ``tail`` it starts with what is already there (the last ``last`` messages of
+each partition), then follows. Piped, it prints a line per message as it arrives
+(flushed: ``timeout 60 specmeter tail | head`` shows rows at once) and the table when
+it ends, at a limit, Ctrl-C or SIGTERM; a terminal gets the table live
+(``tables``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
+
+from ..readers.topic_lookup import subscribe_existing
+from . import preflight
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, one_line_errors
+from .tables import RowPrinter, metrics_table
+
+__all__ = ["follow_metrics", "run_tail", "tail"]
+
+
+@click.command(cls=Command, epilog=KAFKA_ENV_HELP)
+@broker_option
+@click.option("--topic", default=DEFAULTS.topics.metrics, show_default=True, help="The metrics topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print each BatchMetrics as a JSON line (for scripts).")
+@click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
+@click.option(
+    "--last",
+    type=click.IntRange(0),
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only new ones).",
+)
+@click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
+@click.option(
+    "--max-messages",
+    type=click.IntRange(1),
+    default=None,
+    metavar="N",
+    help="Stop after this many messages (those read back at start count).",
+)
+@click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
+@one_line_errors
+def tail(
+    broker: str,
+    topic: str,
+    as_json: bool,
+    from_beginning: bool,
+    last: int,
+    rows: int,
+    max_messages: int | None,
+    timeout: float | None,
+) -> None:
+    """Follow the metrics topic: a live table of the latest batches, or JSON lines.
+
+    The table fits the terminal: per batch (run/batch when it names a run) the
+    accept rate, tokens per verify step, coverage (the lower of accept and verify
+    coverage; 50%v: the verify pair is the lower), unique generations,
+    conflicting/invalid/late counts, how it closed, and the drift view: the
+    accept rate of each weight version (v7 .75 v8 .71), newest kept when they
+    do not all fit. Piped, it prints a line per message as it arrives, then the
+    final table when it ends (a limit, Ctrl-C or SIGTERM).
+    """
+    security = preflight.security_from_env()
+    preflight.check_before_start(broker, security)
+    run_tail(
+        broker,
+        topic,
+        as_json=as_json,
+        from_beginning=from_beginning,
+        last=last,
+        rows=rows,
+        max_messages=max_messages,
+        timeout_s=timeout,
+        kafka=security.aiokafka_kwargs(),
+    )
+
+
+async def follow_metrics(
+    broker: str,
+    topic: str,
+    on_metrics: Callable[[BatchMetrics], None],
+    *,
+    from_beginning: bool = False,
+    last: int = 0,
+    max_messages: int | None = None,
+    timeout_s: float | None = None,
+    kafka: dict | None = None,
+) -> int:
+    """Call ``on_metrics`` for each message until ``max_messages`` or ``timeout_s``; returns the count.
+
+    Starts at the topic's beginning (``from_beginning``), else ``last`` messages
+    before the end of each partition (those count towards ``max_messages``).
+
+    Raises:
+        TopicNotFound: ``topic`` does not exist (it is never created).
+    """
+    consumer = _consumer(broker, from_beginning, kafka)
+    seen = 0
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        await consumer.start()  # inside try: a failed start must still close the client
+        await _subscribe(consumer, topic, broker, from_beginning, last)
+        while _room(seen, max_messages) and _before(deadline):
+            for messages in (await consumer.getmany(timeout_ms=250)).values():
+                seen = _deliver(messages, on_metrics, seen, max_messages)
+    finally:
+        await consumer.stop()
+    return seen
+
+
+async def _subscribe(consumer: Any, topic: str, broker: str, from_beginning: bool, last: int) -> None:
+    """Subscribe to the topic once it is found (never creating it) and seek to where reading starts."""
+    await subscribe_existing(consumer, topic, broker, fix=_missing_topic_fix)
+    if not from_beginning and last > 0:
+        await _rewind(consumer, last)
+
+
+def _consumer(broker: str, from_beginning: bool, kafka: dict | None) -> Any:
+    """A consumer of no group, not started, subscribed to nothing: subscribing to a missing
+    topic would create it."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=broker,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        **(kafka or {}),
+    )
+
+
+def _room(seen: int, max_messages: int | None) -> bool:
+    """Whether ``max_messages`` leaves room for another message."""
+    return max_messages is None or seen < max_messages
+
+
+def _before(deadline: float | None) -> bool:
+    """Whether the deadline (None: none) is still ahead."""
+    return deadline is None or time.monotonic() < deadline
+
+
+def _deliver(
+    messages: list[Any], on_metrics: Callable[[BatchMetrics], None], seen: int, max_messages: int | None
+) -> int:
+    """Hand each message that decodes to ``on_metrics`` while there is room; the count so far."""
+    for message in messages:
+        if not _room(seen, max_messages):
+            break
+        metrics = _decoded(message)
+        if metrics is not None:
+            on_metrics(metrics)
+            seen += 1
+    return seen
+
+
+def _decoded(message: Any) -> BatchMetrics | None:
+    """The message's BatchMetrics; None, with a line on stderr, for a foreign message."""
+    try:
+        return decode_metrics(message.value)
+    except Exception as exc:  # noqa: BLE001 - a foreign message must not stop the tail
+        print(f"specmeter tail: skipped offset {message.offset}: {exc}", file=sys.stderr)
+        return None
+
+
+def _missing_topic_fix(similar: list[str], of_role: list[str]) -> str:
+    if similar:
+        return f"did you mean {' or '.join(similar)}?"
+    named = f" (metrics topics there: {', '.join(of_role)})" if of_role else ""
+    return f"start `specmeter worker` first, or name its --metrics-topic{named}"
+
+
+async def _rewind(consumer: Any, last: int) -> None:
+    """Seek every assigned partition to ``last`` messages before its end."""
+    partitions = list(consumer.assignment())
+    if not partitions:
+        return
+    begins = await consumer.beginning_offsets(partitions)
+    ends = await consumer.end_offsets(partitions)
+    for tp in partitions:
+        consumer.seek(tp, max(begins[tp], ends[tp] - last))
+
+
+def run_tail(
+    broker: str,
+    topic: str,
+    *,
+    as_json: bool,
+    from_beginning: bool,
+    rows: int,
+    last: int,
+    max_messages: int | None,
+    timeout_s: float | None,
+    kafka: dict | None = None,
+) -> int:
+    """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
+    a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
+    at once) and, at the end, the table; ``as_json`` a JSON line per message."""
+
+    def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
+        async def until_stopped() -> None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            try:
+                await follow_metrics(
+                    broker,
+                    topic,
+                    on_metrics,
+                    from_beginning=from_beginning,
+                    last=last,
+                    max_messages=max_messages,
+                    timeout_s=timeout_s,
+                    kafka=kafka,
+                )
+            except asyncio.CancelledError:  # SIGTERM ends it as a limit does
+                task.uncancel()
+            finally:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(signal.SIGTERM)
+
+        async def folded() -> None:
+            from ..report.outages import folded_outages
+
+            async with folded_outages("tail"):
+                await until_stopped()
+
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
+            asyncio.run(folded())
+
+    seen = 0
+    try:
+        if as_json:
+
+            def emit(m: BatchMetrics) -> None:
+                nonlocal seen
+                seen += 1
+                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+                sys.stdout.flush()
+
+            follow(emit)
+            return seen
+        return _follow_table(follow, topic, rows)
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return seen
+
+
+def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    latest: dict[tuple[str | None, str], BatchMetrics] = {}
+    seen = 0
+
+    def keep(m: BatchMetrics) -> None:
+        nonlocal seen
+        seen += 1
+        key = (m.run_id, m.batch_id)
+        previous = latest.pop(key, None)
+        latest[key] = m if previous is None or m.revision >= previous.revision else previous
+
+    def table() -> Any:
+        return metrics_table(
+            latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
+        )
+
+    if not console.is_terminal:  # piped: a line per message as it comes, then the final table
+        printer = RowPrinter(console.width)
+
+        def line(m: BatchMetrics) -> None:
+            if not seen:
+                print(printer.header())
+            keep(m)
+            print(printer.row(m), flush=True)
+
+        follow(line)
+        print(flush=True)
+        console.print(table())
+        sys.stdout.flush()
+        return seen
+    with Live(table(), refresh_per_second=4, console=console) as live:
+
+        def update(m: BatchMetrics) -> None:
+            keep(m)
+            live.update(table())
+
+        follow(update)
+    return seen

@@ -1,0 +1,176 @@
+"""A sticky, balanced assignment of a stage's partitions: a rebalance moves only what
+must move, so only the partitions that move are restored.
+
+Each member tells the group, when it joins, the partitions it holds and the epoch of the
+assignment that gave them (``metadata``). The group's leader (``assign``) keeps every
+member's partitions up to a fair share, gives a partition two members claim to the one
+with the newer epoch (a member that was frozen and woke up claims partitions that moved
+meanwhile), and hands the rest to the members below their share. Adding a fourth worker
+to three at 12 partitions moves 3, one from each; a worker leaving moves only its own.
+Every assignment carries a new epoch, one past the highest any member reported.
+
+The rule is ``sticky_assignment`` (pure); ``StickyAssignor`` is aiokafka's assignor
+interface around it (public: ``partition_assignment_strategy``), one instance per route,
+so that the two stages' groups in one process keep apart what each holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+__all__ = ["StickyAssignor", "Member", "sticky_assignment"]
+
+#: (topic, partition)
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """What a member told the group: its topics, what it holds and since which epoch."""
+
+    topics: frozenset[str]
+    held: tuple[Partition, ...] = ()
+    epoch: int = -1
+
+
+def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
+    """Every partition to one member subscribed to its topic: balanced (shares differ by
+    one at most, among members of the same topics), each member keeping what it holds as
+    far as its share allows; a partition claimed by two goes to the newer epoch."""
+    out: dict[str, list[Partition]] = {m: [] for m in members}
+    for topic, tps in sorted(_by_topic(partitions).items()):
+        subscribed = _subscribed(topic, members)
+        if subscribed:
+            for member, given in _assign_topic(tps, {m: members[m] for m in subscribed}).items():
+                out[member].extend(given)
+    return out
+
+
+def _subscribed(topic: str, members: Mapping[str, Member]) -> list[str]:
+    """The members subscribed to ``topic``, sorted."""
+    return sorted(m for m, info in members.items() if topic in info.topics)
+
+
+def _by_topic(partitions: Iterable[Partition]) -> dict[str, list[Partition]]:
+    """The distinct partitions, sorted, by topic."""
+    by_topic: dict[str, list[Partition]] = {}
+    for tp in sorted(set(partitions)):
+        by_topic.setdefault(tp[0], []).append(tp)
+    return by_topic
+
+
+def _assign_topic(tps: list[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
+    owner = _owners(tps, members)
+    held: dict[str, list[Partition]] = {m: sorted(tp for tp, o in owner.items() if o == m) for m in members}
+    share = _shares(len(tps), held)
+    out: dict[str, list[Partition]] = {}
+    free: list[Partition] = sorted(tp for tp in tps if tp not in owner)
+    for m in members:
+        out[m] = held[m][: share[m]]
+        free.extend(held[m][share[m] :])
+    free.sort()
+    _fill(out, share, free)
+    return out
+
+
+def _owners(tps: list[Partition], members: Mapping[str, Member]) -> dict[Partition, str]:
+    """Each existing partition a member holds -> that member (of two, the newer epoch)."""
+    existing = set(tps)
+    owner: dict[Partition, str] = {}
+    for member in sorted(members, key=lambda m: (members[m].epoch, m)):  # the newest epoch last: it wins
+        for tp in members[member].held:
+            if tp in existing:
+                owner[tp] = member
+    return owner
+
+
+def _shares(partitions: int, held: dict[str, list[Partition]]) -> dict[str, int]:
+    """Each member's fair share of ``partitions`` (they differ by one at most)."""
+    base, extra = divmod(partitions, len(held))
+    # the larger shares go to the members that hold the most: fewer partitions move
+    ranked = sorted(held, key=lambda m: (-len(held[m]), m))
+    return {m: base + (1 if i < extra else 0) for i, m in enumerate(ranked)}
+
+
+def _fill(out: dict[str, list[Partition]], share: dict[str, int], free: list[Partition]) -> None:
+    """The free partitions (sorted) to the members below their share, fewest first."""
+    for m in sorted(out, key=lambda m: (len(out[m]), m)):
+        while len(out[m]) < share[m] and free:
+            out[m].append(free.pop(0))
+        out[m].sort()
+
+
+class _Metadata(msgspec.Struct, array_like=True):
+    held: list[tuple[str, int]] = []
+    epoch: int = -1
+
+
+_decode_metadata = msgspec.msgpack.Decoder(_Metadata).decode
+_decode_epoch = msgspec.msgpack.Decoder(int).decode
+
+
+class StickyAssignor:
+    """aiokafka's assignor interface (``name``, ``version``, ``metadata``, ``assign``,
+    ``on_assignment``) around ``sticky_assignment``; one instance per consumer."""
+
+    name = "specmeter-sticky"
+    version = 0
+
+    def __init__(self) -> None:
+        self.held: list[Partition] = []
+        self.epoch = -1
+
+    def metadata(self, topics: Iterable[str]) -> object:
+        from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+        user_data = msgspec.msgpack.encode(_Metadata(held=self.held, epoch=self.epoch))
+        return ConsumerProtocolMemberMetadata(self.version, sorted(topics), user_data)
+
+    def assign(self, cluster: object, members: Mapping[str, object]) -> dict[str, object]:
+        from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+        infos = {member_id: _member(metadata) for member_id, metadata in members.items()}
+        partitions = _partitions(cluster, {t for info in infos.values() for t in info.topics})
+        epoch = max((info.epoch for info in infos.values()), default=-1) + 1
+        out = {}
+        for member_id, given in sticky_assignment(partitions, infos).items():
+            out[member_id] = ConsumerProtocolMemberAssignment(
+                self.version, sorted(_numbers_by_topic(given).items()), msgspec.msgpack.encode(epoch)
+            )
+        return out
+
+    def on_assignment(self, assignment: object) -> None:
+        self.held = [(tp.topic, tp.partition) for tp in assignment.partitions()]  # type: ignore[attr-defined]
+        try:
+            self.epoch = _decode_epoch(assignment.user_data)  # type: ignore[attr-defined]
+        except msgspec.MsgspecError:
+            self.epoch = -1
+
+
+def _partitions(cluster: object, topics: set[str]) -> list[Partition]:
+    """Every partition of ``topics`` the cluster's metadata knows."""
+    return [
+        (topic, p)
+        for topic in topics
+        for p in (cluster.partitions_for_topic(topic) or ())  # type: ignore[attr-defined]
+    ]
+
+
+def _numbers_by_topic(given: list[Partition]) -> dict[str, list[int]]:
+    """A member's partitions as the assignment protocol lists them: numbers by topic."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, p in given:
+        by_topic.setdefault(topic, []).append(p)
+    return by_topic
+
+
+def _member(metadata: object) -> Member:
+    topics = frozenset(metadata.subscription)  # type: ignore[attr-defined]
+    try:
+        data = _decode_metadata(metadata.user_data or b"")  # type: ignore[attr-defined]
+    except msgspec.MsgspecError:
+        return Member(topics)
+    return Member(topics, tuple((t, p) for t, p in data.held), data.epoch)

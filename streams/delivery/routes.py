@@ -1,0 +1,934 @@
+"""The I/O that carries out the delivery rules of ``ledger``: one route per stage.
+
+A worker holds a fixed set of Kafka clients, whatever its partition count: one
+``InputRoute`` per stage, the ordered producer (``output``) and, while partitions are
+being taken over, one ``ChangelogReader`` (closed again when the restores are done).
+
+**Each route's consumer is a member of its stage's consumer group** (``<app-id>-stage1``
+over the records topic, ``<app-id>-stage2`` over the partials topic), as aiokafka means
+a consumer to be: the group assigns it partitions (``assignor``: sticky, so a rebalance
+moves only what must move), and it polls for as long as the route makes progress. A
+route that stops making progress for ``max_poll_interval`` leaves its group, whose
+other members take its partitions over: the liveness ``max.poll.interval`` exists for.
+
+The ``DeliveryDriver`` follows the routes' rebalance callbacks into the ledger: a
+revoked partition's state is suspended; a partition assigned again keeps it when its
+changelog did not move; any other is taken over (``core.ownership``: the group's generation
+checked by a commit, a takeover record, the changelog read up to it) and restored in
+steps that yield, so that heartbeats, probes and the other partitions go on. It commits
+the checkpoints for the group's lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
+from typing import Any, Protocol
+
+from ..core.ownership import ChangelogView, ValidState
+from ..settings import WorkerSettings
+from .assignor import StickyAssignor
+from .internals import set_fetch_wait
+from .ledger import Checkpointed, Claim, Ledger, TopicPartition
+from .output import OrderedProducer
+from .writes import OwnedWrites
+
+__all__ = ["ChangelogReader", "DeliveryDriver", "InputRoute", "StageHooks"]
+
+log = logging.getLogger("specmeter.worker")
+
+#: a stage state restored, and what to do once it is installed
+Restored = tuple[Checkpointed, Callable[[], None]]
+
+
+class StageHooks(Protocol):
+    """What the driver needs of the stages (``worker.app.StreamShell``)."""
+
+    def changelog_of(self, topic: str) -> str:
+        """The changelog topic of a stage's input topic."""
+        ...
+
+    def restorer(
+        self, topic: str, partition: int, state: ValidState, epoch: int | None
+    ) -> Generator[None, None, Restored]:
+        """A partition's state restored from its changelog's valid state, in steps (it
+        yields between them), and what to do once it is installed (its first writes)."""
+        ...
+
+    async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, bytes]]) -> None:
+        """Apply admitted input (offset order) to a partition's state and carry out its effects."""
+        ...
+
+    async def reached(self, point: str) -> None:
+        """A crash point (``worker.faults``): tests kill the worker here."""
+        ...
+
+
+def _consumer(broker: str, kafka: Mapping[str, Any], **options: Any) -> Any:
+    """A consumer of the worker's own: a group member (a route) or none (the changelog
+    reader); nothing is committed unless it says so."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=broker,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **options,
+        **kafka,
+    )
+
+
+def split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list, list]:
+    """The first messages up to ``max_bytes`` of values (at least one), and the rest."""
+    size = 0
+    for i, (_, value) in enumerate(messages):
+        size += len(value)
+        if size >= max_bytes:
+            return messages[: i + 1], messages[i + 1 :]
+    return messages, []
+
+
+class ChangelogReader:
+    """Reads changelog partitions: whole, for takeovers (all of a round's partitions
+    through one consumer at once), and ranges, for a writer's check of skipped offsets."""
+
+    #: a read that gets nothing new for this long fails (and is tried again): the limit
+    #: grows with the state to read, never cuts a large restore that makes progress
+    STALL_S = 60.0
+    #: yield to the event loop after this many records of one fetch
+    YIELD_EVERY = 5_000
+
+    def __init__(self, new_consumer: Callable[..., Any]) -> None:
+        self.new_consumer = new_consumer
+
+    async def read(
+        self, changelogs: Mapping[TopicPartition, int], inputs: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, ChangelogView]]:
+        """The log ends of ``inputs`` now, and each changelog partition read from its start
+        up to (not including) the end offset given for it."""
+        from aiokafka.structs import TopicPartition as TP
+
+        consumer = self.new_consumer(group_id=None, max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_wait_ms=20)
+        await consumer.start()
+        try:
+            input_ends = await consumer.end_offsets([TP(t, p) for t, p in inputs]) if inputs else {}
+            views = await self._read_views(consumer, {TP(t, p): end for (t, p), end in changelogs.items()})
+            return _keyed(input_ends), _keyed(views)
+        finally:
+            await consumer.stop()
+
+    async def _read_views(self, consumer: Any, tps: dict[Any, int]) -> dict[Any, ChangelogView]:
+        """Each changelog partition read from its start up to its end offset, through one
+        consumer; fails when a whole ``STALL_S`` brings nothing new."""
+        views = {tp: ChangelogView() for tp in tps}
+        reading = await self._start_reading(consumer, tps)
+        progress_at = time.monotonic()
+        while reading:
+            if time.monotonic() - progress_at > self.STALL_S:
+                raise TimeoutError(f"reading changelogs got nothing new for {self.STALL_S:.0f} s: {sorted(reading)}")
+            progress_at = await self._fetch_into(consumer, reading, views, tps, progress_at)
+            await self._pause_read(consumer, reading, tps)
+        return views
+
+    async def _start_reading(self, consumer: Any, tps: dict[Any, int]) -> set[Any]:
+        """The partitions with records before their end offset, assigned and sought to their start."""
+        starts = await consumer.beginning_offsets(list(tps))
+        reading = {tp for tp, end in tps.items() if end > starts[tp]}
+        if reading:
+            consumer.assign(sorted(reading))
+            await consumer.seek_to_beginning(*reading)
+        return reading
+
+    async def _fetch_into(
+        self,
+        consumer: Any,
+        reading: set[Any],
+        views: dict[Any, ChangelogView],
+        tps: dict[Any, int],
+        progress_at: float,
+    ) -> float:
+        """One fetch of the partitions still read, into their views; returns when the
+        reading last got something new."""
+        fetched = await consumer.getmany(*reading, timeout_ms=500)
+        for tp, messages in fetched.items():
+            if messages:
+                progress_at = time.monotonic()
+            await self._add(views[tp], messages, tps[tp])
+        return progress_at
+
+    async def _pause_read(self, consumer: Any, reading: set[Any], tps: dict[Any, int]) -> None:
+        """Stop reading (and pause) each partition whose position reached its end offset."""
+        for tp in list(reading):
+            if await consumer.position(tp) >= tps[tp]:
+                reading.discard(tp)
+                consumer.pause(tp)
+
+    async def _add(self, view: ChangelogView, messages: list[Any], end: int) -> None:
+        """A fetch's records before ``end``, into the view, yielding every ``YIELD_EVERY``."""
+        for i, m in enumerate(messages):
+            if m.offset >= end:
+                break
+            view.add(m.offset, m.key, m.value)
+            if i % self.YIELD_EVERY == self.YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+
+    async def read_range(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records of a changelog partition in [start, end) that the log still holds."""
+        from aiokafka.structs import TopicPartition as TP
+
+        tp = TP(topic, partition)
+        consumer = self.new_consumer(group_id=None, fetch_max_wait_ms=20)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            return await self._read_to(consumer, tp, start, end)
+        finally:
+            await consumer.stop()
+
+    async def _read_to(
+        self, consumer: Any, tp: Any, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records from the consumer's position up to ``end``; fails when a whole
+        ``STALL_S`` brings nothing."""
+        out: list[tuple[int, bytes | None, bytes | None]] = []
+        progress_at = time.monotonic()
+        while await consumer.position(tp) < end:
+            if time.monotonic() - progress_at > self.STALL_S:
+                raise TimeoutError(f"reading {tp.topic}[{tp.partition}] offsets {start}-{end - 1} got nowhere")
+            fetched = await consumer.getmany(tp, timeout_ms=500)
+            for m in fetched.get(tp, ()):
+                progress_at = time.monotonic()
+                if m.offset < end:
+                    out.append((m.offset, m.key, m.value))
+        return out
+
+
+def _keyed(by_tp: Mapping[Any, Any]) -> dict[TopicPartition, Any]:
+    """A mapping keyed by aiokafka's TopicPartitions, keyed by (topic, partition) tuples."""
+    return {(tp.topic, tp.partition): value for tp, value in by_tp.items()}
+
+
+def _rebalance_listener(route: InputRoute) -> Any:
+    """aiokafka's ``ConsumerRebalanceListener`` of one route (awaited during a rejoin)."""
+    from aiokafka.abc import ConsumerRebalanceListener
+
+    class Rebalance(ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            await route.driver.revoked(route.topic, [tp.partition for tp in revoked])
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            route.driver.assigned(route.topic, [tp.partition for tp in assigned])
+
+    return Rebalance()
+
+
+class InputRoute:
+    """One stage's input: a consumer in the stage's group that reads every owned, restored
+    partition of the topic from its checkpoint, and hands what the ledger admits to the stage.
+
+    Everything fetched is applied in chunks of at most ``chunk_bytes`` per partition,
+    round robin between partitions: a fetched marker waits behind at most one chunk
+    of each partition, never behind a whole backlog. A catch-up after a restore is this
+    same reading, from the restored checkpoint: the ledger holds the partition's timers
+    until the route reaches the log end it had at install.
+
+    After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
+    ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
+    worker's CPU then does not grow with its partitions, and new input still ends a
+    held fetch at once.
+    """
+
+    IDLE_AFTER_S = 5.0
+    IDLE_FETCH_WAIT_MS = 5000
+
+    def __init__(
+        self,
+        driver: DeliveryDriver,
+        topic: str,
+        group_id: str,
+        *,
+        chunk_bytes: int,
+        fetch_options: Mapping[str, Any],
+        group_options: Mapping[str, Any],
+    ):
+        self.driver = driver
+        self.topic = topic
+        self.group_id = group_id
+        self.chunk_bytes = chunk_bytes
+        self.fetch_options = fetch_options
+        self.group_options = group_options
+        self.busy_fetch_wait_ms: int = fetch_options.get("fetch_max_wait_ms", 500)
+        #: the fetch wait in force (the busy one, or ``IDLE_FETCH_WAIT_MS`` while idle)
+        self.fetch_wait_ms = self.busy_fetch_wait_ms
+        #: partition -> the state its consumer position was set for
+        self._following: dict[int, Checkpointed] = {}
+        self.consumer: Any = None
+        self._committed: dict[TopicPartition, int] = {}
+        self._committed_at = 0.0
+        self._commit_failures = 0
+        #: reads failed in a row (the first is said, the rest logged at debug)
+        self._fetch_failures = 0
+        #: the route stops applying input (the worker is stopping)
+        self.stopping = False
+
+    async def run(self) -> None:
+        """Join the group and read until cancelled; errors are said once and retried."""
+        driver = self.driver
+        consumer = self._new_consumer()
+        try:
+            consumer.subscribe([self.topic], listener=_rebalance_listener(self))
+            await _retrying(f"route of {self.topic}: joining its group", consumer.start, driver.RETRY_S)
+            self.consumer = consumer
+            await self._read(consumer)
+        finally:
+            self.consumer = None
+            with contextlib.suppress(Exception):
+                await consumer.stop()  # leaves the group: its partitions move at once
+
+    def _new_consumer(self) -> Any:
+        """The route's consumer: a member of the stage's group, with the sticky assignor."""
+        return self.driver.new_consumer(
+            group_id=self.group_id,
+            partition_assignment_strategy=(StickyAssignor(),),
+            **self.group_options,
+            **self.fetch_options,
+        )
+
+    async def _read(self, consumer: Any) -> None:
+        last_input = time.monotonic()
+        while True:
+            self._refollow(consumer)
+            fetched = await self._fetch(consumer)
+            if fetched is None:
+                continue
+            pending = _by_partition(fetched)
+            if pending:
+                last_input = time.monotonic()
+            self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
+            await self._apply(pending)
+            await self._check_caught_up(consumer)
+            await self._commit(consumer)
+
+    async def _fetch(self, consumer: Any) -> Any:
+        """What the consumer fetched, waiting a short while whatever the broker holds a fetch
+        for (a partition newly restored, or revoked, is followed at the next turn); None
+        after a failure, said once and retried ``RETRY_S`` later: the route must not die."""
+        try:
+            fetched = await consumer.getmany(timeout_ms=200)
+        except Exception as exc:  # noqa: BLE001 - said once, retried
+            self._fetch_failures += 1
+            (log.warning if self._fetch_failures == 1 else log.debug)(
+                "route of %s: reading failed (%r); trying again every %.0f s", self.topic, exc, self.driver.RETRY_S
+            )
+            await asyncio.sleep(self.driver.RETRY_S)
+            return None
+        self._fetch_failures = 0
+        return fetched
+
+    async def _check_caught_up(self, consumer: Any) -> None:
+        """Tell the driver of each partition whose route reached the log end it had at install."""
+        ledger = self.driver.ledger
+        for partition, end in ledger.catching_up(self.topic).items() if ledger.any_catching_up else ():
+            held = ledger.claim(self.topic, partition)
+            if held is not None and self._following.get(partition) is held.state:
+                await self._check_reached(consumer, held, end)
+
+    async def _check_reached(self, consumer: Any, held: Claim, end: int) -> None:
+        """Tell the driver when the position of a partition followed for its state reached ``end``."""
+        from aiokafka.structs import TopicPartition as TP
+
+        position = await consumer.position(TP(self.topic, held.partition))
+        if self.driver.ledger.reached(held, position):
+            self.driver.caught_up(held, end)
+
+    async def _apply(self, pending: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Apply what was fetched, a chunk per partition in turn."""
+        while pending and not self.stopping:
+            for partition in list(pending):
+                await self._apply_chunk(partition, pending)
+            await asyncio.sleep(0)  # the other stage and the producer between rounds
+
+    async def _apply_chunk(self, partition: int, pending: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Apply a partition's next chunk of what is pending. Input
+        of a partition no longer followed is dropped (read again from the checkpoint once
+        ours)."""
+        claim = self._claim(partition)
+        if claim is None:
+            del pending[partition]
+            return
+        admitted = self.driver.ledger.admit(claim, pending.pop(partition))
+        if admitted.gap is not None:
+            self._say_gap(partition, admitted.gap)
+        if not admitted.messages:
+            return
+        chunk, rest = split_chunk(admitted.messages, self.chunk_bytes)
+        if rest:
+            pending[partition] = rest
+        await self.driver.apply(claim, chunk)
+
+    def _say_gap(self, partition: int, gap: tuple[int, int]) -> None:
+        """Offsets the ledger expected and the log no longer holds: read on past them."""
+        log.warning(
+            "topic=%s partition=%d: offsets %d to %d are no longer in the log (retention or "
+            "compaction); read on from %d",
+            self.topic,
+            partition,
+            gap[0],
+            gap[1] - 1,
+            gap[1],
+        )
+
+    def _claim(self, partition: int) -> Claim | None:
+        """The ledger's claim on a partition this route follows for the state it holds now."""
+        state = self._following.get(partition)
+        claim = self.driver.ledger.claim(self.topic, partition)
+        if state is None or claim is None or claim.state is not state:
+            return None
+        return claim
+
+    async def _commit(self, consumer: Any) -> None:
+        """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
+        for operators (recovery reads the changelog, never these). A failure is said once
+        a minute and retried at the next interval."""
+        offsets = self._moved_offsets()
+        if offsets:
+            await self._commit_offsets(consumer, offsets)
+
+    def _moved_offsets(self) -> dict[TopicPartition, int]:
+        """The checkpoints that moved since the last commit, once ``commit_interval`` passed
+        (none before)."""
+        now = time.monotonic()
+        if now - self._committed_at < self.driver.settings.commit_interval_s:
+            return {}
+        self._committed_at = now
+        return {
+            tp: offset
+            for tp, offset in self.driver.ledger.commit_offsets(self.topic).items()
+            if self._committed.get(tp) != offset
+        }
+
+    async def _commit_offsets(self, consumer: Any, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets``; a failure is said once a minute (the next interval retries)."""
+        from aiokafka.structs import TopicPartition as TP
+
+        try:
+            await consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()})
+        except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
+            self._commit_failures += 1
+            (log.warning if self._commit_failures % 60 == 1 else log.debug)(
+                "committing the offsets of %s failed (%r); retried", self.topic, exc
+            )
+            return
+        self._committed.update(offsets)
+
+    async def confirm_generation(self, partitions: Iterable[int]) -> bool:
+        """Whether this member is still in the group's current generation and holds
+        ``partitions``: a commit of their committed offsets succeeds only then (the group
+        coordinator refuses a stale generation; aiokafka retries what is retriable). A worker
+        frozen while its partitions moved learns it here, before it writes a takeover. Any
+        other failure (a right missing) is raised: the takeover is tried again."""
+        from aiokafka.errors import CommitFailedError, IllegalStateError
+        from aiokafka.structs import TopicPartition as TP
+
+        consumer = self.consumer
+        if consumer is None:
+            return False
+        tps = [TP(self.topic, p) for p in partitions]
+        try:
+            await consumer.commit(await _committed_offsets(consumer, tps))
+        except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
+            log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
+            return False
+        return True
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self._following.pop(p, None)
+
+    def _pace(self, consumer: Any, *, idle: bool) -> None:
+        wait_ms = self.IDLE_FETCH_WAIT_MS if idle else self.busy_fetch_wait_ms
+        if wait_ms != self.fetch_wait_ms:
+            set_fetch_wait(consumer, wait_ms)
+            self.fetch_wait_ms = wait_ms
+
+    def _refollow(self, consumer: Any) -> None:
+        """Read the partitions the ledger says to read now, each from its checkpoint + 1
+        (sought when its state changed); pause the assigned ones not restored yet."""
+
+        self.driver.assignment_changed.clear()
+        owned = self.driver.ledger.following(self.topic)
+        assigned = {tp.partition: tp for tp in consumer.assignment()}
+        for p, tp in assigned.items():
+            self._follow(consumer, p, tp, owned.get(p))
+        for p in list(self._following):
+            if p not in assigned:
+                del self._following[p]
+
+    def _follow(self, consumer: Any, p: int, tp: Any, state: Checkpointed | None) -> None:
+        """Pause an assigned partition not restored; read one from its checkpoint + 1 when
+        its state changed."""
+        if state is None:
+            self._following.pop(p, None)
+            consumer.pause(tp)
+        elif self._following.get(p) is not state:
+            consumer.seek(tp, state.checkpoint + 1)
+            consumer.resume(tp)
+            self._following[p] = state
+
+
+async def _committed_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
+    """Each partition's committed offset (its log start where none is)."""
+    offsets = {}
+    for tp in tps:
+        committed = await consumer.committed(tp)
+        offsets[tp] = committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
+    return offsets
+
+
+async def _retrying(what: str, start: Callable[[], Coroutine[Any, Any, Any]], every_s: float) -> None:
+    failures = 0
+    while True:
+        try:
+            await start()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broker away: said once, retried
+            failures += 1
+            (log.warning if failures == 1 else log.debug)("%s failed (%r); trying again", what, exc)
+            await asyncio.sleep(every_s)
+
+
+def _by_partition(fetched: dict[Any, list[Any]]) -> dict[int, list[tuple[int, bytes]]]:
+    """A fetch's (offset, value) pairs by partition, of the partitions it brought any."""
+    return {tp.partition: [(m.offset, m.value) for m in messages] for tp, messages in fetched.items() if messages}
+
+
+class DeliveryDriver:
+    """Carries out the ledger's decisions for both stages' inputs of one worker."""
+
+    #: seconds between tries of a failed takeover or read
+    RETRY_S = 1.0
+    #: seconds before a route that stopped on an error is started again
+    RESTART_S = 5.0
+    #: a restore yields to the event loop after this much work (seconds)
+    RESTORE_SLICE_S = 0.01
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        stages: StageHooks,
+        *,
+        output: OrderedProducer,
+        new_consumer: Callable[..., Any] | None = None,
+    ) -> None:
+        t = settings.topics
+        self.settings = settings
+        #: how long a revocation waits for a partition's writes in flight before it drops its
+        #: state rather than keep it (a rejoin must not outlast the group's rebalance timeout)
+        self.revoke_wait_s = settings.session_timeout_s / 2
+        kafka = settings.security.aiokafka_kwargs()
+        #: options -> a consumer of the worker's own (a fake one in tests without a broker)
+        self.new_consumer = new_consumer or (lambda **options: _consumer(settings.broker, kafka, **options))
+        self.stages = stages
+        self.records, self.partials = t.records, t.partials
+        self.ledger = Ledger((self.records, self.partials))
+        self.changelogs = ChangelogReader(self.new_consumer)
+        self.writes = OwnedWrites(output, self.changelogs.read_range, self._fenced)
+        self.routes = self._new_routes(settings)
+        self._route_of = {route.topic: route for route in self.routes}
+        #: set when the assignment or an installed state changed: an idle route looks again
+        self.assignment_changed = asyncio.Event()
+        #: per topic: set when partitions wait to be taken over
+        self._wanted = {topic: asyncio.Event() for topic in self._route_of}
+        #: name -> (a long-running task: the routes, the takeovers; when it started)
+        self._tasks: dict[str, tuple[asyncio.Task, float]] = {}
+        #: per topic: the takeover round under way (cancelled by a revocation)
+        self._rounds: dict[str, asyncio.Task] = {}
+        #: when the assignment last changed (monotonic), until the worker said it is ready for it
+        self._assigned_at: float | None = None
+        #: topics whose group revoked this worker's partitions and has not assigned any yet
+        self._rebalancing: set[str] = set()
+        #: topics whose group has assigned this worker partitions (none, maybe) at least once
+        self._joined: set[str] = set()
+        #: records partition -> when stage 1 last got input (wall clock, for /metrics)
+        self.last_event_at: dict[int, float] = {}
+        #: partitions restored from their changelog, and kept through a rebalance, over the worker's life
+        self.restored = 0
+        self.kept = 0
+        #: the longest a restore step held the event loop (seconds), over the worker's life
+        self.longest_restore_step_s = 0.0
+        #: the longest the event loop did not answer while a takeover was under way (seconds):
+        #: every restore's steps, the changelog reading, the other partitions' work
+        self.longest_stall_restoring_s = 0.0
+        self._watch: asyncio.Task | None = None
+
+    def _new_routes(self, settings: WorkerSettings) -> tuple[InputRoute, InputRoute]:
+        """The two stages' routes, with the consumer options of the worker's settings."""
+        fetch = {"fetch_max_wait_ms": settings.fetch_wait_ms}
+        group = {
+            "session_timeout_ms": int(settings.session_timeout_s * 1000),
+            "heartbeat_interval_ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
+            "max_poll_interval_ms": int(settings.max_poll_interval_s * 1000),
+        }
+        stage1, stage2 = settings.consumer_groups
+        return (
+            InputRoute(
+                self,
+                self.records,
+                stage1,
+                chunk_bytes=settings.chunk_bytes,
+                fetch_options={**fetch, "max_partition_fetch_bytes": max(settings.chunk_bytes, 1_048_576)},
+                group_options=group,
+            ),
+            InputRoute(
+                self, self.partials, stage2, chunk_bytes=settings.chunk_bytes, fetch_options=fetch, group_options=group
+            ),
+        )
+
+    def changelog(self, topic: str) -> str:
+        return self.stages.changelog_of(topic)
+
+    # -- the groups' rebalance callbacks -------------------------------------------------------
+    async def revoked(self, topic: str, partitions: list[int]) -> None:
+        """Revoked partitions: work stops, a takeover under way is cancelled, and once the
+        writes in flight are out (the next owner must find them) the states are kept,
+        suspended, in case the next assignment gives them back."""
+        self._rebalancing.add(topic)
+        round_ = self._rounds.get(topic)
+        if round_ is not None:
+            round_.cancel()
+        suspended = self.ledger.revoke((topic, p) for p in partitions)
+        self._route_of[topic].forget(partitions)
+        self.assignment_changed.set()
+        changelog = self.changelog(topic)
+        for _, p in suspended:
+            await self._let_writes_out(topic, changelog, p)
+        self._forget_unsuspended(topic, changelog, partitions, suspended)
+
+    def _forget_unsuspended(
+        self, topic: str, changelog: str, partitions: list[int], suspended: list[TopicPartition]
+    ) -> None:
+        """The writes of the revoked partitions that kept no state: forgotten."""
+        for p in partitions:
+            if (topic, p) not in suspended:
+                self.writes.forget(changelog, p)
+
+    async def _let_writes_out(self, topic: str, changelog: str, p: int) -> None:
+        """Wait for a suspended partition's writes in flight; past ``revoke_wait_s`` its
+        state is dropped (and its writes forgotten)."""
+        try:
+            await asyncio.wait_for(self.writes.idle(changelog, p), self.revoke_wait_s)
+        except TimeoutError:
+            log.warning(
+                "%s[%d]: writes still in flight after %.0f s; its state is dropped", topic, p, self.revoke_wait_s
+            )
+            self.ledger.take_suspended(topic, p)
+            self.writes.forget(changelog, p)
+
+    def assigned(self, topic: str, partitions: list[int]) -> None:
+        """The group's whole assignment of ``topic``: what is new is taken over (or kept)."""
+        self._rebalancing.discard(topic)
+        self._joined.add(topic)
+        self.ledger.assign(topic, partitions)
+        self._drop_suspended_elsewhere(topic, partitions)
+        self._assigned_at = time.monotonic()
+        self.assignment_changed.set()
+        self._wanted[topic].set()
+
+    def _drop_suspended_elsewhere(self, topic: str, partitions: list[int]) -> None:
+        """The suspended states of partitions the assignment did not give back: dropped."""
+        for p in self.ledger.suspended(topic):
+            if p not in partitions:
+                self.ledger.take_suspended(topic, p)
+                self.writes.forget(self.changelog(topic), p)
+
+    @property
+    def rebalancing(self) -> bool:
+        """A group has not assigned this worker partitions yet (it is joining), or revoked
+        them and has not assigned any since."""
+        return bool(self._rebalancing) or len(self._joined) < len(self.routes)
+
+    def _fenced(self, changelog: str, partition: int) -> None:
+        """Another worker's takeover was found in a changelog partition this worker wrote."""
+        topic = next(t for t in self._route_of if self.changelog(t) == changelog)
+        if self.ledger.fence(topic, partition):
+            self._wanted[topic].set()  # still assigned here: taken over again if the group says so
+        self.assignment_changed.set()
+
+    # -- applying ----------------------------------------------------------------------------------
+    async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None:
+        if claim.topic == self.records:
+            self.last_event_at[claim.partition] = time.time()
+        await self.stages.run(claim.topic, claim.state, claim.partition, messages)
+
+    def caught_up(self, claim: Claim, end: int) -> None:
+        log.info(
+            "topic=%s partition=%d caught up to offset %d: its batch timers run", claim.topic, claim.partition, end
+        )
+
+    # -- takeovers ---------------------------------------------------------------------------------
+    async def taking_over(self, topic: str) -> None:
+        """Take over what the ledger says, a round at a time; a round that failed is tried
+        again ``RETRY_S`` later (said once, and once it worked)."""
+        failures = 0
+        wanted = self._wanted[topic]
+        while True:
+            await wanted.wait()
+            wanted.clear()
+            begun = self._begin_restores(topic)
+            if begun:
+                failures = await self._round(topic, begun, failures)
+            self._say_ready()
+
+    def _begin_restores(self, topic: str) -> list[tuple[int, int]]:
+        """(partition, epoch) of each restore the ledger lets begin now."""
+        return [
+            (p, epoch)
+            for _, p in self.ledger.to_restore(topic)
+            if (epoch := self.ledger.begin_restore(topic, p)) is not None
+        ]
+
+    async def _round(self, topic: str, begun: list[tuple[int, int]], failures: int) -> int:
+        """One takeover round, as a task a revocation can cancel; returns the failed rounds
+        in a row (a failure makes the round wanted again ``RETRY_S`` later)."""
+        round_ = self._start_round(topic, begun)
+        try:
+            await round_
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # the driver itself is being stopped
+        except Exception as exc:  # noqa: BLE001 - a broker away for a while
+            failures += 1
+            await self._retry_round(topic, len(begun), failures, exc)
+        else:
+            if failures:
+                log.info("taking partitions of %s over succeeded after %d failed tries", topic, failures)
+            failures = 0
+        finally:
+            self._end_round(topic, begun)
+        return failures
+
+    def _start_round(self, topic: str, begun: list[tuple[int, int]]) -> asyncio.Task:
+        """The round's task (a revocation cancels it), and the watch of the event loop's
+        stalls unless one runs."""
+        round_ = self._rounds[topic] = asyncio.get_running_loop().create_task(
+            self._take_over(topic, begun), name=f"take-over-{topic}"
+        )
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watch_loop(), name="watch-restores")
+        return round_
+
+    async def _retry_round(self, topic: str, partitions: int, failures: int, exc: Exception) -> None:
+        """A failed round: said once (then at debug), wanted again ``RETRY_S`` later."""
+        (log.warning if failures == 1 else log.debug)(
+            "taking %d partition(s) of %s over failed (%r): retrying every %.0f s",
+            partitions,
+            topic,
+            exc,
+            self.RETRY_S,
+        )
+        await asyncio.sleep(self.RETRY_S)
+        self._wanted[topic].set()
+
+    def _end_round(self, topic: str, begun: list[tuple[int, int]]) -> None:
+        """The round is over: the restores it began and did not install may begin again."""
+        self._rounds.pop(topic, None)
+        for p, epoch in begun:
+            self.ledger.end_restore(topic, p, epoch)
+
+    async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
+        started = time.monotonic()
+        changelog = self.changelog(topic)
+        epochs = dict(begun)
+        await self._keep_unchanged(topic, changelog, epochs)
+        if not epochs:
+            self.assignment_changed.set()
+            return
+        if not await self._route_of[topic].confirm_generation(epochs):
+            return  # a stale member: the next assignment says what is ours
+        await self._restore_from_changelogs(topic, changelog, epochs)
+        self.assignment_changed.set()
+        log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
+
+    async def _keep_unchanged(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+        """Reinstate, without a restore, the partitions kept through the rebalance whose
+        changelog nobody wrote since this worker's last write (taken out of ``epochs``);
+        the others' writes are forgotten: they are restored."""
+        kept = self._take_kept(topic, epochs)
+        if not kept:
+            return
+        ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
+        for p, state in kept.items():
+            self._keep_if_unchanged(topic, changelog, p, state, epochs, ends)
+
+    def _take_kept(self, topic: str, epochs: dict[int, int]) -> dict[int, Checkpointed]:
+        """The suspended states of the partitions to take over, taken out of the ledger."""
+        return {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
+
+    def _keep_if_unchanged(
+        self,
+        topic: str,
+        changelog: str,
+        p: int,
+        state: Checkpointed,
+        epochs: dict[int, int],
+        ends: dict[TopicPartition, int],
+    ) -> None:
+        """Reinstate a kept state when its changelog ends where this worker's last write
+        did (its epoch taken out of ``epochs``); else forget its writes."""
+        owned = self.writes.ownership(changelog, p)
+        if owned is not None and ends[(changelog, p)] == owned.next_offset:
+            if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
+                self.kept += 1
+        else:
+            self.writes.forget(changelog, p)
+
+    async def _restore_from_changelogs(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+        """Write a takeover record in each partition's changelog, read them up to it, and
+        restore and install each state (unless the ledger moved on meanwhile)."""
+        owner_epochs = await self._write_takeovers(changelog, epochs)
+        ends, views = await self.changelogs.read(
+            {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in epochs]
+        )
+        for p, epoch in owner_epochs.items():
+            await self.stages.reached("restore")
+            valid = views[(changelog, p)].result()
+            state, installed = await self._restore(topic, p, valid, epoch)
+            self._install_restored(topic, changelog, p, epochs[p], state, ends[(topic, p)], installed)
+
+    async def _write_takeovers(self, changelog: str, epochs: dict[int, int]) -> dict[int, int]:
+        """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
+        return dict(
+            zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
+        )
+
+    def _install_restored(
+        self,
+        topic: str,
+        changelog: str,
+        p: int,
+        epoch: int,
+        state: Checkpointed,
+        end: int,
+        installed: Callable[[], None],
+    ) -> None:
+        """Install a restored state (unless the ledger moved on meanwhile: then its writes
+        are forgotten)."""
+        if self.ledger.install(topic, p, epoch, state, end) is not None:
+            self.restored += 1
+            installed()
+        else:
+            self.writes.forget(changelog, p)
+
+    async def _restore(self, topic: str, partition: int, valid: ValidState, epoch: int) -> Restored:
+        """Run a stage's restore in steps, yielding whenever a slice of work is done."""
+        steps = self.stages.restorer(topic, partition, valid, epoch)
+        slice_started = time.perf_counter()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                self._note_step(time.perf_counter() - slice_started)
+                return done.value
+            elapsed = time.perf_counter() - slice_started
+            if elapsed >= self.RESTORE_SLICE_S:
+                self._note_step(elapsed)
+                await asyncio.sleep(0)
+                slice_started = time.perf_counter()
+
+    async def _watch_loop(self, period_s: float = 0.005) -> None:
+        """While takeovers are under way: how late the event loop wakes a sleeper (its stall)."""
+        loop = asyncio.get_running_loop()
+        while self._rounds:
+            asked = loop.time()
+            await asyncio.sleep(period_s)
+            self.longest_stall_restoring_s = max(self.longest_stall_restoring_s, loop.time() - asked - period_s)
+
+    def _note_step(self, seconds: float) -> None:
+        self.longest_restore_step_s = max(self.longest_restore_step_s, seconds)
+
+    async def _log_ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        from aiokafka.structs import TopicPartition as TP
+
+        consumer = self.new_consumer(group_id=None)
+        await consumer.start()
+        try:
+            ends = await consumer.end_offsets([TP(t, p) for t, p in partitions])
+        finally:
+            await consumer.stop()
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+
+    def _say_ready(self) -> None:
+        """Once per assignment, when every assigned partition is restored: one line."""
+        if self._assigned_at is None or not self.ledger.ready():
+            return
+        log.info(
+            "Worker ready: %d records and %d partials partition(s) (%d restored, %d kept through rebalances "
+            "so far) in %.2f s",
+            len(self.ledger.assigned(self.records)),
+            len(self.ledger.assigned(self.partials)),
+            self.restored,
+            self.kept,
+            time.monotonic() - self._assigned_at,
+        )
+        self._assigned_at = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self, also: Iterable[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()) -> None:
+        """Start the routes and the takeovers (and ``also``), or start one again at most every
+        ``RESTART_S`` after it stopped on an error."""
+        for name, run in (*also, *self._runs()):
+            if self._to_start(name):
+                self._tasks[name] = (asyncio.get_running_loop().create_task(run(), name=name), time.monotonic())
+
+    def _runs(self) -> tuple[tuple[str, Callable[[], Coroutine[Any, Any, None]]], ...]:
+        """The driver's own long-running tasks, by name: each topic's takeovers, then each route."""
+        return (
+            *((f"take-over-{route.topic}", lambda t=route.topic: self.taking_over(t)) for route in self.routes),
+            *((f"route-{route.topic}", route.run) for route in self.routes),
+        )
+
+    def _to_start(self, name: str) -> bool:
+        """Whether a task is to be started: never started, or stopped at least ``RESTART_S``
+        after it started (said when it stopped on an error)."""
+        task, started = self._tasks.get(name, (None, 0.0))
+        if task is None:
+            return True
+        if not task.done() or time.monotonic() - started < self.RESTART_S:
+            return False
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s stopped (%r): starting it again", name, task.exception())
+        return True
+
+    async def close(self) -> None:
+        """Stop applying input, let the writes in flight out (unless writing failed: then
+        nothing more goes out), then leave the groups."""
+        for route in self.routes:
+            route.stopping = True
+        if self.writes.output.failed is None:
+            await self._writes_out()
+        await self._stop_tasks()
+        await self.writes.close()
+
+    async def _writes_out(self) -> None:
+        """Wait for every assigned partition's writes in flight (each ``revoke_wait_s`` at most)."""
+        for topic in self._route_of:
+            for p in self.ledger.assigned(topic):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.writes.idle(self.changelog(topic), p), self.revoke_wait_s)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the routes, the takeovers and the watch, and wait until they stopped."""
+        tasks = [task for task, _ in self._tasks.values()] + ([self._watch] if self._watch is not None else [])
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,321 @@
+"""An owner's writes to its changelog partitions: takeovers, and write groups whose
+outputs are released only once their state is known to count.
+
+Each call of a stage (a chunk of input, a tick, a restore) is one **write group** for
+one partition: its changelog writes (deltas, checkpoint, statuses, deletions) and its
+outputs (partials, dead letters, publications). The writes are handed to Kafka at once;
+the outputs wait until every write of the group is acknowledged **in place**: at the
+offsets that follow this owner's previous writes. Then nobody else wrote the partition
+in between, so no newer owner took it over (``core.ownership``), and the state the outputs
+rest on counts for every later restore. A group whose offsets skip some is checked: the
+records skipped are read, and a takeover by another worker among them means this worker
+was **fenced**: the outputs of that group and of every group after it are dropped and
+the partition is given up (``on_fenced``). Anything else skipped (a stale owner's late
+writes) is passed over.
+
+Groups of a partition are pipelined (the next is handed over before the last is
+acknowledged) and verified in order. What makes that safe: the producer is idempotent,
+so a write Kafka refuses fails every later write of its partition with it (``delivery.output``);
+outputs are released only once their own group is verified, so a worker that lost a
+partition releases none, however many of its groups land after the takeover; and the
+deletions a group makes safe (a batch gone, its ``x`` key written) are handed over only
+once that group is verified, never with it: a deletion that landed while the record that
+justifies it did not count would take state the successor restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+from .output import OrderedProducer
+
+__all__ = ["OwnedWrites", "Ownership"]
+
+
+async def _nothing() -> None:
+    """The release of a group with no outputs (deletions)."""
+
+
+log = logging.getLogger("specmeter.worker")
+
+#: (topic, partition) of a changelog
+ChangelogPartition = tuple[str, int]
+#: reads a changelog partition's records in [start, end): [(offset, key, value)]
+ReadRange = Callable[[str, int, int, int], Awaitable[list[tuple[int, bytes | None, bytes | None]]]]
+
+
+@dataclass(slots=True)
+class _Group:
+    """One write group in flight: how many writes, the offsets acknowledged so far, what
+    to release once it is verified and the deletions to hand over then."""
+
+    expected: int
+    release: Callable[[], Awaitable[None]]
+    deletions: list[bytes]
+    offsets: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Ownership:
+    """This worker's ownership of one changelog partition."""
+
+    token: str
+    #: the offset of its takeover record: the tag of every key it writes
+    epoch: int
+    #: where its next write must land
+    next_offset: int
+    #: groups handed over and not verified yet, in order
+    groups: collections.deque[_Group] = field(default_factory=collections.deque)
+    #: groups whose writes are all acknowledged, waiting for the check of an earlier one
+    acknowledged: collections.deque[_Group] = field(default_factory=collections.deque)
+    checking: bool = False
+    #: set while no group is in flight
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class OwnedWrites:
+    """Takeovers and write groups of the changelog partitions this worker owns."""
+
+    def __init__(
+        self,
+        output: OrderedProducer,
+        read_range: ReadRange,
+        on_fenced: Callable[[str, int], None],
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.output = output
+        self.read_range = read_range
+        self.on_fenced = on_fenced
+        #: who this worker is, in its takeover records (for operators reading a changelog)
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self._owned: dict[ChangelogPartition, Ownership] = {}
+        self._tasks: set[asyncio.Task] = set()
+        #: groups whose offsets skipped some, and fencings, over the worker's life (stats)
+        self.gaps_checked = 0
+        self.fenced = 0
+
+    # -- ownership ---------------------------------------------------------------------
+    async def take_over(self, topic: str, partition: int) -> int:
+        """Append a takeover record to the changelog partition and wait for it; returns
+        the new epoch (its offset). Whatever this worker held of the partition is forgotten."""
+        self.forget(topic, partition)
+        token = takeover_token()
+        epoch = await self._append_takeover(topic, partition, token)
+        owned = self._owned[(topic, partition)] = Ownership(token=token, epoch=epoch, next_offset=epoch + 1)
+        owned.idle.set()
+        return epoch
+
+    async def _append_takeover(self, topic: str, partition: int, token: str) -> int:
+        """Append a takeover record with ``token`` and wait for it; returns its offset."""
+        value = encode_takeover(Takeover(token=token, owner=self.owner, at_ms=int(time.time() * 1000)))
+        acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_ack(offset: int) -> None:
+            if not acked.done():
+                acked.set_result(offset)
+
+        self.output.send(topic, takeover_key(partition, token), value, partition, on_ack=on_ack)
+        return await acked
+
+    def ownership(self, topic: str, partition: int) -> Ownership | None:
+        return self._owned.get((topic, partition))
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Stop owning the partition's changelog (revoked for good, fenced); the groups in
+        flight release nothing."""
+        owned = self._owned.pop((topic, partition), None)
+        if owned is not None:
+            owned.groups.clear()
+            owned.acknowledged.clear()
+            owned.idle.set()
+
+    # -- write groups ------------------------------------------------------------------
+    def busy(self, topic: str, partition: int) -> bool:
+        """Groups of the partition are in flight (a revocation waits for them)."""
+        owned = self._owned.get((topic, partition))
+        return owned is not None and not owned.idle.is_set()
+
+    async def idle(self, topic: str, partition: int) -> None:
+        owned = self._owned.get((topic, partition))
+        if owned is not None:
+            await owned.idle.wait()
+
+    def submit(
+        self,
+        topic: str,
+        partition: int,
+        writes: list[tuple[bytes, bytes | None]],
+        release: Callable[[], Awaitable[None]],
+        deletions: list[bytes] | None = None,
+    ) -> None:
+        """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs, and
+        ``deletions`` are handed over as a group of their own, once they are acknowledged
+        in place. A partition this worker does not own (offline tools, tests without
+        takeovers) releases once its writes are acknowledged."""
+        owned = self._owned.get((topic, partition))
+        group = _Group(expected=len(writes), release=release, deletions=deletions or [])
+        if owned is None:  # not owned: released on the acknowledgements alone
+            owned = Ownership(token="", epoch=-1, next_offset=-1)
+        if not writes:
+            self._spawn(self._complete(topic, partition, owned, group))
+            return
+        owned.groups.append(group)
+        owned.idle.clear()
+        self._send(topic, partition, owned, writes)
+
+    def _send(self, topic: str, partition: int, owned: Ownership, writes: list[tuple[bytes, bytes | None]]) -> None:
+        """A group's writes to the producer, each acknowledgement counted (``_acked``)."""
+
+        def on_ack(offset: int) -> None:
+            self._acked(topic, partition, owned, offset)
+
+        for key, value in writes:
+            self.output.send(topic, key, value, partition, on_ack=on_ack)
+
+    def _acked(self, topic: str, partition: int, owned: Ownership, offset: int) -> None:
+        if not owned.groups:
+            return  # forgotten meanwhile (fenced, revoked): nothing of it is released
+        group = owned.groups[0]  # a partition's acknowledgements come in the order of its writes
+        group.offsets.append(offset)
+        if len(group.offsets) < group.expected:
+            return
+        owned.groups.popleft()
+        owned.acknowledged.append(group)
+        if not owned.checking:
+            self._verify(topic, partition, owned)
+
+    def _verify(self, topic: str, partition: int, owned: Ownership) -> None:
+        """Verify the acknowledged groups in order: in place, released; skipped offsets,
+        checked (and the groups after wait for the check)."""
+        while owned.acknowledged and not owned.checking:
+            group = owned.acknowledged.popleft()
+            if _in_place(owned, group):
+                owned.next_offset = max(group.offsets) + 1
+                self._spawn(self._complete(topic, partition, owned, group))
+            else:
+                owned.checking = True
+                self._spawn(self._check_gap(topic, partition, owned, group))
+
+    async def _check_gap(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """Offsets were skipped: read them; another worker's takeover among them fences this one."""
+        self.gaps_checked += 1
+        ours = set(group.offsets)
+        start, end = owned.next_offset, max(ours) + 1
+        records = await self._read_skipped(topic, partition, start, end)
+        found = _other_takeover(records, ours, owned.token)
+        if found is not None:
+            self._fenced_by(topic, partition, owned, found[1], found[0])
+            return
+        owned.next_offset = end
+        owned.checking = False
+        await self._complete(topic, partition, owned, group)
+        self._verify(topic, partition, owned)
+
+    async def _read_skipped(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes | None, bytes | None]]:
+        """The records of offsets ``start`` to ``end`` - 1, read until a read succeeds (the
+        first failure said, the rest logged at debug)."""
+        for attempt in range(1_000_000):
+            try:
+                records = await self.read_range(topic, partition, start, end)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a broker away: the group waits, and tries again
+                (log.warning if attempt == 0 else log.debug)(
+                    "%s[%d]: reading offsets %d-%d to check a takeover failed (%r); trying again",
+                    topic,
+                    partition,
+                    start,
+                    end - 1,
+                    exc,
+                )
+                await asyncio.sleep(1.0)
+        return records
+
+    def _fenced_by(self, topic: str, partition: int, owned: Ownership, takeover: Takeover, offset: int) -> None:
+        """Another worker's takeover since this one's: say so, and give the partition up
+        (unless it was given up meanwhile)."""
+        self.fenced += 1
+        log.warning(
+            "%s[%d]: taken over by %s at offset %d since this worker's takeover at %d: its writes there "
+            "no longer count, and it gives the partition up",
+            topic,
+            partition,
+            takeover.owner or "another worker",
+            offset,
+            owned.epoch,
+        )
+        if self._owned.get((topic, partition)) is owned:
+            self.forget(topic, partition)
+            self.on_fenced(topic, partition)
+
+    async def _complete(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """A group verified: its outputs leave, then the deletions it made safe."""
+        try:
+            await self._release(topic, partition, owned, group)
+        finally:
+            if not owned.groups and not owned.acknowledged and not owned.checking:
+                owned.idle.set()
+
+    async def _release(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """Unless the partition was given up meanwhile: the group's outputs, then its
+        deletions as a group of their own."""
+        if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
+            await group.release()
+            if group.deletions:
+                self.submit(topic, partition, [(key, None) for key in group.deletions], _nothing)
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("completing a write group failed: %r", task.exception())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - stopping
+                pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"owned": len(self._owned), "gaps_checked": self.gaps_checked, "fenced": self.fenced}
+
+
+def _in_place(owned: Ownership, group: _Group) -> bool:
+    """Whether a group's offsets follow the partition's last ones without a gap (or the
+    partition is not owned: nothing to check)."""
+    first, last = min(group.offsets), max(group.offsets)
+    return owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets))
+
+
+def _other_takeover(
+    records: list[tuple[int, bytes | None, bytes | None]], ours: set[int], token: str
+) -> tuple[int, Takeover] | None:
+    """The first takeover among ``records`` (none of ``ours``) with another token than
+    ``token``, and its offset; None when there is none."""
+    for offset, key, value in records:
+        if offset in ours or key is None or value is None or not is_takeover(key):
+            continue
+        takeover = takeover_of(value)
+        if takeover is not None and takeover.token != token:
+            return offset, takeover
+    return None

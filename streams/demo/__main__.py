@@ -1,0 +1,5 @@
+"""``python -m specmeter.streams.demo``: runs ``cli/demo.py``."""
+
+from ..cli.demo import main
+
+main()

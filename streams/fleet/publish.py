@@ -1,0 +1,130 @@
+"""A synthetic fleet publishing to Kafka (``specmeter loadgen``, tests, benchmarks), or to a dump file.
+
+One publisher per producer id, records paced at ``rate``, each producer closing
+its batches with markers as the protocol says; ``expect`` writes the metrics the
+offline core computes for the very same events, so a run can be checked end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from specmeter.producers import Publisher, PublisherSettings
+from specmeter.schemas import BatchMarker, GenerationRecord, encode_metrics, record_to_builtins
+
+from .synthetic import FleetEvent
+
+if TYPE_CHECKING:
+    from ..core.offline import OfflineAggregator
+
+__all__ = ["publish_fleet", "write_dump", "write_expected", "LoadSummary"]
+
+
+@dataclass
+class LoadSummary:
+    records: int = 0
+    invalid: int = 0
+    markers: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.records + self.invalid) / self.seconds if self.seconds else 0.0
+
+
+async def publish_fleet(
+    events: Iterable[FleetEvent],
+    settings: PublisherSettings,
+    *,
+    rate: float | None = None,
+    on_event: Callable[[FleetEvent], None] | None = None,
+) -> LoadSummary:
+    """Publish every event; ``rate`` paces records per second (None: as fast as possible)."""
+    publishers: dict[str, Publisher] = {}
+    summary = LoadSummary()
+    started = time.monotonic()
+    try:
+        for event in events:
+            publisher = await _publisher(publishers, settings, event.producer_id)
+            await _publish(publisher, event.payload, summary)
+            if on_event is not None:
+                on_event(event)
+            if rate:
+                await _pace(summary, rate, started)
+    finally:
+        for publisher in publishers.values():
+            await publisher.stop()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+async def _publisher(publishers: dict[str, Publisher], settings: PublisherSettings, producer_id: str) -> Publisher:
+    """The producer's publisher, started the first time the producer publishes."""
+    publisher = publishers.get(producer_id)
+    if publisher is None:
+        publisher = publishers[producer_id] = Publisher(msgspec.structs.replace(settings, producer_id=producer_id))
+        await publisher.start()
+    return publisher
+
+
+async def _publish(publisher: Publisher, payload: GenerationRecord | BatchMarker | dict, summary: LoadSummary) -> None:
+    """Send one event as its producer would: a record, a marker, or an invalid record's bytes."""
+    if isinstance(payload, GenerationRecord):
+        await publisher.publish(payload)
+        summary.records += 1
+    elif isinstance(payload, BatchMarker):
+        await publisher.close_batch(payload.batch_id, payload.speculative_algorithm, payload.expected_producers)
+        summary.markers += 1
+    else:
+        publisher.publish_raw(
+            msgspec.msgpack.encode(payload),
+            session_id=payload.get("session_id"),
+            batch_id=payload.get("batch_id"),
+        )
+        summary.invalid += 1
+
+
+async def _pace(summary: LoadSummary, rate: float, started: float) -> None:
+    """Wait while the fleet is ahead of ``rate`` records per second."""
+    ahead = (summary.records + summary.invalid) / rate - (time.monotonic() - started)
+    if ahead > 0.002:
+        await asyncio.sleep(ahead)
+
+
+def write_dump(events: Iterable[FleetEvent], out) -> int:
+    """Write events as a JSON-lines dump (what ``aggregate`` and ``replay`` read)."""
+    encoder = msgspec.json.Encoder()
+    n = 0
+    for event in events:
+        payload = event.payload if isinstance(event.payload, dict) else record_to_builtins(event.payload)
+        out.write(encoder.encode(payload) + b"\n")
+        n += 1
+    return n
+
+
+def write_expected(events: Iterable[FleetEvent], out) -> int:
+    """The BatchMetrics the offline core computes for these events, one JSON line per batch."""
+    from ..core.offline import OfflineAggregator
+
+    results = _fed(OfflineAggregator(), events).results()
+    for metrics in results:
+        out.write(encode_metrics(metrics) + b"\n")
+    return len(results)
+
+
+def _fed(aggregator: OfflineAggregator, events: Iterable[FleetEvent]) -> OfflineAggregator:
+    """The aggregator fed every event as the worker reads it (an invalid record as its JSON line)."""
+    encoder = msgspec.json.Encoder()
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, dict):
+            aggregator.feed_line(encoder.encode(payload), 0)
+        else:
+            aggregator.feed(payload)
+    return aggregator
