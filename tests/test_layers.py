@@ -139,3 +139,16 @@ def test_a_new_folder_must_take_its_place_in_the_layers(tmp_path):
     (root / "src" / "specmeter" / "streams" / "extras" / "__init__.py").write_text('"""Somewhere new."""\n')
     result = _lint(root)
     assert result.returncode != 0 and "specmeter.streams.extras" in result.stdout, result.stdout
+
+
+def test_the_public_module_paths_outlive_the_folders():
+    """Issue 32 moved every module; the names users import stay (the synthetic fleet's
+    module, the package's API, the commands' entry points)."""
+    import specmeter.streams as streams
+    from specmeter.streams import synthetic
+    from specmeter.streams.cli import main
+    from specmeter.streams.fleet import synthetic as moved
+    from specmeter.streams.settings import WorkerSettings
+
+    assert synthetic.FleetSpec is moved.FleetSpec and synthetic.synthetic_fleet is moved.synthetic_fleet
+    assert callable(streams.consume_metrics) and callable(main) and WorkerSettings
