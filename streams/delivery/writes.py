@@ -140,12 +140,8 @@ class OwnedWrites:
             owned.idle.set()
 
     # -- write groups ------------------------------------------------------------------
-    def busy(self, topic: str, partition: int) -> bool:
-        """Groups of the partition are in flight (a revocation waits for them)."""
-        owned = self._owned.get((topic, partition))
-        return owned is not None and not owned.idle.is_set()
-
     async def idle(self, topic: str, partition: int) -> None:
+        """Until no group of the partition is in flight (a revocation, a stop waits for it)."""
         owned = self._owned.get((topic, partition))
         if owned is not None:
             await owned.idle.wait()
