@@ -158,6 +158,8 @@ class FakeLogs:
         self.committed: dict[tuple[str, str, int], int] = {}
         self.stale_commits = False
         self.failing_commits = 0
+        #: the longest a fetch that finds nothing waits (its timeout, up to this)
+        self.longest_fetch_s = 2.0
 
     def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
         log = self.logs.setdefault(topic, {}).setdefault(partition, [])
@@ -254,7 +256,7 @@ class FakeConsumer:
         await asyncio.sleep(0.001)
         out = self._take(tps)
         if not out and timeout_ms:  # as aiokafka: wait up to the timeout for data
-            await asyncio.sleep(min(timeout_ms, 2_000) / 1000)
+            await asyncio.sleep(min(timeout_ms / 1000, self.logs.longest_fetch_s))
             out = self._take(tps)
         return out
 
@@ -655,6 +657,32 @@ def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
         return elapsed
 
     assert asyncio.run(run()) < 1.0
+
+
+def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_out_the_fetch():
+    """A fetch waits up to its timeout when nothing is fetchable (every partition paused,
+    not restored yet); an install ends that wait: the route resumes the partition and reads
+    at once. Kept and restored partitions each wake the route as they are installed."""
+    logs = FakeLogs()
+    logs.longest_fetch_s = 60.0
+    stages = FakeStages(logs)
+    for _ in range(4):
+        logs.append(R, 0, b"r")
+    stages.hold_restore.clear()
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        for route in driver.routes:
+            route.FETCH_TIMEOUT_MS = 60_000  # only a wake-up ends a fetch in this test
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await asyncio.sleep(0.1)  # the route fetches, its one partition paused; the install is held
+        stages.hold_restore.set()
+        await _until(lambda: bool(stages.states.get((R, 0))) and stages.states[(R, 0)][-1].checkpoint == 3)
+        await driver.close()
+
+    asyncio.run(run())
 
 
 def test_a_commit_that_fails_is_said_and_retried_and_the_route_goes_on(caplog):

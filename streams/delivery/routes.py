@@ -246,6 +246,8 @@ class InputRoute:
 
     IDLE_AFTER_S = 5.0
     IDLE_FETCH_WAIT_MS = 5000
+    #: the longest a fetch waits for input; a change in what to follow ends the wait at once
+    FETCH_TIMEOUT_MS = 200
 
     def __init__(
         self,
@@ -276,6 +278,9 @@ class InputRoute:
         self._fetch_failures = 0
         #: the route stops applying input (the worker is stopping)
         self.stopping = False
+        #: set when the partitions to follow or their states changed (an assignment, a state
+        #: installed, a fence): the route looks again at once, even while a fetch waits
+        self.changed = asyncio.Event()
 
     async def run(self) -> None:
         """Join the group and read until cancelled; errors are said once and retried."""
@@ -320,7 +325,7 @@ class InputRoute:
         for (a partition newly restored, or revoked, is followed at the next turn); None
         after a failure, said once and retried ``RETRY_S`` later: the route must not die."""
         try:
-            fetched = await consumer.getmany(timeout_ms=200)
+            fetched = await self._fetch_unless_changed(consumer)
         except Exception as exc:  # noqa: BLE001 - said once, retried
             self._fetch_failures += 1
             (log.warning if self._fetch_failures == 1 else log.debug)(
@@ -330,6 +335,27 @@ class InputRoute:
             return None
         self._fetch_failures = 0
         return fetched
+
+    async def _fetch_unless_changed(self, consumer: Any) -> Any:
+        """What the consumer fetched within ``FETCH_TIMEOUT_MS``, or nothing as soon as what
+        to follow changed: a partition restored meanwhile is resumed and read at once, not
+        after the wait. A fetch cut short keeps what it had buffered (aiokafka drains its
+        buffers only as it returns them): the next fetch returns it."""
+        if self.changed.is_set():
+            return {}
+        fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=self.FETCH_TIMEOUT_MS))
+        changed = asyncio.ensure_future(self.changed.wait())
+        try:
+            await asyncio.wait((fetch, changed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            fetch.cancel()  # nothing when it is done
+        await asyncio.wait((fetch,))
+        return {} if fetch.cancelled() else fetch.result()
+
+    def look_again(self) -> None:
+        """The partitions to follow or their states changed: follow them at once."""
+        self.changed.set()
 
     async def _check_caught_up(self, consumer: Any) -> None:
         """Tell the driver of each partition whose route reached the log end it had at install."""
@@ -461,7 +487,7 @@ class InputRoute:
         """Read the partitions the ledger says to read now, each from its checkpoint + 1
         (sought when its state changed); pause the assigned ones not restored yet."""
 
-        self.driver.assignment_changed.clear()
+        self.changed.clear()
         owned = self.driver.ledger.following(self.topic)
         assigned = {tp.partition: tp for tp in consumer.assignment()}
         for p, tp in assigned.items():
@@ -543,8 +569,6 @@ class DeliveryDriver:
         self.writes = OwnedWrites(output, self.changelogs.read_range, self._fenced)
         self.routes = self._new_routes(settings)
         self._route_of = {route.topic: route for route in self.routes}
-        #: set when the assignment or an installed state changed: an idle route looks again
-        self.assignment_changed = asyncio.Event()
         #: per topic: set when partitions wait to be taken over
         self._wanted = {topic: asyncio.Event() for topic in self._route_of}
         #: name -> (a long-running task: the routes, the takeovers; when it started)
@@ -606,7 +630,7 @@ class DeliveryDriver:
             round_.cancel()
         suspended = self.ledger.revoke((topic, p) for p in partitions)
         self._route_of[topic].forget(partitions)
-        self.assignment_changed.set()
+        self._route_of[topic].look_again()
         changelog = self.changelog(topic)
         for _, p in suspended:
             await self._let_writes_out(topic, changelog, p)
@@ -639,7 +663,7 @@ class DeliveryDriver:
         self.ledger.assign(topic, partitions)
         self._drop_suspended_elsewhere(topic, partitions)
         self._assigned_at = time.monotonic()
-        self.assignment_changed.set()
+        self._route_of[topic].look_again()
         self._wanted[topic].set()
 
     def _drop_suspended_elsewhere(self, topic: str, partitions: list[int]) -> None:
@@ -660,7 +684,7 @@ class DeliveryDriver:
         topic = next(t for t in self._route_of if self.changelog(t) == changelog)
         if self.ledger.fence(topic, partition):
             self._wanted[topic].set()  # still assigned here: taken over again if the group says so
-        self.assignment_changed.set()
+        self._route_of[topic].look_again()
 
     # -- applying ----------------------------------------------------------------------------------
     async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None:
@@ -749,12 +773,10 @@ class DeliveryDriver:
         epochs = dict(begun)
         await self._keep_unchanged(topic, changelog, epochs)
         if not epochs:
-            self.assignment_changed.set()
             return
         if not await self._route_of[topic].confirm_generation(epochs):
             return  # a stale member: the next assignment says what is ours
         await self._restore_from_changelogs(topic, changelog, epochs)
-        self.assignment_changed.set()
         log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
 
     async def _keep_unchanged(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
@@ -787,6 +809,7 @@ class DeliveryDriver:
         if owned is not None and ends[(changelog, p)] == owned.next_offset:
             if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
                 self.kept += 1
+                self._route_of[topic].look_again()  # read at once, while the others restore
         else:
             self.writes.forget(changelog, p)
 
@@ -824,6 +847,7 @@ class DeliveryDriver:
         if self.ledger.install(topic, p, epoch, state, end) is not None:
             self.restored += 1
             installed()
+            self._route_of[topic].look_again()  # read at once, while the others restore
         else:
             self.writes.forget(changelog, p)
 
