@@ -160,6 +160,9 @@ class FakeLogs:
         self.failing_commits = 0
         #: the longest a fetch that finds nothing waits (its timeout, up to this)
         self.longest_fetch_s = 2.0
+        #: getmany calls cancelled: aiokafka's poll accounting (max_poll_interval_ms) does not
+        #: survive one, so only a stopping route may
+        self.cancelled_fetches = 0
 
     def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
         log = self.logs.setdefault(topic, {}).setdefault(partition, [])
@@ -253,12 +256,20 @@ class FakeConsumer:
             self.logs.committed[(self.group_id, tp.topic, tp.partition)] = offset
 
     async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
-        await asyncio.sleep(0.001)
-        out = self._take(tps)
-        if not out and timeout_ms:  # as aiokafka: wait up to the timeout for data
-            await asyncio.sleep(min(timeout_ms / 1000, self.logs.longest_fetch_s))
-            out = self._take(tps)
-        return out
+        """As aiokafka's: what is fetchable now, else the first that is within the timeout
+        (input of a paused partition does not end the wait; resuming it does)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout_ms / 1000, self.logs.longest_fetch_s)
+        try:
+            await asyncio.sleep(0.001)
+            while True:
+                out = self._take(tps)
+                if out or loop.time() >= deadline:
+                    return out
+                await asyncio.sleep(0.002)
+        except asyncio.CancelledError:
+            self.logs.cancelled_fetches += 1
+            raise
 
     def _take(self, tps: tuple[Any, ...]) -> dict[Any, list[Any]]:
         out = {}
@@ -661,8 +672,9 @@ def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
 
 def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_out_the_fetch():
     """A fetch waits up to its timeout when nothing is fetchable (every partition paused,
-    not restored yet); an install ends that wait: the route resumes the partition and reads
-    at once. Kept and restored partitions each wake the route as they are installed."""
+    not restored yet); the route follows an install at once, while the fetch waits: the
+    partition resumed, its records end the wait. Kept and restored partitions each wake the
+    route as they are installed."""
     logs = FakeLogs()
     logs.longest_fetch_s = 60.0
     stages = FakeStages(logs)
@@ -673,13 +685,14 @@ def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_o
     async def run() -> None:
         driver = _driver(logs, stages)
         for route in driver.routes:
-            route.FETCH_TIMEOUT_MS = 60_000  # only a wake-up ends a fetch in this test
+            route.FETCH_TIMEOUT_MS = 60_000  # only records end a fetch in this test
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
         await asyncio.sleep(0.1)  # the route fetches, its one partition paused; the install is held
         stages.hold_restore.set()
         await _until(lambda: bool(stages.states.get((R, 0))) and stages.states[(R, 0)][-1].checkpoint == 3)
+        assert logs.cancelled_fetches == 0  # the wait was ended by records, not cut short
         await driver.close()
 
     asyncio.run(run())

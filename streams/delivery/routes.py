@@ -246,7 +246,7 @@ class InputRoute:
 
     IDLE_AFTER_S = 5.0
     IDLE_FETCH_WAIT_MS = 5000
-    #: the longest a fetch waits for input; a change in what to follow ends the wait at once
+    #: the longest a fetch waits for input (what to follow is followed meanwhile)
     FETCH_TIMEOUT_MS = 200
 
     def __init__(
@@ -279,7 +279,7 @@ class InputRoute:
         #: the route stops applying input (the worker is stopping)
         self.stopping = False
         #: set when the partitions to follow or their states changed (an assignment, a state
-        #: installed, a fence): the route looks again at once, even while a fetch waits
+        #: installed, a fence): the route follows them at once, even while a fetch waits
         self.changed = asyncio.Event()
 
     async def run(self) -> None:
@@ -321,11 +321,10 @@ class InputRoute:
             await self._commit(consumer)
 
     async def _fetch(self, consumer: Any) -> Any:
-        """What the consumer fetched, waiting a short while whatever the broker holds a fetch
-        for (a partition newly restored, or revoked, is followed at the next turn); None
-        after a failure, said once and retried ``RETRY_S`` later: the route must not die."""
+        """What the consumer fetched (``_fetch_following``); None after a failure, said once
+        and retried ``RETRY_S`` later: the route must not die."""
         try:
-            fetched = await self._fetch_unless_changed(consumer)
+            fetched = await self._fetch_following(consumer)
         except Exception as exc:  # noqa: BLE001 - said once, retried
             self._fetch_failures += 1
             (log.warning if self._fetch_failures == 1 else log.debug)(
@@ -336,22 +335,27 @@ class InputRoute:
         self._fetch_failures = 0
         return fetched
 
-    async def _fetch_unless_changed(self, consumer: Any) -> Any:
-        """What the consumer fetched within ``FETCH_TIMEOUT_MS``, or nothing as soon as what
-        to follow changed: a partition restored meanwhile is resumed and read at once, not
-        after the wait. A fetch cut short keeps what it had buffered (aiokafka drains its
-        buffers only as it returns them): the next fetch returns it."""
-        if self.changed.is_set():
-            return {}
+    async def _fetch_following(self, consumer: Any) -> Any:
+        """What the consumer fetched within ``FETCH_TIMEOUT_MS``. When what to follow
+        changes meanwhile (an install, an assignment, a fence) the route follows it at once,
+        while the fetch waits: a partition restored meanwhile is resumed (sought) and its
+        records end the wait, as aiokafka's fetcher allows. The fetch is never cut short:
+        aiokafka counts a consumer as polling from ``getmany``'s start to its end (its
+        ``max_poll_interval_ms`` liveness), which a cancelled ``getmany`` never ends."""
         fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=self.FETCH_TIMEOUT_MS))
-        changed = asyncio.ensure_future(self.changed.wait())
         try:
-            await asyncio.wait((fetch, changed), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            changed.cancel()
-            fetch.cancel()  # nothing when it is done
-        await asyncio.wait((fetch,))
-        return {} if fetch.cancelled() else fetch.result()
+            while not fetch.done():
+                changed = asyncio.ensure_future(self.changed.wait())
+                try:
+                    await asyncio.wait((fetch, changed), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if self.changed.is_set():
+                    self._refollow(consumer)
+        except asyncio.CancelledError:  # the route stops: its consumer is stopped next
+            fetch.cancel()
+            raise
+        return fetch.result()
 
     def look_again(self) -> None:
         """The partitions to follow or their states changed: follow them at once."""
