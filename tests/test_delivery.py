@@ -188,7 +188,14 @@ class FakeConsumer:
         self.positions: dict[Any, int] = {}
         self.paused: set[Any] = set()
         self.started = self.stopped = False
+        #: what ``internals.set_fetch_wait`` sets: how long the broker may hold a fetch
+        self._fetcher = SimpleNamespace(_fetch_max_wait_ms=options.get("fetch_max_wait_ms", 500))
         logs.consumers.append(self)
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """How long the broker may hold this consumer's next fetch."""
+        return self._fetcher._fetch_max_wait_ms  # noqa: SLF001 - what internals.set_fetch_wait sets
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         self.topics, self.listener = topics, listener
@@ -696,6 +703,36 @@ def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_o
         await driver.close()
 
     asyncio.run(run())
+
+
+def test_an_idle_route_fetches_with_the_short_wait_while_an_assigned_partition_waits_for_its_state():
+    """A consumer has one fetch in flight per broker: a partition resumed behind a fetch
+    the broker holds (an idle route's long wait) would wait out the hold. So an assignment
+    brings the short wait back at once, and it stays while a partition waits for its state."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    waits: list[int] = []
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        route = driver.routes[0]
+        route.IDLE_AFTER_S = 0.05
+        route.IDLE_FETCH_WAIT_MS = 5_000
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await _until(lambda: member.fetch_wait_ms == 5_000)  # followed, no input: idle
+        stages.hold_restore.clear()
+        await member.rebalance([0, 1])
+        waits.append(member.fetch_wait_ms)  # before the fetcher's next request
+        await asyncio.sleep(0.3)  # idle for longer than IDLE_AFTER_S, partition 1 not restored
+        waits.append(member.fetch_wait_ms)
+        stages.hold_restore.set()
+        await _until(lambda: member.fetch_wait_ms == 5_000)  # both followed: idle again
+        await driver.close()
+
+    asyncio.run(run())
+    assert waits == [10, 10]
 
 
 def test_a_commit_that_fails_is_said_and_retried_and_the_route_goes_on(caplog):

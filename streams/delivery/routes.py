@@ -241,7 +241,9 @@ class InputRoute:
     After ``IDLE_AFTER_S`` without input the broker may hold its fetches for
     ``IDLE_FETCH_WAIT_MS`` instead of the short busy wait (``fetch_wait_ms``): an idle
     worker's CPU then does not grow with its partitions, and new input still ends a
-    held fetch at once.
+    held fetch at once. Not while an assigned partition waits for its state, though: a
+    consumer has one fetch in flight per broker, and a partition resumed behind a held
+    one would wait out the hold before its catch-up begins.
     """
 
     IDLE_AFTER_S = 5.0
@@ -315,7 +317,9 @@ class InputRoute:
             pending = _by_partition(fetched)
             if pending:
                 last_input = time.monotonic()
-            self._pace(consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S)
+            self._pace(
+                consumer, idle=time.monotonic() - last_input >= self.IDLE_AFTER_S and self._all_followed(consumer)
+            )
             await self._apply(pending)
             await self._check_caught_up(consumer)
             await self._commit(consumer)
@@ -358,8 +362,16 @@ class InputRoute:
         return fetch.result()
 
     def look_again(self) -> None:
-        """The partitions to follow or their states changed: follow them at once."""
+        """The partitions to follow or their states changed: follow them at once, and fetch
+        with the short wait from the next request on (called from the rebalance listener
+        before aiokafka's fetcher sends one for a new assignment)."""
         self.changed.set()
+        if self.consumer is not None:
+            self._pace(self.consumer, idle=False)
+
+    def _all_followed(self, consumer: Any) -> bool:
+        """Whether every partition assigned to the route is followed (none waits for its state)."""
+        return all(tp.partition in self._following for tp in consumer.assignment())
 
     async def _check_caught_up(self, consumer: Any) -> None:
         """Tell the driver of each partition whose route reached the log end it had at install."""
