@@ -158,8 +158,6 @@ class FakeLogs:
         self.committed: dict[tuple[str, str, int], int] = {}
         self.stale_commits = False
         self.failing_commits = 0
-        #: the longest a fetch that finds nothing waits (its timeout, up to this)
-        self.longest_fetch_s = 2.0
         #: getmany calls cancelled: aiokafka's poll accounting (max_poll_interval_ms) does not
         #: survive one, so only a stopping route may
         self.cancelled_fetches = 0
@@ -266,7 +264,7 @@ class FakeConsumer:
         """As aiokafka's: what is fetchable now, else the first that is within the timeout
         (input of a paused partition does not end the wait; resuming it does)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(timeout_ms / 1000, self.logs.longest_fetch_s)
+        deadline = loop.time() + timeout_ms / 1000
         try:
             await asyncio.sleep(0.001)
             while True:
@@ -683,7 +681,6 @@ def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_o
     partition resumed, its records end the wait. Kept and restored partitions each wake the
     route as they are installed."""
     logs = FakeLogs()
-    logs.longest_fetch_s = 60.0
     stages = FakeStages(logs)
     for _ in range(4):
         logs.append(R, 0, b"r")
