@@ -374,6 +374,17 @@ def _driver(logs: FakeLogs, stages: FakeStages) -> DeliveryDriver:
     return driver
 
 
+def _four_records_restore_held() -> tuple[FakeLogs, FakeStages]:
+    """Records partition 0 holding offsets 0-3, and stages whose restores wait at their
+    crash point until the test sets ``hold_restore``."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(4):
+        logs.append(R, 0, b"r")
+    stages.hold_restore.clear()
+    return logs, stages
+
+
 async def _until(condition, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not condition():
@@ -431,11 +442,7 @@ def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_check
 
 
 def test_a_revocation_during_a_restore_installs_nothing_and_the_next_assignment_restores_once():
-    logs = FakeLogs()
-    stages = FakeStages(logs)
-    for _ in range(4):
-        logs.append(R, 0, b"r")
-    stages.hold_restore.clear()
+    logs, stages = _four_records_restore_held()
 
     async def run() -> None:
         driver = _driver(logs, stages)
@@ -680,11 +687,7 @@ def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_o
     not restored yet); the route follows an install at once, while the fetch waits: the
     partition resumed, its records end the wait. Kept and restored partitions each wake the
     route as they are installed."""
-    logs = FakeLogs()
-    stages = FakeStages(logs)
-    for _ in range(4):
-        logs.append(R, 0, b"r")
-    stages.hold_restore.clear()
+    logs, stages = _four_records_restore_held()
 
     async def run() -> None:
         driver = _driver(logs, stages)
