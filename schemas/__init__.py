@@ -20,7 +20,7 @@ from ._codec import (
     encode_records_message,
     record_to_builtins,
 )
-from ._output import BatchMetrics, DeadLetter, TaskMetrics, WeightVersionMetrics
+from ._output import BatchMetrics, DeadLetter, DraftLagMetrics, TaskMetrics, WeightVersionMetrics
 from ._records import BatchMarker, GenerationRecord, RecordBatch, RecordsMessage
 from ._topics import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
 from ._types import MAX_BINS, MAX_COUNTER, MAX_ID
@@ -43,6 +43,7 @@ __all__ = [
     "BreakdownSums",
     "WeightVersionMetrics",
     "TaskMetrics",
+    "DraftLagMetrics",
     "GenerationRecord",
     "RecordBatch",
     "BatchMarker",

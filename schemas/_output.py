@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["BatchMetrics", "DeadLetter", "CloseReason", "WeightVersionMetrics", "TaskMetrics"]
+__all__ = ["BatchMetrics", "DeadLetter", "CloseReason", "WeightVersionMetrics", "TaskMetrics", "DraftLagMetrics"]
 
 #: Why a batch (or a partition of it) was closed.
 CloseReason = str  # "markers" | "timeout" | "end_of_input" | "incomplete"
@@ -34,6 +34,19 @@ class TaskMetrics(msgspec.Struct, frozen=True, kw_only=True):
     like a ``WeightVersionMetrics``: the entries' totals add up exactly to the batch's."""
 
     task: str | None
+    metrics: dict[str, int | float]
+    accept_histogram: list[int] | None
+    accept_rate_by_position: list[float] | None = None
+    tokens_per_verify_by_budget: list[float] | None = None
+
+
+class DraftLagMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """(revision 5) One draft lag's share of a batch (``BatchMetrics.by_draft_lag``): the
+    generations whose draft was that many policy updates behind. ``draft_lag`` None is the
+    generations whose lag is unknown. Built like a ``WeightVersionMetrics``: the entries'
+    totals add up exactly to the batch's. Read across batches: the staleness curve."""
+
+    draft_lag: int | None
     metrics: dict[str, int | float]
     accept_histogram: list[int] | None
     accept_rate_by_position: list[float] | None = None
@@ -76,6 +89,15 @@ class BatchMetrics(msgspec.Struct, frozen=True, kw_only=True):
     #: (revision 4) one entry per task among the non-conflicting generations, unknown last;
     #: None when not speculative, no generation knows its task, or past 64 known tasks
     by_task: list[TaskMetrics] | None = None
+    #: (revision 5) one entry per draft lag among the non-conflicting generations, in
+    #: numeric order, unknown last; None when not speculative, no generation knows its
+    #: lag, or past 64 known lags
+    by_draft_lag: list[DraftLagMetrics] | None = None
+    #: (revision 5) 64 counts of non-conflicting generations with known completion and
+    #: verify > 0, by their own tokens per verify step in quarter-token buckets:
+    #: bucket ``min(63, max(0, 4 * completion // verify - 4))``; None when none qualifies
+    #: or the batch is not speculative. Counts add element-wise across batches and workers
+    tokens_per_verify_distribution: list[int] | None = None
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,10 @@ class GenerationRecord(msgspec.Struct, tag="record", tag_field="type", frozen=Tr
     #: (revision 4) the prompt's dataset or task family (``gsm8k``, ``swe-bench``, ``chat``),
     #: set by the producer; part of the generation's value (two tasks for one key conflict)
     task: NonEmptyStr | None = None
+    #: (revision 5) how many policy weight updates the draft model is behind (0: refreshed
+    #: or trained for the policy that generated this); set by the producer, who knows both
+    #: versions. Part of the generation's value (two lags for one key conflict)
+    draft_lag: Counter | None = None
 
     @property
     def key(self) -> tuple[str, str]:

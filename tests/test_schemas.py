@@ -27,11 +27,21 @@ RECORD = GenerationRecord(batch_id="b", session_id="s", generation_id="g", accep
 
 
 def test_encoded_bytes_are_pinned():
-    """Wire format v1: changing these bytes breaks every deployed producer or worker."""
+    """Wire format v1: changing these bytes breaks every deployed producer or worker.
+
+    Since revision 5 (``draft_lag``, a record's 16th field) msgspec writes a record's map
+    with a map16 header (``\\xde`` and two length bytes) where it wrote a fixmap: the same
+    msgpack map, read by every msgpack reader, the native decoder included. What producers
+    before revision 5 send (the fixmap) still decodes to the same record."""
     assert encode_records_message(RECORD) == (
+        b"\xde\x00\x06\xa4type\xa6record\xa8batch_id\xa1b\xaasession_id\xa1s\xadgeneration_id\xa1g"
+        b"\xa8accepted\x01\xa8proposed\x02"
+    )
+    before_revision_5 = (
         b"\x86\xa4type\xa6record\xa8batch_id\xa1b\xaasession_id\xa1s\xadgeneration_id\xa1g"
         b"\xa8accepted\x01\xa8proposed\x02"
     )
+    assert decode_records_message(before_revision_5).records == [RECORD]
     marker = BatchMarker(batch_id="b", producer_id="p", records_sent=3, speculative_algorithm="NGRAM")
     assert encode_records_message(marker) == (
         b"\x85\xa4type\xa6marker\xa8batch_id\xa1b\xabproducer_id\xa1p\xacrecords_sent\x03"
