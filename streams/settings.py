@@ -66,7 +66,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             bound on a worker that is alive but stuck.
         delivery_timeout_s: how long a write is retried through an outage before the
             worker gives up: it then stops without flushing, and its successor resumes
-            from the last state that is whole.
+            from the last state that is whole. Below ``max_poll_interval_s``: a route
+            blocked on output room must not leave its group holding unacknowledged writes.
         commit_interval_s: how often consumed offsets are committed.
         web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
         max_exported_tasks: task names that get Prometheus counters of their own, per
@@ -95,7 +96,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     session_timeout_s: float = 30.0
     ready_write_timeout_s: float = 30.0
     max_poll_interval_s: float = 300.0
-    delivery_timeout_s: float = 1200.0
+    delivery_timeout_s: float = 240.0
     commit_interval_s: float = 1.0
     web_enabled: bool = True
     web_host: str = "0.0.0.0"
@@ -104,6 +105,13 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str = "/tmp/specmeter-worker"
     log_level: str = "info"
     security: KafkaSecurity = KafkaSecurity()
+
+    def __post_init__(self) -> None:
+        if not self.delivery_timeout_s < self.max_poll_interval_s:
+            raise ValueError(
+                f"the delivery timeout ({self.delivery_timeout_s:g} s) must stay below the max poll interval "
+                f"({self.max_poll_interval_s:g} s): a worker blocked on writes would leave its group holding them"
+            )
 
     @property
     def consumer_groups(self) -> tuple[str, str]:

@@ -222,6 +222,12 @@ def worker(
     """
     from ..settings import TopicNames, WorkerSettings
 
+    if not delivery_timeout < max_poll_interval:
+        raise click.BadParameter(
+            f"{delivery_timeout:g} s is not below --max-poll-interval ({max_poll_interval:g} s): a worker blocked on "
+            "writes would leave its group holding them; lower it or raise --max-poll-interval",
+            param_hint="--delivery-timeout",
+        )
     security = preflight.security_from_env()
     settings = WorkerSettings(
         broker=broker,

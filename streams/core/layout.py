@@ -49,6 +49,7 @@ import msgspec
 from specmeter.schemas import BatchMarker, PartialAggregate
 
 __all__ = [
+    "REWRITTEN_KINDS",
     "BatchKey",
     "KeyPart",
     "BatchDelta",
@@ -95,6 +96,10 @@ BatchKey = tuple[str | None, str]
 KeyPart = int | str
 
 _SEP = "\x1f"
+#: the key kinds a stage writes again and again under one logical key (stage 1: the
+#: checkpoint and the statuses; stage 2: the bookkeeping, the partials and the
+#: checkpoint), each write under a version of its own (``ownership.RewrittenKeys``)
+REWRITTEN_KINDS = (b"c", b"s", b"m", b"p", b"k")
 
 
 def changelog_topics(app_id: str) -> tuple[str, str]:

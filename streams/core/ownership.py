@@ -4,40 +4,64 @@ A stage's state of one input partition lives in one changelog partition, written
 whichever worker owns the input partition. Ownership moves (rebalances, crashes), and a
 worker that lost a partition may still write it for a while: one frozen past its session
 (a stalled VM, a SIGSTOP) wakes up with writes in flight. Kafka's group generations do
-not reach a plain producer's writes, so the changelog orders them itself:
+not reach a plain producer's writes, so the changelog orders them itself. The protocol,
+its invariants and the tests that check each are on one page: ``docs/ownership.md``.
+The words, one meaning each:
 
-* **Takeover.** A worker that takes a partition over first appends a *takeover record*
-  (key ``P e <token>``) and waits for its acknowledgement. Its offset is the new owner's
-  **epoch**. Only then does it read the changelog, up to and including that record.
-* **Tags.** Every key the owner writes afterwards carries its epoch in its first part
-  (``P@<epoch>``, see ``owner_key_part``), so no two owners ever write the same key:
-  a late write can never replace, under compaction, a value another owner wrote.
-* **Validity.** A record counts when its tag is the epoch of the latest takeover before
-  it in the log (keys without a tag, written before takeovers existed, count until the
+* **owner epoch**: the offset of an owner's takeover record; every key it writes is
+  tagged with it.
+* **generation**: the consumer group's generation (Kafka's) in which a member confirmed
+  it holds a partition; carried in its takeover record.
+* **write version**: a number an owner gives each rewritten key (``RewrittenKeys``).
+
+The rules:
+
+* **Takeover.** A worker that takes a partition over confirms its generation, then
+  appends a *takeover record* (key ``P e <token>``; its generation and the time of the
+  confirmation in the value) and waits for its acknowledgement. Its offset is the new
+  owner's epoch. Only then does it read the changelog, up to and including that record.
+* **Counting takeovers.** A takeover counts when its generation is not older than the
+  generation of the counting takeover before it (the ordering KIP-447 gives transactional
+  producers at the broker): a record appended late by a member that was stale when it
+  wrote it (it confirmed, froze, and the group moved on) fences nobody. One exception, for
+  a group whose generations started again (its metadata expired while no member ran): a
+  takeover confirmed more than ``CLOCK_SKEW_MS`` after the one before it counts (a stale
+  member confirmed before the rebalance that made it stale, so before any takeover of the
+  newer generation). A takeover's first copy is its epoch; a later copy (a retried
+  append) changes nothing.
+* **Tags.** Every key an owner writes carries its epoch in its first part
+  (``P@<epoch>``), and each key it rewrites a version of its own (``P@<epoch>.<version>``):
+  no key is ever written twice, so compaction never lets a write that does not count
+  replace one that does.
+* **Validity.** A record counts when its tag is the epoch of the latest counting takeover
+  before it (keys without a tag, written before takeovers existed, count until the
   first one). A stale owner's late writes land after the new owner's takeover: they
   never count, whatever they say, and the next restore deletes them.
 * **Supersession.** Keys of one logical state (a batch's status, the checkpoint) may
-  exist under several tags; the valid one with the highest offset holds the state, the
-  others are deleted by the next restore.
+  exist under several tags and versions; the valid one with the highest offset holds the
+  state, the others are deleted once it is known to count (``delivery.writes``).
 
 ``ChangelogView`` applies these rules to one partition's records read in offset order,
 exactly as compaction keeps them (the latest value per key, tombstones deleting it).
 What the writer checks so that a stale owner's writes never release an output is in
-``delivery.output`` (the writes of a partition are acknowledged at consecutive offsets, or the
-offsets skipped are read for a newer takeover).
+``delivery.writes`` (the writes of a partition are acknowledged at consecutive offsets, or
+the offsets skipped are read for a newer counting takeover).
 """
 
 from __future__ import annotations
 
 import bisect
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
 __all__ = [
+    "CLOCK_SKEW_MS",
     "Takeover",
     "ChangelogView",
+    "RewrittenKeys",
     "ValidState",
     "owner_key_part",
     "split_key",
@@ -45,22 +69,31 @@ __all__ = [
     "takeover_token",
     "is_takeover",
     "takeover_of",
+    "counts_after",
     "encode_takeover",
 ]
 
 _SEP = b"\x1f"
 _TAG = b"@"
+_VERSION = b"."
 #: the key kind of a takeover record: ``P e <token>`` (never tagged)
 TAKEOVER_KIND = b"e"
+#: how far two workers' clocks may differ: a takeover confirmed this much later than the
+#: counting one before it counts whatever its generation (the group started again)
+CLOCK_SKEW_MS = 60_000
 
 
 class Takeover(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     """A worker's takeover of a changelog partition (its offset is the owner's epoch)."""
 
     token: str
-    #: who took it over and when, for operators reading the changelog
+    #: who took it over, for operators reading the changelog
     owner: str = ""
+    #: when the worker confirmed its generation (wall clock, ms): before its commit was sent
     at_ms: int = 0
+    #: the consumer group's generation it confirmed (-1: written before generations were
+    #: carried, or offline: counts like any generation)
+    generation: int = -1
 
 
 _takeover_decoder = msgspec.msgpack.Decoder(Takeover)
@@ -80,20 +113,23 @@ def encode_takeover(takeover: Takeover) -> bytes:
     return _encoder.encode(takeover)
 
 
-def owner_key_part(partition: int, epoch: int | None) -> str:
+def owner_key_part(partition: int, epoch: int | None, version: int | None = None) -> str:
     """The first part of every key an owner writes: the partition, tagged with the owner's
-    epoch (None: untagged, as written before takeovers existed, and offline)."""
-    return str(partition) if epoch is None else f"{partition}@{epoch}"
+    epoch (None: untagged, as written before takeovers existed, and offline) and, for a
+    key it rewrites, the write's version."""
+    if epoch is None:
+        return str(partition)
+    return f"{partition}@{epoch}" if version is None else f"{partition}@{epoch}.{version}"
 
 
 def split_key(key: bytes) -> tuple[bytes, int | None]:
-    """A key's logical form (its tag removed) and its tag (None: untagged)."""
+    """A key's logical form (its tag and version removed) and its tag (None: untagged)."""
     head, sep, rest = key.partition(_SEP)
-    partition, tagged, epoch = head.partition(_TAG)
+    partition, tagged, tag = head.partition(_TAG)
     if not tagged:
         return key, None
     try:
-        return partition + sep + rest, int(epoch)
+        return partition + sep + rest, int(tag.partition(_VERSION)[0])
     except ValueError:  # not ours to read: left as it is
         return key, None
 
@@ -111,6 +147,15 @@ def takeover_of(value: bytes) -> Takeover | None:
         return None
 
 
+def counts_after(takeover: Takeover, before: Takeover | None) -> bool:
+    """Whether ``takeover`` counts after ``before``, the latest counting takeover ahead of it
+    (None: none): its generation is not older, or it was confirmed more than
+    ``CLOCK_SKEW_MS`` later (the group's generations started again)."""
+    if before is None or takeover.generation < 0 or before.generation < 0:
+        return True
+    return takeover.generation >= before.generation or takeover.at_ms > before.at_ms + CLOCK_SKEW_MS
+
+
 @dataclass(frozen=True, slots=True)
 class ValidState:
     """What one changelog partition holds that counts, and what to delete."""
@@ -118,10 +163,12 @@ class ValidState:
     #: (physical key, value) of every valid record that holds its logical key's state,
     #: in offset order
     entries: list[tuple[bytes, bytes]]
-    #: physical keys whose records do not count (a stale owner's late writes) or are
-    #: superseded by a valid record of the same logical key, and takeovers no longer needed
+    #: physical keys to delete, in the order they must land: records that do not count (a
+    #: stale owner's late writes) and takeovers that do not count, then records superseded
+    #: by a valid record of the same logical key, then counting takeovers no longer needed
+    #: (last: a takeover deleted earlier could make a stray one count)
     deletions: list[bytes]
-    #: the epoch of the latest takeover read (None: none yet)
+    #: the epoch of the latest counting takeover read (None: none yet)
     epoch: int | None
 
 
@@ -132,8 +179,8 @@ class ChangelogView:
 
     #: physical key -> (offset, value) of its latest record (what compaction keeps)
     _latest: dict[bytes, tuple[int, bytes]] = field(default_factory=dict)
-    #: takeover records: physical key -> offset
-    _takeovers: dict[bytes, int] = field(default_factory=dict)
+    #: takeover records: physical key -> (offset of its first copy, its value)
+    _takeovers: dict[bytes, tuple[int, Takeover]] = field(default_factory=dict)
 
     def add(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         if key is None:
@@ -142,48 +189,108 @@ class ChangelogView:
             self._latest.pop(key, None)
             self._takeovers.pop(key, None)
         elif is_takeover(key):
-            self._takeovers[key] = offset
+            takeover = takeover_of(value)
+            if takeover is not None and key not in self._takeovers:  # a later copy changes nothing
+                self._takeovers[key] = (offset, takeover)
         else:
             self._latest[key] = (offset, value)
 
+    def counting(self) -> tuple[list[int], list[bytes]]:
+        """The offsets of the counting takeovers (sorted), and the keys of those that do not count."""
+        epochs: list[int] = []
+        strays: list[bytes] = []
+        before: Takeover | None = None
+        for key, (offset, takeover) in sorted(self._takeovers.items(), key=lambda kv: kv[1][0]):
+            if counts_after(takeover, before):
+                epochs.append(offset)
+                before = takeover
+            else:
+                strays.append(key)
+        return epochs, strays
+
     def result(self) -> ValidState:
         """The valid state now (the view can take more records afterwards)."""
-        epochs = sorted(self._takeovers.values())
+        epochs, strays = self.counting()
         latest_epoch = epochs[-1] if epochs else None
-        valid, deletions = self._valid(epochs)
-        deletions += self._stale_takeovers(valid, latest_epoch)
+        valid, stale, superseded = self._valid(epochs)
+        unneeded = self._unneeded_takeovers(valid, epochs)
         entries = [(physical, value) for _, physical, value in sorted(valid.values())]
-        return ValidState(entries=entries, deletions=sorted(deletions), epoch=latest_epoch)
+        deletions = sorted(stale) + sorted(strays) + sorted(superseded) + unneeded
+        return ValidState(entries=entries, deletions=deletions, epoch=latest_epoch)
 
-    def _valid(self, epochs: list[int]) -> tuple[dict[bytes, tuple[int, bytes, bytes]], list[bytes]]:
+    def _valid(self, epochs: list[int]) -> tuple[dict[bytes, tuple[int, bytes, bytes]], list[bytes], list[bytes]]:
         """Each logical key's latest record its epoch's owner wrote (logical -> (offset,
-        physical, value)), and the physical keys of the records that lost to it."""
+        physical, value)), the physical keys of records that do not count, and those of
+        the records that lost to a valid one."""
         valid: dict[bytes, tuple[int, bytes, bytes]] = {}
-        deletions: list[bytes] = []
+        stale: list[bytes] = []
+        superseded: list[bytes] = []
         for physical, (offset, value) in self._latest.items():
             logical, tag = split_key(physical)
             if tag != _epoch_at(epochs, offset):
-                deletions.append(physical)  # a stale owner's late write
+                stale.append(physical)  # a stale owner's late write
                 continue
             held = valid.get(logical)
             if held is not None:
                 if held[0] > offset:
-                    deletions.append(physical)
+                    superseded.append(physical)
                     continue
-                deletions.append(held[1])
+                superseded.append(held[1])
             valid[logical] = (offset, physical, value)
-        return valid, deletions
+        return valid, stale, superseded
 
-    def _stale_takeovers(self, valid: dict[bytes, tuple[int, bytes, bytes]], latest_epoch: int | None) -> list[bytes]:
-        """The takeover records no valid record needs any more."""
+    def _unneeded_takeovers(self, valid: dict[bytes, tuple[int, bytes, bytes]], epochs: list[int]) -> list[bytes]:
+        """The counting takeovers no valid record needs any more, oldest first."""
+        if not epochs:
+            return []
         tags = [tag for _, physical, _ in valid.values() if (tag := split_key(physical)[1]) is not None]
         # a takeover older than every tag still held judges no record any more: records
         # written later by its owner land after a newer takeover, and are judged by that one
-        needed_from = min([*tags, latest_epoch]) if latest_epoch is not None else None
-        return [key for key, offset in self._takeovers.items() if needed_from is not None and offset < needed_from]
+        needed_from = min([*tags, epochs[-1]])
+        counting = set(epochs)
+        return [
+            key
+            for key, (offset, _) in sorted(self._takeovers.items(), key=lambda kv: kv[1][0])
+            if offset in counting and offset < needed_from
+        ]
 
 
 def _epoch_at(epochs: list[int], offset: int) -> int | None:
     """The epoch of the latest takeover before ``offset`` (epochs sorted), None if none."""
     i = bisect.bisect_left(epochs, offset)
     return epochs[i - 1] if i else None
+
+
+class RewrittenKeys:
+    """The keys one owner rewrites, each write under a key of its own.
+
+    A stage writes a partition's checkpoint, a batch's status or a merge's bookkeeping
+    again and again under one logical key. Written under one physical key, a write that
+    does not count (landed after a newer takeover) would replace, under compaction, the
+    owner's last write that does. So each write of a rewritten kind gets the owner's next
+    write version in its tag, and the key it supersedes is returned, to delete once the
+    write is known to count. A deletion of a logical key deletes the physical key last
+    written for it. Kinds written once (deltas, gone batches) pass through as they are.
+    """
+
+    def __init__(self, partition: int, epoch: int, kinds: Iterable[bytes]) -> None:
+        self._plain = f"{partition}@{epoch}".encode()
+        self._partition = partition
+        self._epoch = epoch
+        self._kinds = frozenset(kind.lower() for kind in kinds)
+        self._next_version = 0
+        #: logical key (as the stage writes it, tagged with the plain epoch) -> physical key
+        self._written: dict[bytes, bytes] = {}
+
+    def rewrite(self, key: bytes, value: bytes | None) -> tuple[bytes, bytes | None]:
+        """The physical key of one write, and the key it supersedes (None: none)."""
+        head, sep, rest = key.partition(_SEP)
+        if head != self._plain or rest[:1].lower() not in self._kinds or rest[1:2] not in (_SEP, b""):
+            return key, None
+        if value is None:
+            return self._written.pop(key, key), None
+        physical = owner_key_part(self._partition, self._epoch, self._next_version).encode() + sep + rest
+        self._next_version += 1
+        superseded = self._written.get(key)
+        self._written[key] = physical
+        return physical, superseded

@@ -81,7 +81,7 @@ from .layout import (
 from .ownership import owner_key_part, split_key
 from .state import BatchState, Decoded
 
-__all__ = ["PartitionProcessor", "Effects", "Waiting", "shorten"]
+__all__ = ["PartitionProcessor", "Effects", "StateWithoutCheckpoint", "Waiting", "shorten"]
 
 log = logging.getLogger("specmeter.stage1")
 #: how long an expired (or overflowed) batch is remembered by default: a week
@@ -175,6 +175,31 @@ def _digest(partial: PartialAggregate) -> bytes:
     return content_digest(body)
 
 
+class StateWithoutCheckpoint(RuntimeError):
+    """A changelog partition holds an owner's valid state but no valid checkpoint: restoring
+    it would start from offset -1 and delete every delta. Cannot happen while the ownership
+    rules hold (``docs/ownership.md``): the restore stops instead of wiping."""
+
+
+def _refuse_without_checkpoint(partition: int, found: _Found) -> None:
+    """Stop, loudly, a restore that found an owner's deltas or statuses and no checkpoint.
+    Every owner writes its checkpoint before any delta (its restore writes it first), and
+    a checkpoint is deleted only once a newer one counts; deltas and statuses without a tag
+    (written before takeovers) may precede their first checkpoint after a crash."""
+    if found.checkpoint_at is not None:
+        return
+    tagged = [key for key, _ in found.deltas] + [key for key, _ in found.statuses.values()]
+    tagged = [key for key in tagged if split_key(key)[1] is not None]
+    if tagged:
+        message = (
+            f"partition {partition}: the changelog holds {len(tagged)} valid delta(s) or status(es) of an owner "
+            f"(first: {tagged[0]!r}) and no valid checkpoint; restoring would read the input from offset -1 and "
+            "delete them. Not restoring: keep the changelog as it is and report it (docs/ownership.md)"
+        )
+        log.error(message)
+        raise StateWithoutCheckpoint(message)
+
+
 @dataclass
 class _Found:
     """What a restore read from a partition's changelog, by kind."""
@@ -266,6 +291,7 @@ class PartitionProcessor:
         """
         effects = Effects()
         found = self._read_changelog(entries, now_ms, effects)
+        _refuse_without_checkpoint(self.partition, found)
         self._restore_gone(found.gone, found.legacy, now_ms, effects)
         yield from self._apply_deltas(found.deltas, effects)
         replaced = self._own_checkpoint_and_statuses(found, effects)
@@ -359,9 +385,13 @@ class PartitionProcessor:
         batch no delta restored is deleted."""
         own_checkpoint = checkpoint_key(self.key_part)
         replaced = []
-        if found.checkpoint_at is not None and found.checkpoint_at != own_checkpoint:
+        owned = own_checkpoint != checkpoint_key(self.partition)
+        if (owned or found.checkpoint_at is not None) and found.checkpoint_at != own_checkpoint:
+            # an owner writes its checkpoint first, found or not: a valid delta of its
+            # then implies a valid checkpoint (``_refuse_without_checkpoint``)
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))
-            replaced.append(found.checkpoint_at)
+            if found.checkpoint_at is not None:
+                replaced.append(found.checkpoint_at)
         return replaced + self._own_statuses(found, effects)
 
     def _own_statuses(self, found: _Found, effects: Effects) -> list[bytes]:

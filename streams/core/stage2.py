@@ -37,7 +37,7 @@ from .layout import (
 )
 from .merge import build_batch_metrics
 from .ownership import owner_key_part, split_key
-from .stage1 import shorten
+from .stage1 import StateWithoutCheckpoint, shorten
 
 __all__ = ["BatchMerger", "MergeEffects", "MergeWaiting"]
 
@@ -112,6 +112,8 @@ class BatchMerger:
         #: batches restored from entries that held their partials (written before the split):
         #: their next write writes every partial under its own key
         self._unsplit: set[BatchKey] = set()
+        #: whether a restore found a checkpoint
+        self._checkpoint_found = False
 
     def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> MergeEffects:
         """Rebuild from the changelog (``restoring`` at once)."""
@@ -134,8 +136,9 @@ class BatchMerger:
         effects = MergeEffects()
         kept: list[tuple[bytes, PartialAggregate]] = []
         replaced = yield from self._read_all(entries, kept)
+        self._refuse_without_checkpoint(replaced)
         orphans = self._attach_partials(kept, effects)
-        if replaced:
+        if replaced or self.owner_epoch is not None:
             self._write_all_again(effects)
             effects.changelog.extend((key, None) for key in replaced if key not in orphans)
         log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
@@ -157,12 +160,29 @@ class BatchMerger:
                 yield
         return replaced
 
+    def _refuse_without_checkpoint(self, restored: list[bytes]) -> None:
+        """Stop, loudly, a restore that found an owner's entries or partials and no
+        checkpoint (``stage1.StateWithoutCheckpoint``): restoring would read the partials
+        from offset -1."""
+        if self._checkpoint_found:
+            return
+        tagged = [key for key in restored if split_key(key)[1] is not None]
+        if tagged:
+            message = (
+                f"partials partition {self.partition}: the changelog holds {len(tagged)} valid record(s) of an owner "
+                f"(first: {tagged[0]!r}) and no valid checkpoint; not restoring: keep the changelog as it is and "
+                "report it (docs/ownership.md)"
+            )
+            log.error(message)
+            raise StateWithoutCheckpoint(message)
+
     def _read(self, key: bytes, value: bytes, kept: list[tuple[bytes, PartialAggregate]]) -> bool:
         """Restore one changelog record: the checkpoint or a batch's bookkeeping at once,
         a partial into ``kept``; whether it was one of this partition's records."""
         logical, _ = split_key(key)
         if logical == stage2_checkpoint_key(self.partition):
             self.checkpoint = decode_stage2_checkpoint(value).offset
+            self._checkpoint_found = True
         elif logical.startswith(merge_key_prefixes(self.partition)):
             entry = decode_merge_entry(value)
             self.entries[entry.key] = entry
@@ -195,7 +215,9 @@ class BatchMerger:
         for entry in self.entries.values():
             self._unsplit.add(entry.key)  # every partial written again, under this owner's keys
             self._write(entry, effects)
-        if self.checkpoint >= 0:
+        if self.checkpoint >= 0 or self.owner_epoch is not None:
+            # an owner writes its checkpoint at its restore, found or not: a valid entry of
+            # its then implies a valid checkpoint (``_refuse_without_checkpoint``)
             effects.changelog.append(self._checkpoint_write())
 
     def _publish_again(self, effects: MergeEffects) -> None:

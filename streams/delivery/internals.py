@@ -27,6 +27,7 @@ __all__ = [
     "message_appender",
     "metadata_without_auto_create",
     "set_fetch_wait",
+    "group_generation",
     "stop_without_sending",
 ]
 
@@ -145,3 +146,14 @@ def set_fetch_wait(consumer: Any, wait_ms: int) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None:
         fetcher._fetch_max_wait_ms = wait_ms
+
+
+def group_generation(consumer: Any) -> int:
+    """The consumer group generation this member is in (-1: none known).
+
+    Why private: aiokafka keeps the generation of the last join in its group coordinator
+    and has no public getter. A takeover record carries it (``core.ownership``), so that a
+    record appended late by a member that was stale when it wrote it fences nobody."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    generation = getattr(coordinator, "generation", -1)
+    return generation if isinstance(generation, int) and generation >= 0 else -1

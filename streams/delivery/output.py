@@ -319,6 +319,11 @@ class OrderedProducer:
         if future.cancelled():
             return
         exc = future.exception()
+        if exc is None and future.result().offset < 0:
+            # aiokafka's duplicate-sequence path completes a write with whatever offset the
+            # broker answered, possibly -1: where it landed is unknown, so nothing that
+            # rests on its place (a takeover's epoch, a group's check) may go on
+            exc = RuntimeError(f"{topic}: a write was acknowledged without its offset ({future.result().offset})")
         if exc is not None:
             self.fail(topic, exc)
         elif on_ack is not None and self.failed is None:

@@ -26,12 +26,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.ownership import ChangelogView, ValidState
 from ..settings import WorkerSettings
 from .assignor import StickyAssignor
-from .internals import set_fetch_wait
+from .internals import group_generation, set_fetch_wait
 from .ledger import Checkpointed, Claim, Ledger, TopicPartition
 from .output import OrderedProducer
 from .writes import OwnedWrites
@@ -42,6 +42,14 @@ log = logging.getLogger("specmeter.worker")
 
 #: a stage state restored, and what to do once it is installed
 Restored = tuple[Checkpointed, Callable[[], None]]
+
+
+class Confirmed(NamedTuple):
+    """A member's group generation, confirmed by a commit, and when (wall clock, ms, before
+    the commit was sent): what its takeover records carry (``core.ownership``)."""
+
+    generation: int
+    at_ms: int
 
 
 class StageHooks(Protocol):
@@ -250,6 +258,9 @@ class InputRoute:
     IDLE_FETCH_WAIT_MS = 5000
     #: the longest a fetch waits for input (what to follow is followed meanwhile)
     FETCH_TIMEOUT_MS = 200
+    #: the longest an offset commit may take (a coordinator failing over): it runs beside
+    #: the reading, never in its way
+    COMMIT_TIMEOUT_S = 10.0
 
     def __init__(
         self,
@@ -276,6 +287,8 @@ class InputRoute:
         self._committed: dict[TopicPartition, int] = {}
         self._committed_at = 0.0
         self._commit_failures = 0
+        #: the commit under way, beside the reading (one at a time)
+        self._committing: asyncio.Task | None = None
         #: reads failed in a row (the first is said, the rest logged at debug)
         self._fetch_failures = 0
         #: the route stops applying input (the worker is stopping)
@@ -295,6 +308,8 @@ class InputRoute:
             await self._read(consumer)
         finally:
             self.consumer = None
+            if self._committing is not None:
+                self._committing.cancel()
             with contextlib.suppress(Exception):
                 await consumer.stop()  # leaves the group: its partitions move at once
 
@@ -436,11 +451,17 @@ class InputRoute:
 
     async def _commit(self, consumer: Any) -> None:
         """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
-        for operators (recovery reads the changelog, never these). A failure is said once
-        a minute and retried at the next interval."""
+        for operators (recovery reads the changelog, never these). The commit runs beside
+        the reading, under ``COMMIT_TIMEOUT_S``: a coordinator failing over must not stall
+        input whose partition leaders are up. A failure is said once a minute and retried
+        at the next interval."""
+        if self._committing is not None and not self._committing.done():
+            return
         offsets = self._moved_offsets()
         if offsets:
-            await self._commit_offsets(consumer, offsets)
+            self._committing = asyncio.get_running_loop().create_task(
+                self._commit_offsets(consumer, offsets), name=f"commit-{self.topic}"
+            )
 
     def _moved_offsets(self) -> dict[TopicPartition, int]:
         """The checkpoints that moved since the last commit, once ``commit_interval`` passed
@@ -460,7 +481,9 @@ class InputRoute:
         from aiokafka.structs import TopicPartition as TP
 
         try:
-            await consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()})
+            await asyncio.wait_for(
+                consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()}), self.COMMIT_TIMEOUT_S
+            )
         except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
             self._commit_failures += 1
             (log.warning if self._commit_failures % 60 == 1 else log.debug)(
@@ -469,25 +492,30 @@ class InputRoute:
             return
         self._committed.update(offsets)
 
-    async def confirm_generation(self, partitions: Iterable[int]) -> bool:
-        """Whether this member is still in the group's current generation and holds
-        ``partitions``: a commit of their committed offsets succeeds only then (the group
-        coordinator refuses a stale generation; aiokafka retries what is retriable). A worker
-        frozen while its partitions moved learns it here, before it writes a takeover. Any
-        other failure (a right missing) is raised: the takeover is tried again."""
+    async def confirm_generation(self, partitions: Iterable[int]) -> Confirmed | None:
+        """This member's group generation and when it was confirmed (wall clock, ms, taken
+        before the commit was sent) when it is still in the group's current generation and
+        holds ``partitions``: a commit of their committed offsets succeeds only then (the
+        group coordinator refuses a stale generation; aiokafka retries what is retriable).
+        None when it is stale: a worker frozen while its partitions moved learns it here,
+        before it writes a takeover; one that freezes after it writes a takeover record
+        that does not count (``core.ownership``). Any other failure (a right missing) is
+        raised: the takeover is tried again."""
         from aiokafka.errors import CommitFailedError, IllegalStateError
         from aiokafka.structs import TopicPartition as TP
 
         consumer = self.consumer
         if consumer is None:
-            return False
+            return None
         tps = [TP(self.topic, p) for p in partitions]
+        offsets = await _committed_offsets(consumer, tps)
+        generation, confirmed_at_ms = group_generation(consumer), int(time.time() * 1000)
         try:
-            await consumer.commit(await _committed_offsets(consumer, tps))
+            await asyncio.wait_for(consumer.commit(offsets), self.COMMIT_TIMEOUT_S)
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
-            return False
-        return True
+            return None
+        return Confirmed(generation, confirmed_at_ms)
 
     def forget(self, partitions: Iterable[int]) -> None:
         for p in partitions:
@@ -614,6 +642,8 @@ class DeliveryDriver:
         fetch = {"fetch_max_wait_ms": settings.fetch_wait_ms}
         group = {
             "session_timeout_ms": int(settings.session_timeout_s * 1000),
+            # said, not left to aiokafka's default: a revocation waits half of it for writes
+            "rebalance_timeout_ms": int(settings.session_timeout_s * 1000),
             "heartbeat_interval_ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
             "max_poll_interval_ms": int(settings.max_poll_interval_s * 1000),
         }
@@ -648,8 +678,7 @@ class DeliveryDriver:
         self._route_of[topic].forget(partitions)
         self._route_of[topic].look_again()
         changelog = self.changelog(topic)
-        for _, p in suspended:
-            await self._let_writes_out(topic, changelog, p)
+        await self._let_writes_out(topic, changelog, [p for _, p in suspended])
         self._forget_unsuspended(topic, changelog, partitions, suspended)
 
     def _forget_unsuspended(
@@ -660,17 +689,29 @@ class DeliveryDriver:
             if (topic, p) not in suspended:
                 self.writes.forget(changelog, p)
 
-    async def _let_writes_out(self, topic: str, changelog: str, p: int) -> None:
-        """Wait for a suspended partition's writes in flight; past ``revoke_wait_s`` its
-        state is dropped (and its writes forgotten)."""
+    async def _let_writes_out(self, topic: str, changelog: str, partitions: list[int]) -> None:
+        """Wait for the suspended partitions' writes in flight, all under one deadline
+        (``revoke_wait_s``, half the group's rebalance timeout: the member must rejoin in
+        time). Writes still in flight then would land later, from a live worker that no
+        longer owns the partitions: the worker fails fast instead (its output stops, it
+        exits, and its successors restore what counts)."""
+        if not partitions:
+            return
         try:
-            await asyncio.wait_for(self.writes.idle(changelog, p), self.revoke_wait_s)
-        except TimeoutError:
-            log.warning(
-                "%s[%d]: writes still in flight after %.0f s; its state is dropped", topic, p, self.revoke_wait_s
+            await asyncio.wait_for(
+                asyncio.gather(*(self.writes.idle(changelog, p) for p in partitions)), self.revoke_wait_s
             )
-            self.ledger.take_suspended(topic, p)
-            self.writes.forget(changelog, p)
+        except TimeoutError:
+            log.error(
+                "%s: writes of partitions %s still in flight %.0f s into a rebalance: stopping the worker rather "
+                "than leave them to land once others own the partitions (restart it: it resumes from the changelog)",
+                topic,
+                sorted(partitions),
+                self.revoke_wait_s,
+            )
+            self.writes.output.fail(
+                changelog, TimeoutError(f"writes in flight past the rebalance's {self.revoke_wait_s:.0f} s")
+            )
 
     def assigned(self, topic: str, partitions: list[int]) -> None:
         """The group's whole assignment of ``topic``: what is new is taken over (or kept)."""
@@ -790,9 +831,10 @@ class DeliveryDriver:
         await self._keep_unchanged(topic, changelog, epochs)
         if not epochs:
             return
-        if not await self._route_of[topic].confirm_generation(epochs):
+        confirmed = await self._route_of[topic].confirm_generation(epochs)
+        if confirmed is None:
             return  # a stale member: the next assignment says what is ours
-        await self._restore_from_changelogs(topic, changelog, epochs)
+        await self._restore_from_changelogs(topic, changelog, epochs, confirmed)
         log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
 
     async def _keep_unchanged(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
@@ -829,24 +871,41 @@ class DeliveryDriver:
         else:
             self.writes.forget(changelog, p)
 
-    async def _restore_from_changelogs(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+    async def _restore_from_changelogs(
+        self, topic: str, changelog: str, epochs: dict[int, int], confirmed: Confirmed
+    ) -> None:
         """Write a takeover record in each partition's changelog, read them up to it, and
-        restore and install each state (unless the ledger moved on meanwhile)."""
-        owner_epochs = await self._write_takeovers(changelog, epochs)
+        restore and install each state whose takeover counts (unless the ledger moved on
+        meanwhile)."""
+        owner_epochs = await self._write_takeovers(changelog, epochs, confirmed)
         ends, views = await self.changelogs.read(
             {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in epochs]
         )
         for p, epoch in owner_epochs.items():
             await self.stages.reached("restore")
             valid = views[(changelog, p)].result()
+            if valid.epoch != epoch:
+                self._not_counted(topic, changelog, p, epoch, valid.epoch)
+                continue
             state, installed = await self._restore(topic, p, valid, epoch)
             self._install_restored(topic, changelog, p, epochs[p], state, ends[(topic, p)], installed)
 
-    async def _write_takeovers(self, changelog: str, epochs: dict[int, int]) -> dict[int, int]:
-        """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
-        return dict(
-            zip(epochs, await asyncio.gather(*(self.writes.take_over(changelog, p) for p in epochs)), strict=True)
+    def _not_counted(self, topic: str, changelog: str, p: int, epoch: int, counting: int | None) -> None:
+        """This worker's takeover does not count: a newer generation took the partition before
+        it landed (this worker was stale when it wrote it). Nothing is restored or written."""
+        log.info(
+            "%s[%d]: the takeover at %d does not count (a newer generation's at %s came first): not restoring",
+            topic,
+            p,
+            epoch,
+            counting,
         )
+        self.writes.forget(changelog, p)
+
+    async def _write_takeovers(self, changelog: str, epochs: dict[int, int], confirmed: Confirmed) -> dict[int, int]:
+        """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
+        appends = (self.writes.take_over(changelog, p, *confirmed) for p in epochs)
+        return dict(zip(epochs, await asyncio.gather(*appends), strict=True))
 
     def _install_restored(
         self,
@@ -958,11 +1017,12 @@ class DeliveryDriver:
         await self.writes.close()
 
     async def _writes_out(self) -> None:
-        """Wait for every assigned partition's writes in flight (each ``revoke_wait_s`` at most)."""
-        for topic in self._route_of:
-            for p in self.ledger.assigned(topic):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.writes.idle(self.changelog(topic), p), self.revoke_wait_s)
+        """Wait for every assigned partition's writes in flight, all under one ``revoke_wait_s``."""
+        idle = [
+            self.writes.idle(self.changelog(topic), p) for topic in self._route_of for p in self.ledger.assigned(topic)
+        ]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*idle), self.revoke_wait_s)
 
     async def _stop_tasks(self) -> None:
         """Cancel the routes, the takeovers and the watch, and wait until they stopped."""

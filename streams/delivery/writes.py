@@ -35,7 +35,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.ownership import Takeover, encode_takeover, is_takeover, takeover_key, takeover_of, takeover_token
+from ..core.layout import REWRITTEN_KINDS
+from ..core.ownership import (
+    RewrittenKeys,
+    Takeover,
+    counts_after,
+    encode_takeover,
+    is_takeover,
+    takeover_key,
+    takeover_of,
+    takeover_token,
+)
 from .output import OrderedProducer
 
 __all__ = ["OwnedWrites", "Ownership"]
@@ -73,6 +83,10 @@ class Ownership:
     epoch: int
     #: where its next write must land
     next_offset: int
+    #: its takeover record (whose generation a later takeover must not be older than)
+    takeover: Takeover | None = None
+    #: the physical keys of the keys it rewrites (None: not owned, keys as they are)
+    keys: RewrittenKeys | None = None
     #: groups handed over and not verified yet, in order
     groups: collections.deque[_Group] = field(default_factory=collections.deque)
     #: groups whose writes are all acknowledged, waiting for the check of an earlier one
@@ -105,19 +119,34 @@ class OwnedWrites:
         self.fenced = 0
 
     # -- ownership ---------------------------------------------------------------------
-    async def take_over(self, topic: str, partition: int) -> int:
+    async def take_over(self, topic: str, partition: int, generation: int = -1, confirmed_at_ms: int = 0) -> int:
         """Append a takeover record to the changelog partition and wait for it; returns
-        the new epoch (its offset). Whatever this worker held of the partition is forgotten."""
+        the new epoch (its offset). ``generation`` is the group generation this worker
+        confirmed at ``confirmed_at_ms`` (wall clock, taken before the confirmation was
+        sent): the record counts only if no newer generation took the partition before it
+        (``core.ownership``). Whatever this worker held of the partition is forgotten."""
         self.forget(topic, partition)
-        token = takeover_token()
-        epoch = await self._append_takeover(topic, partition, token)
-        owned = self._owned[(topic, partition)] = Ownership(token=token, epoch=epoch, next_offset=epoch + 1)
+        takeover = Takeover(
+            token=takeover_token(),
+            owner=self.owner,
+            at_ms=confirmed_at_ms or int(time.time() * 1000),
+            generation=generation,
+        )
+        epoch = await self._append_takeover(topic, partition, takeover)
+        owned = self._owned[(topic, partition)] = Ownership(
+            token=takeover.token,
+            epoch=epoch,
+            next_offset=epoch + 1,
+            takeover=takeover,
+            keys=RewrittenKeys(partition, epoch, REWRITTEN_KINDS),
+        )
         owned.idle.set()
         return epoch
 
-    async def _append_takeover(self, topic: str, partition: int, token: str) -> int:
-        """Append a takeover record with ``token`` and wait for it; returns its offset."""
-        value = encode_takeover(Takeover(token=token, owner=self.owner, at_ms=int(time.time() * 1000)))
+    async def _append_takeover(self, topic: str, partition: int, takeover: Takeover) -> int:
+        """Append a takeover record and wait for it; returns its offset."""
+        value = encode_takeover(takeover)
+        token = takeover.token
         acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def on_ack(offset: int) -> None:
@@ -157,11 +186,24 @@ class OwnedWrites:
         """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs, and
         ``deletions`` are handed over as a group of their own, once they are acknowledged
         in place. A partition this worker does not own (offline tools, tests without
-        takeovers) releases once its writes are acknowledged."""
+        takeovers) releases once its writes are acknowledged.
+
+        A rewritten key is written under a version of its own (``RewrittenKeys``), and the
+        deletion of the version it supersedes, like every deletion of a group that writes
+        something, waits with ``deletions`` until the group is verified: a deletion lands
+        only once what makes it safe counts, so a late one takes nothing a restore needs.
+        A group of deletions alone (a horizon passed, a stage's own group of them) goes at once."""
         owned = self._owned.get((topic, partition))
-        group = _Group(expected=len(writes), release=release, deletions=deletions or [])
         if owned is None:  # not owned: released on the acknowledgements alone
             owned = Ownership(token="", epoch=-1, next_offset=-1)
+        writes, held = _physical(owned.keys, writes, deletions or [])
+        group = _Group(expected=len(writes), release=release, deletions=held)
+        self._submit_group(topic, partition, owned, group, writes)
+
+    def _submit_group(
+        self, topic: str, partition: int, owned: Ownership, group: _Group, writes: list[tuple[bytes, bytes | None]]
+    ) -> None:
+        """Send a group's writes (physical keys), or complete it at once when it has none."""
         if not writes:
             self._spawn(self._complete(topic, partition, owned, group))
             return
@@ -208,7 +250,7 @@ class OwnedWrites:
         ours = set(group.offsets)
         start, end = owned.next_offset, max(ours) + 1
         records = await self._read_skipped(topic, partition, start, end)
-        found = _other_takeover(records, ours, owned.token)
+        found = _other_takeover(records, ours, owned)
         if found is not None:
             self._fenced_by(topic, partition, owned, found[1], found[0])
             return
@@ -271,7 +313,8 @@ class OwnedWrites:
         if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
             await group.release()
             if group.deletions:
-                self.submit(topic, partition, [(key, None) for key in group.deletions], _nothing)
+                deletions = _Group(expected=len(group.deletions), release=_nothing, deletions=[])
+                self._submit_group(topic, partition, owned, deletions, [(key, None) for key in group.deletions])
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -303,15 +346,40 @@ def _in_place(owned: Ownership, group: _Group) -> bool:
     return owned.epoch < 0 or (first == owned.next_offset and last - first + 1 == len(group.offsets))
 
 
+def _physical(
+    keys: RewrittenKeys | None, writes: list[tuple[bytes, bytes | None]], deletions: list[bytes]
+) -> tuple[list[tuple[bytes, bytes | None]], list[bytes]]:
+    """A group's writes to send now under their physical keys, and the deletions to hold
+    until it is verified: those it superseded or made, then ``deletions``. A group that
+    writes nothing sends its deletions at once."""
+    if keys is None:
+        return writes, deletions
+    sent: list[tuple[bytes, bytes | None]] = []
+    held: list[bytes] = []
+    for key, value in writes:
+        physical, superseded = keys.rewrite(key, value)
+        if value is None:
+            held.append(physical)
+            continue
+        sent.append((physical, value))
+        if superseded is not None:
+            held.append(superseded)
+    held.extend(keys.rewrite(key, None)[0] for key in deletions)
+    if not sent:
+        return [(key, None) for key in held], []
+    return sent, held
+
+
 def _other_takeover(
-    records: list[tuple[int, bytes | None, bytes | None]], ours: set[int], token: str
+    records: list[tuple[int, bytes | None, bytes | None]], ours: set[int], owned: Ownership
 ) -> tuple[int, Takeover] | None:
-    """The first takeover among ``records`` (none of ``ours``) with another token than
-    ``token``, and its offset; None when there is none."""
+    """The first takeover among ``records`` (none of ``ours``) by another worker that counts
+    after this one's (``core.ownership.counts_after``), and its offset; None when there is
+    none. A stray one (a stale member's late append) fences nobody."""
     for offset, key, value in records:
         if offset in ours or key is None or value is None or not is_takeover(key):
             continue
         takeover = takeover_of(value)
-        if takeover is not None and takeover.token != token:
+        if takeover is not None and takeover.token != owned.token and counts_after(takeover, owned.takeover):
             return offset, takeover
     return None

@@ -76,6 +76,7 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
             (``cleanup.policy=compact``): the state changelogs, and the metrics topic
             (the newest revision of every batch of every run).
         written: the worker produces to it (it then takes the worker's largest message).
+        state: a state changelog (the worker refuses one that deletes by retention).
         named_by: the flag that gives the worker another one.
     """
 
@@ -85,6 +86,7 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
     compacted: bool = False
     written: bool = True
     named_by: str
+    state: bool = False
 
 
 class TopicShape(msgspec.Struct, frozen=True):
@@ -161,14 +163,28 @@ class TopicsNotCreated(TopicProblem):
     """The cluster refused to create a topic the worker needs."""
 
 
+class ChangelogDeletes(TopicProblem):
+    """A state changelog deletes messages by retention: past it, takeover records go while
+    their owners' records stay, those stop counting, and a restore loses state
+    (``docs/ownership.md``). The worker refuses to start on it."""
+
+    def __init__(self, names: Sequence[str], configs: dict[str, dict[str, str]]) -> None:
+        shown = ", ".join(f"{name} (cleanup.policy={configs[name].get('cleanup.policy', '?')})" for name in names)
+        super().__init__(
+            f"the state changelog(s) {shown} delete messages by retention: a restore would lose state",
+            "set cleanup.policy=compact on each (kafka-configs.sh --bootstrap-server HOST:PORT --alter "
+            "--entity-type topics --entity-name NAME --add-config cleanup.policy=compact; docs/operations.md)",
+        )
+
+
 def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
     """Every topic a worker of ``settings`` reads or writes, state topics first."""
     t = settings.topics
     n = settings.partitions
     stage1_log, stage2_log = changelog_topics(settings.app_id)
     return [
-        TopicSpec(name=stage1_log, partitions=n, matched=True, compacted=True, named_by="--app-id"),
-        TopicSpec(name=stage2_log, partitions=n, matched=True, compacted=True, named_by="--app-id"),
+        TopicSpec(name=stage1_log, partitions=n, matched=True, compacted=True, named_by="--app-id", state=True),
+        TopicSpec(name=stage2_log, partitions=n, matched=True, compacted=True, named_by="--app-id", state=True),
         TopicSpec(name=t.records, partitions=n, matched=True, written=False, named_by="--records-topic"),
         TopicSpec(name=t.partials, partitions=n, matched=True, named_by="--partials-topic"),
         # compacted on (run_id, batch_id): the newest revision of every batch outlives time
@@ -363,8 +379,9 @@ async def _create(admin: Any, specs: Sequence[TopicSpec], settings: WorkerSettin
 
 
 async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
-    """Warn (one line) when an existing topic the worker keeps compacted deletes by
-    retention; a cluster that does not let the worker describe it gets an INFO line."""
+    """Refuse a state changelog that deletes by retention (``ChangelogDeletes``); warn (one
+    line) when the metrics topic does. A cluster that does not let the worker describe
+    them gets an INFO line."""
     try:
         configs = await topic_configs(admin, [s.name for s in existing], CLEANUP_CONFIGS)
     except Exception as exc:  # noqa: BLE001 - a check the worker can run without
@@ -374,6 +391,9 @@ async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
             exc,
         )
         return
+    deleting = [s.name for s in existing if s.state and s.name in configs and deletes_by_retention(configs[s.name])]
+    if deleting:
+        raise ChangelogDeletes(deleting, configs)
     warning = cleanup_warning(existing, configs)
     if warning is not None:
         log.warning(warning)
@@ -412,13 +432,13 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
     and the shape of every topic of the worker.
 
     Logs one warning when a topic has fewer replicas than the cluster has brokers
-    (up to three), and one when an existing topic it keeps compacted (the state
-    changelogs, the metrics topic) deletes messages by retention.
+    (up to three), and one when the metrics topic deletes messages by retention.
 
     Raises:
         TopicMismatch: an existing topic has a partition count the worker cannot
             use; raised before anything is created.
         TopicsNotCreated: the cluster refused to create a missing topic.
+        ChangelogDeletes: an existing state changelog deletes messages by retention.
     """
     from aiokafka.admin import AIOKafkaAdminClient
 
