@@ -298,7 +298,9 @@ class PartitionProcessor:
         self.open_generations = sum(b.state.generation_count for b in self.batches.values())
         self._send_partials_again(now_ms, effects)
         self._flush_statuses(effects)
-        effects.changelog.extend((key, None) for key in replaced)
+        # deleted once the writes that replace them count (``delivery.writes``): a restore's
+        # writes may land after a newer owner's takeover, and these keys then still hold the state
+        effects.verified_deletions.extend(replaced)
         effects.partials.extend(found.overflow_partials)
         log.info(
             "partition=%d restored batches=%d checkpoint=%d expired=%d overflowed=%d changelog_writes=%d",

@@ -48,6 +48,8 @@ log = logging.getLogger("specmeter.stage2")
 class MergeEffects:
     changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     published: list[BatchMetrics] = field(default_factory=list)
+    #: deletions to send once this call's changelog writes are verified (``stage1.Effects``)
+    verified_deletions: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,8 @@ class BatchMerger:
         orphans = self._attach_partials(kept, effects)
         if replaced or self.owner_epoch is not None:
             self._write_all_again(effects)
-            effects.changelog.extend((key, None) for key in replaced if key not in orphans)
+            # deleted once the writes that replace them count (``delivery.writes``)
+            effects.verified_deletions.extend(key for key in replaced if key not in orphans)
         log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         self._publish_again(effects)
         return effects

@@ -189,10 +189,10 @@ class OwnedWrites:
         takeovers) releases once its writes are acknowledged.
 
         A rewritten key is written under a version of its own (``RewrittenKeys``), and the
-        deletion of the version it supersedes, like every deletion of a group that writes
-        something, waits with ``deletions`` until the group is verified: a deletion lands
-        only once what makes it safe counts, so a late one takes nothing a restore needs.
-        A group of deletions alone (a horizon passed, a stage's own group of them) goes at once."""
+        deletion of the version it supersedes waits with ``deletions`` (a restore's: the
+        records it wrote again under its own tag) until the group is verified: such a
+        deletion lands only once what makes it safe counts, so a late one takes nothing a
+        restore needs."""
         owned = self._owned.get((topic, partition))
         if owned is None:  # not owned: released on the acknowledgements alone
             owned = Ownership(token="", epoch=-1, next_offset=-1)
@@ -349,24 +349,21 @@ def _in_place(owned: Ownership, group: _Group) -> bool:
 def _physical(
     keys: RewrittenKeys | None, writes: list[tuple[bytes, bytes | None]], deletions: list[bytes]
 ) -> tuple[list[tuple[bytes, bytes | None]], list[bytes]]:
-    """A group's writes to send now under their physical keys, and the deletions to hold
-    until it is verified: those it superseded or made, then ``deletions``. A group that
-    writes nothing sends its deletions at once."""
+    """A group's writes under their physical keys, to send now, and the deletions to hold
+    until it is verified: the versions its writes superseded, then ``deletions``. The
+    group's own deletions go with it, in order: they delete what is dead whoever wins (a
+    stale delta past its checkpoint, a record past its horizon), and some must land
+    before the writes that follow them (a delta past the checkpoint before a newer one)."""
     if keys is None:
         return writes, deletions
     sent: list[tuple[bytes, bytes | None]] = []
     held: list[bytes] = []
     for key, value in writes:
         physical, superseded = keys.rewrite(key, value)
-        if value is None:
-            held.append(physical)
-            continue
         sent.append((physical, value))
         if superseded is not None:
             held.append(superseded)
     held.extend(keys.rewrite(key, None)[0] for key in deletions)
-    if not sent:
-        return [(key, None) for key in held], []
     return sent, held
 
 

@@ -284,7 +284,9 @@ class StreamShell:
             if effects.published and not repeat:
                 await self.reached("stage2-published")
 
-        self.writes.submit(self.stage2_log, partition, self._armed(effects.changelog), release)
+        self.writes.submit(
+            self.stage2_log, partition, self._armed(effects.changelog), release, effects.verified_deletions
+        )
 
     def _armed(self, writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
         """Changelog writes, one of them padded to be refused when a test armed it (``faults``)."""
