@@ -79,6 +79,13 @@ def test_each_bar_carries_its_number_key_and_title():
     ]
 
 
+def test_a_bar_chart_may_write_each_value_above_its_bar():
+    marks = [Mark(key="a", value=0.25), Mark(key="b", value=0.5)]
+    assert 'class="value"' not in bar_chart("c", "t", marks)
+    svg = bar_chart("c", "t", marks, value_format=".3f")
+    assert svg.count('class="value"') == 2 and ">0.250<" in svg and ">0.500<" in svg
+
+
 def test_bar_heights_are_proportional_to_the_values():
     marks = [Mark(key=str(v), value=v) for v in (1, 2, 4)]
     chart = read_charts(bar_chart("c", "t", marks, y_max=4.0))["c"]

@@ -283,8 +283,8 @@ def _newest_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
             _panel(
                 "drift",
                 "Drift by weight version",
-                f"Accept rate of each policy version in batch {_batch_name(m)}: older versions drift "
-                "away from the draft model.",
+                f"Accept rate of each policy version in batch {_batch_name(m)}: acceptance falls as the "
+                "policy moves away from the version the draft model was trained on.",
                 bar_chart(
                     "drift",
                     "Accept rate by weight version",
@@ -293,6 +293,7 @@ def _newest_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
                     y_label="accept rate",
                     x_label="weight version",
                     attrs={"batch": m.batch_id, "run": m.run_id or ""},
+                    value_format=".3f",
                 ),
             )
         )
@@ -313,6 +314,7 @@ def _newest_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
                     y_label="accepted",
                     x_label="draft position k",
                     attrs={"batch": m.batch_id, "run": m.run_id or ""},
+                    value_format=".3f",
                 ),
             )
         )
@@ -405,7 +407,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:15px;margin:0 0 2px}
 .chart{width:100%;height:auto;display:block}
 .chart .grid{stroke:#e6e6e6;stroke-width:1}.chart .axis{stroke:#888;stroke-width:1}
 .chart text{font-size:10px;fill:#444}.chart .axis-label{font-size:11px;fill:#333}
-.chart .empty{font-size:13px;fill:#888}
+.chart .empty{font-size:13px;fill:#888}.chart .value{font-size:10px;fill:#222}
 .chart rect.mark{fill:#3b6fb6}.chart rect.mark.incomplete{fill:#e08a2c}
 .chart circle.mark{fill:#3b6fb6;stroke:#fff;stroke-width:1}
 .chart .line{fill:none;stroke:#3b6fb6;stroke-width:1.5;opacity:.6}

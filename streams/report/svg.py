@@ -144,9 +144,11 @@ def bar_chart(
     y_label: str = "",
     x_label: str = "",
     attrs: Mapping[str, str] | None = None,
+    value_format: str | None = None,
 ) -> str:
     """One bar per mark, left to right, from 0 up to its value (the axis tops at ``y_max``,
-    or at a round number above the largest value)."""
+    or at a round number above the largest value); ``value_format``: each bar's value
+    written above it so."""
     out = _open(chart_id, "bar", title, attrs or {})
     if not marks:
         return _empty(out, "nothing to draw yet")
@@ -163,6 +165,11 @@ def bar_chart(
             f'<rect {_mark_attrs(mark)} x="{x:.1f}" y="{y:.1f}" width="{max(slot - gap, 0.5):.1f}" '
             f'height="{base - y:.1f}"><title>{_esc(mark.title)}</title></rect>'
         )
+        if value_format is not None:
+            text = _esc(format(mark.value, value_format))
+            out.append(
+                f'<text class="value" x="{x + (slot - gap) / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">{text}</text>'
+            )
         if mark.label is not None:
             out.append(_x_label(x + (slot - gap) / 2, mark.label))
     if x_label:
