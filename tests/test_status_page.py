@@ -12,6 +12,7 @@ worker: tests/test_status_page_browser.py.
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 import pytest
@@ -109,7 +110,22 @@ def test_the_axis_grows_past_a_value_above_its_top_and_a_non_finite_value_is_sti
     chart = read_charts(svg)["c"]
     assert chart.values()["big"] == 7.3
     assert math.isnan(chart.values()["nan"])
-    assert ">10.00<" in svg, "the axis tops at a round number above 7.3"
+    assert ">8.00<" in svg and ">2.00<" in svg, "the axis tops at a round number above 7.3, in round quarters"
+
+
+@pytest.mark.parametrize(
+    ("largest", "y_format", "ticks"),
+    [
+        (2.41, ".2f", ["0.00", "0.75", "1.50", "2.25", "3.00"]),
+        (0.037, ".2f", ["0.00", "0.01", "0.02", "0.03", "0.04"]),
+        (45, ".0f", ["0", "15", "30", "45", "60"]),
+        (200, ".0f", ["0", "50", "100", "150", "200"]),
+        (3, ".0f", ["0", "1", "2", "3", "4"]),
+    ],
+)
+def test_the_axis_ticks_are_round_and_read_exactly(largest, y_format, ticks):
+    svg = bar_chart("c", "t", [Mark(key="a", value=largest)], y_format=y_format)
+    assert re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg) == ticks
 
 
 def test_an_empty_chart_says_so():

@@ -350,7 +350,7 @@ def _revision5_panels(batches: Sequence[BatchMetrics]) -> list[str]:
             _absent(
                 "staleness",
                 "Staleness curve",
-                "No recent batch has a draft-lag breakdown (records carry no draft_lag).",
+                "No recent batch carries a draft-lag breakdown (by_draft_lag, revision 5).",
             )
         )
     m = _newest(batches, "tokens_per_verify_distribution")
@@ -374,7 +374,9 @@ def _revision5_panels(batches: Sequence[BatchMetrics]) -> list[str]:
     else:
         out.append(
             _absent(
-                "spread", "Spread of tokens per verify step", "No recent batch has a tokens-per-verify distribution."
+                "spread",
+                "Spread of tokens per verify step",
+                "No recent batch carries a distribution (tokens_per_verify_distribution, revision 5).",
             )
         )
     return out

@@ -51,24 +51,31 @@ def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 (times a power of ten) at or above ``value`` (> 0)."""
+def _exact(value: float, y_format: str) -> bool:
+    """Whether ``value`` reads back exactly in ``y_format``."""
+    return math.isclose(float(format(value, y_format)), value, abs_tol=1e-9)
+
+
+def _nice_ceiling(value: float, y_format: str) -> float:
+    """The smallest of 1, 2, 3, 4, 5, 6, 8 (times a power of ten) at or above ``value`` (> 0)
+    whose quarters the axis' format shows exactly (the ticks), else the smallest of them."""
     exponent = math.floor(math.log10(value))
-    for step in (1.0, 2.0, 2.5, 5.0, 10.0):
-        ceiling = step * 10.0**exponent
-        if ceiling >= value * (1 - 1e-12):
+    candidates = [step * 10.0**e for e in (exponent, exponent + 1) for step in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)]
+    above = [c for c in candidates if c >= value * (1 - 1e-12)]
+    for ceiling in above:
+        if all(_exact(ceiling * i / 4, y_format) for i in range(5)):
             return ceiling
-    return 10.0 ** (exponent + 1)  # pragma: no cover - 10 x 10^e always reaches it
+    return above[0]
 
 
-def _scale_top(marks: Sequence[Mark], y_max: float | None) -> float:
+def _scale_top(marks: Sequence[Mark], y_max: float | None, y_format: str) -> float:
     """The value at the top of the y axis: ``y_max`` when given (and not exceeded), else a
     nice ceiling of the largest finite value (1 for none or all zero)."""
     finite = [float(m.value) for m in marks if math.isfinite(float(m.value))]
     largest = max(finite, default=0.0)
     if y_max is not None and largest <= y_max:
         return y_max
-    return _nice_ceiling(largest) if largest > 0 else 1.0
+    return _nice_ceiling(largest, y_format) if largest > 0 else 1.0
 
 
 def _open(chart_id: str, kind: str, title: str, attrs: Mapping[str, str]) -> list[str]:
@@ -89,7 +96,7 @@ def _axes(top: float, y_format: str, y_label: str) -> list[str]:
     for i in range(5):
         value = top * i / 4
         tick = format(value, y_format)
-        if not math.isclose(float(tick), value, abs_tol=1e-9):  # e.g. 0.5 partitions
+        if not _exact(value, y_format):  # e.g. 0.5 partitions
             continue
         y = HEIGHT - _BOTTOM - plot_h * i / 4
         out.append(f'<line class="grid" x1="{_LEFT}" x2="{WIDTH - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
@@ -152,7 +159,7 @@ def bar_chart(
     out = _open(chart_id, "bar", title, attrs or {})
     if not marks:
         return _empty(out, "nothing to draw yet")
-    top = _scale_top(marks, y_max)
+    top = _scale_top(marks, y_max, y_format)
     out += _axes(top, y_format, y_label)
     plot_w = WIDTH - _LEFT - _RIGHT
     slot = plot_w / len(marks)
@@ -193,7 +200,7 @@ def point_chart(
     out = _open(chart_id, "points", title, attrs or {})
     if not marks:
         return _empty(out, "nothing to draw yet")
-    top = _scale_top(marks, y_max)
+    top = _scale_top(marks, y_max, y_format)
     out += _axes(top, y_format, y_label)
     plot_w = WIDTH - _LEFT - _RIGHT
     slot = plot_w / len(marks)
