@@ -47,6 +47,7 @@ from ..report.counters import PublishedTotals
 from ..report.dead_letters import DeadLetterLog
 from ..report.outages import Outages
 from ..report.readiness import Readiness, decide
+from ..report.status_page import RecentBatches, render_page
 from ..report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from ..settings import WorkerSettings
 from .faults import CrashPoints, WriteFaults, write_kind
@@ -91,6 +92,8 @@ class StreamShell:
         t = settings.topics
         self.stage1_log, self.stage2_log = changelog_topics(settings.app_id)
         self.last_published: BatchMetrics | None = None
+        #: the newest revision of the last batches published, for the status page (/specmeter/)
+        self.recent = RecentBatches()
         self.started_at = time.time()
         #: brokers and the group coordinator the worker cannot reach now (fed by worker.py's log filter)
         self.outages = Outages()
@@ -312,6 +315,7 @@ class StreamShell:
             if metrics.revision == 0:
                 self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
             self.published.observe(metrics, time.time())  # for /metrics
+            self.recent.observe(metrics)
             m = metrics.metrics
             log.info(
                 "published batch=%s run=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
@@ -564,6 +568,11 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         from ..report.prometheus import render
 
         return self.bytes(render(shell), content_type="text/plain; version=0.0.4")
+
+    @app.page("/specmeter/")
+    async def status_page(self: Any, request: Any) -> Any:
+        """The recent batches drawn (``report.status_page``): a page to look at, no Grafana."""
+        return self.html(render_page(shell.recent.batches(), worker=settings.app_id))
 
     @app.page("/specmeter/healthz")
     async def healthz(self: Any, request: Any) -> Any:

@@ -1,0 +1,443 @@
+"""The worker's status page (``/specmeter/``): its recent batches drawn, no Grafana needed.
+
+``RecentBatches`` keeps the newest revision of the last batches this worker published
+(stage 2 of its partials partitions: with several workers, each page shows its share);
+``render_page`` draws them as one HTML page of server-rendered SVG (``report.svg``),
+nothing fetched, refreshed every ``refresh_s`` seconds by a meta refresh:
+
+* per batch, oldest to newest: the accept rate, tokens per verify step, and coverage
+  (partitions reported of those expected; an incomplete batch in another colour);
+* the newest batch that has them: accept rate by weight version (the policy's drift),
+  acceptance by draft position, and the spread of tokens per verify step over its
+  generations (``tokens_per_verify_distribution``, quarter-token buckets);
+* over the recent batches: the staleness curve, paired accepted / paired proposed by
+  draft lag (``by_draft_lag``), drawn when the metrics carry it.
+
+Each mark's number is in its ``data-value`` (exact) and ``<title>``; ids are escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from specmeter.schemas import BatchMetrics
+
+from .svg import Mark, bar_chart, point_chart
+
+__all__ = ["RecentBatches", "render_page", "DISTRIBUTION_BUCKETS", "bucket_range", "staleness"]
+
+#: buckets of ``tokens_per_verify_distribution`` (contract §3.7)
+DISTRIBUTION_BUCKETS = 64
+#: the batches a page draws at most
+KEEP_BATCHES = 48
+#: batch names under the per-batch charts: at most this many, evenly spread back from the newest
+_MAX_BATCH_LABELS = 6
+
+
+class RecentBatches:
+    """The newest revision of each of the last ``keep`` batches published, in the order of
+    their first publication (a later revision keeps its batch's place)."""
+
+    def __init__(self, keep: int = KEEP_BATCHES) -> None:
+        self.keep = keep
+        self._batches: OrderedDict[tuple[str | None, str], BatchMetrics] = OrderedDict()
+
+    def observe(self, metrics: BatchMetrics) -> None:
+        key = (metrics.run_id, metrics.batch_id)
+        known = self._batches.get(key)
+        if known is not None and known.revision >= metrics.revision:
+            return
+        self._batches[key] = metrics
+        while len(self._batches) > self.keep:
+            self._batches.popitem(last=False)
+
+    def batches(self) -> list[BatchMetrics]:
+        return list(self._batches.values())
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _short(text: str, limit: int = 12) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _batch_name(m: BatchMetrics) -> str:
+    return m.batch_id if not m.run_id else f"{m.batch_id} (run {m.run_id})"
+
+
+def _label_every(count: int) -> int:
+    return max(1, math.ceil(count / _MAX_BATCH_LABELS))
+
+
+def _batch_marks(batches: Sequence[BatchMetrics], key: str, what: str, fmt: str) -> list[Mark]:
+    """One mark per batch that has ``metrics[key]``, labelled every few batches."""
+    having = [m for m in batches if isinstance(m.metrics.get(key), int | float)]
+    every = _label_every(len(having))
+    return [
+        Mark(
+            key=m.batch_id,
+            value=m.metrics[key],
+            label=_short(m.batch_id) if (len(having) - 1 - i) % every == 0 else None,
+            title=f"{_batch_name(m)}, revision {m.revision}: {what} {format(m.metrics[key], fmt)}",
+            attrs={"run": m.run_id or "", "revision": str(m.revision)},
+        )
+        for i, m in enumerate(having)
+    ]
+
+
+def _coverage_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
+    every = _label_every(len(batches))
+    return [
+        Mark(
+            key=m.batch_id,
+            value=m.partitions_reported,
+            label=_short(m.batch_id) if (len(batches) - 1 - i) % every == 0 else None,
+            title=f"{_batch_name(m)}: {m.partitions_reported} of {m.partitions_expected} partitions, "
+            + ("complete" if m.complete else f"incomplete ({m.close_reason})"),
+            attrs={
+                "run": m.run_id or "",
+                "revision": str(m.revision),
+                "expected": str(m.partitions_expected),
+                "complete": "true" if m.complete else "false",
+            },
+            style="" if m.complete else "incomplete",
+        )
+        for i, m in enumerate(batches)
+    ]
+
+
+def _newest(batches: Sequence[BatchMetrics], has: str | None = None) -> BatchMetrics | None:
+    """The newest batch (last closed; the last published of a tie), of those whose ``has``
+    is set when given."""
+    having = [(m.closed_at, i, m) for i, m in enumerate(batches) if has is None or getattr(m, has)]
+    return max(having, key=lambda t: (t[0], t[1]))[2] if having else None
+
+
+def _version_marks(m: BatchMetrics) -> list[Mark]:
+    out = []
+    for entry in m.by_weight_version or ():
+        rate = entry.metrics.get("spec/accept_rate")
+        if not isinstance(rate, int | float):
+            continue
+        name = entry.weight_version if entry.weight_version is not None else "unknown"
+        out.append(
+            Mark(
+                key=entry.weight_version or "",
+                value=rate,
+                label=_short(name, 10),
+                title=f"weight version {name}: accept rate {rate:.4f}",
+                attrs={"known": "true" if entry.weight_version is not None else "false"},
+            )
+        )
+    return out
+
+
+def _position_marks(m: BatchMetrics) -> list[Mark]:
+    rates = m.accept_rate_by_position or []
+    every = 1 if len(rates) <= 16 else 2
+    return [
+        Mark(
+            key=str(k),
+            value=rate,
+            label=str(k) if (k - 1) % every == 0 else None,
+            title=f"draft position {k}: {rate:.4f} of verify steps accepted it",
+        )
+        for k, rate in enumerate(rates, start=1)
+    ]
+
+
+def staleness(batches: Iterable[BatchMetrics]) -> list[tuple[int | None, int, int, int]]:
+    """The staleness curve over batches: per draft lag (numeric order, unknown last), its
+    paired accepted and paired proposed drafts summed over the batches' ``by_draft_lag``,
+    and how many batches had it: (lag, accepted, proposed, batches)."""
+    sums: dict[int | None, list[int]] = {}
+    for m in batches:
+        for entry in m.by_draft_lag or ():
+            s = sums.setdefault(entry.draft_lag, [0, 0, 0])
+            s[0] += int(entry.metrics.get("spec/paired_accepted_total", 0))
+            s[1] += int(entry.metrics.get("spec/paired_proposed_total", 0))
+            s[2] += 1
+    order = sorted(sums, key=lambda lag: (lag is None, lag or 0))
+    return [(lag, *sums[lag]) for lag in order]  # type: ignore[misc]
+
+
+def _staleness_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
+    out = []
+    for lag, accepted, proposed, count in staleness(batches):
+        if proposed <= 0:
+            continue
+        name = "unknown" if lag is None else str(lag)
+        out.append(
+            Mark(
+                key=name,
+                value=accepted / proposed,
+                label=name,
+                title=f"draft lag {name}: accept rate {accepted / proposed:.4f} "
+                f"({accepted} of {proposed} drafts, {count} batches)",
+                attrs={"accepted": str(accepted), "proposed": str(proposed), "batches": str(count)},
+            )
+        )
+    return out
+
+
+def bucket_range(bucket: int) -> str:
+    """Tokens per verify step of a distribution bucket (contract §3.7): [1 + b/4, 1 + (b+1)/4),
+    the first also everything below, the last everything from 16.75 up."""
+    if bucket == 0:
+        return "< 1.25"
+    if bucket == DISTRIBUTION_BUCKETS - 1:
+        return f">= {1 + bucket / 4:.2f}"
+    return f"[{1 + bucket / 4:.2f}, {1 + (bucket + 1) / 4:.2f})"
+
+
+#: buckets named under the spread chart: 1.25, 2, 3, 4, 6, 8, 12, 16.75+ tokens per step
+_SPREAD_LABELS = {0: "<1.25", 4: "2", 8: "3", 12: "4", 20: "6", 28: "8", 44: "12", 63: "16.75+"}
+
+
+def _spread_marks(m: BatchMetrics) -> list[Mark]:
+    counts = m.tokens_per_verify_distribution or []
+    return [
+        Mark(
+            key=str(b),
+            value=count,
+            label=_SPREAD_LABELS.get(b),
+            title=f"{bucket_range(b)} tokens per verify step: {count} generations",
+        )
+        for b, count in enumerate(counts)
+    ]
+
+
+def _panel(panel_id: str, heading: str, note: str, chart: str) -> str:
+    return (
+        f'<section class="panel" id="panel-{_esc(panel_id)}"><h2>{_esc(heading)}</h2>'
+        f'<p class="note">{_esc(note)}</p>\n{chart}\n</section>'
+    )
+
+
+def _absent(panel_id: str, heading: str, note: str) -> str:
+    return (
+        f'<section class="panel absent" id="panel-{_esc(panel_id)}"><h2>{_esc(heading)}</h2>'
+        f'<p class="note">{_esc(note)}</p></section>'
+    )
+
+
+def _per_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
+    complete = sum(1 for m in batches if m.complete)
+    expected = max((m.partitions_expected for m in batches), default=1)
+    return [
+        _panel(
+            "accept_rate",
+            "Accept rate",
+            "Paired accepted / paired proposed draft tokens (spec/accept_rate), per batch, oldest first.",
+            point_chart(
+                "accept_rate",
+                "Accept rate per batch",
+                _batch_marks(batches, "spec/accept_rate", "accept rate", ".4f"),
+                y_max=1.0,
+                y_label="accept rate",
+                x_label="batch",
+            ),
+        ),
+        _panel(
+            "tokens_per_verify",
+            "Tokens per verify step",
+            "Paired completion tokens / paired verify steps (spec/tokens_per_verify), per batch.",
+            point_chart(
+                "tokens_per_verify",
+                "Tokens per verify step per batch",
+                _batch_marks(batches, "spec/tokens_per_verify", "tokens per verify step", ".3f"),
+                y_label="tokens / step",
+                x_label="batch",
+            ),
+        ),
+        _panel(
+            "coverage",
+            "Coverage",
+            f"{complete} of {len(batches)} batches complete; partitions reported of those expected, "
+            "an incomplete batch in orange.",
+            bar_chart(
+                "coverage",
+                "Partitions reported per batch",
+                _coverage_marks(batches),
+                y_max=float(expected),
+                y_format=".0f",
+                y_label="partitions",
+                x_label="batch",
+                attrs={"complete": str(complete), "batches": str(len(batches))},
+            ),
+        ),
+    ]
+
+
+def _newest_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
+    out = []
+    m = _newest(batches, "by_weight_version")
+    if m is not None:
+        out.append(
+            _panel(
+                "drift",
+                "Drift by weight version",
+                f"Accept rate of each policy version in batch {_batch_name(m)}: acceptance falls as the "
+                "policy moves away from the version the draft model was trained on.",
+                bar_chart(
+                    "drift",
+                    "Accept rate by weight version",
+                    _version_marks(m),
+                    y_max=1.0,
+                    y_label="accept rate",
+                    x_label="weight version",
+                    attrs={"batch": m.batch_id, "run": m.run_id or ""},
+                    value_format=".3f",
+                ),
+            )
+        )
+    else:
+        out.append(_absent("drift", "Drift by weight version", "No recent batch has a weight-version breakdown."))
+    m = _newest(batches, "accept_rate_by_position")
+    if m is not None:
+        out.append(
+            _panel(
+                "positions",
+                "Acceptance by draft position",
+                f"Share of verify steps that accepted their k-th draft token, batch {_batch_name(m)}.",
+                bar_chart(
+                    "positions",
+                    "Acceptance by draft position",
+                    _position_marks(m),
+                    y_max=1.0,
+                    y_label="accepted",
+                    x_label="draft position k",
+                    attrs={"batch": m.batch_id, "run": m.run_id or ""},
+                    value_format=".3f",
+                ),
+            )
+        )
+    else:
+        out.append(_absent("positions", "Acceptance by draft position", "No recent batch has an acceptance histogram."))
+    return out
+
+
+def _revision5_panels(batches: Sequence[BatchMetrics]) -> list[str]:
+    out = []
+    marks = _staleness_marks(batches)
+    if marks:
+        with_lags = sum(1 for m in batches if m.by_draft_lag)
+        out.append(
+            _panel(
+                "staleness",
+                "Staleness curve",
+                f"Paired accepted / paired proposed by draft lag (policy updates the draft is behind), "
+                f"summed over {with_lags} recent batches.",
+                point_chart(
+                    "staleness",
+                    "Accept rate by draft lag",
+                    marks,
+                    y_max=1.0,
+                    y_label="accept rate",
+                    x_label="draft lag",
+                    attrs={"batches": str(with_lags)},
+                ),
+            )
+        )
+    else:
+        out.append(
+            _absent(
+                "staleness",
+                "Staleness curve",
+                "No recent batch carries a draft-lag breakdown (by_draft_lag, revision 5).",
+            )
+        )
+    m = _newest(batches, "tokens_per_verify_distribution")
+    if m is not None:
+        out.append(
+            _panel(
+                "spread",
+                "Spread of tokens per verify step",
+                f"Generations of batch {_batch_name(m)} by their own tokens per verify step, quarter-token buckets.",
+                bar_chart(
+                    "spread",
+                    "Generations by tokens per verify step",
+                    _spread_marks(m),
+                    y_format=".0f",
+                    y_label="generations",
+                    x_label="tokens per verify step",
+                    attrs={"batch": m.batch_id, "run": m.run_id or ""},
+                ),
+            )
+        )
+    else:
+        out.append(
+            _absent(
+                "spread",
+                "Spread of tokens per verify step",
+                "No recent batch carries a distribution (tokens_per_verify_distribution, revision 5).",
+            )
+        )
+    return out
+
+
+def _summary(m: BatchMetrics) -> str:
+    rate = m.metrics.get("spec/accept_rate")
+    tpv = m.metrics.get("spec/tokens_per_verify")
+    rows = [
+        ("batch", m.batch_id),
+        ("run", m.run_id or "(default)"),
+        ("algorithm", m.speculative_algorithm or "unknown"),
+        ("revision", str(m.revision)),
+        ("closed", f"{m.close_reason}, " + ("complete" if m.complete else "incomplete")),
+        ("records", f"{m.record_count} ({m.invalid_record_count} invalid, {m.late_record_count} late)"),
+        ("accept rate", "-" if rate is None else f"{rate:.4f}"),
+        ("tokens / verify step", "-" if tpv is None else f"{tpv:.3f}"),
+    ]
+    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    return f'<table class="summary" id="newest"><caption>Newest batch</caption>{cells}</table>'
+
+
+_STYLE = """
+body{font-family:"DejaVu Sans",Verdana,sans-serif;margin:16px 20px;color:#222;background:#fafafa}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:15px;margin:0 0 2px}
+.sub{color:#555;font-size:13px;margin:0 0 12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}
+.panel{background:#fff;border:1px solid #ddd;border-radius:6px;padding:10px 12px}
+.panel.absent{color:#777}.note{font-size:12px;color:#555;margin:0 0 6px}
+.chart{width:100%;height:auto;display:block}
+.chart .grid{stroke:#e6e6e6;stroke-width:1}.chart .axis{stroke:#888;stroke-width:1}
+.chart text{font-size:10px;fill:#444}.chart .axis-label{font-size:11px;fill:#333}
+.chart .empty{font-size:13px;fill:#888}.chart .value{font-size:10px;fill:#222}
+.chart rect.mark{fill:#3b6fb6}.chart rect.mark.incomplete{fill:#e08a2c}
+.chart circle.mark{fill:#3b6fb6;stroke:#fff;stroke-width:1}
+.chart .line{fill:none;stroke:#3b6fb6;stroke-width:1.5;opacity:.6}
+.summary{border-collapse:collapse;font-size:13px;margin:0 0 14px}
+.summary caption{text-align:left;font-weight:bold;padding-bottom:4px}
+.summary th{text-align:left;font-weight:normal;color:#555;padding:1px 14px 1px 0}
+.summary td{font-family:"DejaVu Sans Mono",monospace}
+"""
+
+
+def render_page(
+    batches: Sequence[BatchMetrics], *, worker: str, refresh_s: int = 10, now_s: float | None = None
+) -> str:
+    """The whole page (HTML with inline SVG) of ``batches``, oldest first, for worker
+    ``worker`` (its app id); ``refresh_s`` 0: no refresh."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if now_s is None else now_s))
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s > 0 else ""
+    head = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{refresh}'
+        f"<title>specmeter: {_esc(worker)}</title><style>{_STYLE}</style></head>\n<body>"
+        f"<h1>specmeter worker {_esc(worker)}</h1>"
+        f'<p class="sub">The newest revision of the last {len(batches)} batches this worker published '
+        f"(its share of the partials partitions), at {_esc(when)}"
+        + (f"; refreshed every {int(refresh_s)} s" if refresh_s > 0 else "")
+        + ". Numbers: /specmeter/stats, /metrics and the metrics topic.</p>\n"
+    )
+    if not batches:
+        return head + '<p class="empty" id="no-batches">No batch published by this worker yet.</p></body></html>\n'
+    newest = _newest(batches) or batches[-1]
+    panels = _per_batch_panels(batches) + _newest_batch_panels(batches) + _revision5_panels(batches)
+    return head + _summary(newest) + '\n<div class="grid">\n' + "\n".join(panels) + "\n</div></body></html>\n"
