@@ -806,7 +806,7 @@ def _row_recommendation(curve: Curve) -> str:
     if others:
         text += f", ties {_budgets_text(others)}"
     if r.at_edge:
-        text += ", edge of the data"
+        text += " (edge of the data)"
     return text
 
 
@@ -863,26 +863,56 @@ def advice_notes(advice: Advice) -> list[str]:
 
 
 def _recommendation_notes(advice: Advice) -> list[str]:
-    """The recommendation of each curve, then the engine settings of each recommended budget
-    (once per budget, naming its groups)."""
+    """The recommendation (one curve: in words; a matrix: one line each for the groups that
+    should not speculate, the ties and the edges of the data), then the engine settings of
+    each recommended budget, once per budget, naming its groups."""
     curves = [c for c in advice.curves if c.recommendation is not None]
     if not curves:
         return []
-    lines = []
-    for curve in curves:
-        r = curve.recommendation
-        assert r is not None
-        if advice.by is None or len(r.tied) > 1 or r.at_edge or not r.speculate:
-            where = "" if advice.by is None else f"{_group_name(advice, curve)}: "
-            lines.append(f"{where}{recommendation_text(r)}.")
+    if advice.by is None:
+        lines = [f"{recommendation_text(curves[0].recommendation)}."]  # type: ignore[arg-type]
+    else:
+        lines = _matrix_recommendation_notes(advice, curves)
     budgets: dict[int, list[str]] = {}
     for curve in curves:
         budgets.setdefault(curve.best or 0, []).append(_group_label(advice.by, curve.group))
+    kind = "" if advice.by is None else advice.by.replace("_", " ")
     for budget in sorted(budgets):
-        groups = "" if advice.by is None else f" ({', '.join(budgets[budget])})"
+        groups = "" if advice.by is None else f" ({kind} {', '.join(budgets[budget])})"
         title = "speculation off" if budget == 0 else f"k={budget}"
         lines.append(f"Engine settings for {title}{groups}, a chain drafter:")
         lines += [f"  {ENGINES[engine]}: {text}" for engine, text in engine_settings(budget).items()]
+    return lines
+
+
+def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[str]:
+    """What the matrix's recommended column abbreviates, one line per kind of remark."""
+    kind = (advice.by or "group").replace("_", " ")
+    off, ties, edges = [], [], []
+    for curve in curves:
+        r = curve.recommendation
+        assert r is not None
+        name = _group_label(advice.by, curve.group)
+        if not r.speculate:
+            off.append(name)
+        if len(r.tied) > 1:
+            ties.append(f"{name} ({' = '.join(f'k={k}' for k in r.tied)})")
+        if r.at_edge:
+            edges.append(f"{name} (k={r.budget})")
+    lines = []
+    if off:
+        lines.append(f"No budget beats decoding without speculation for {kind} {', '.join(off)}: turn it off there.")
+    if ties:
+        lines.append(
+            f"Ties within the printed precision, the smaller budget recommended (the same speedup for fewer draft "
+            f"tokens per step): {kind} {', '.join(ties)}."
+        )
+    if edges:
+        lines.append(
+            f"Recommended at the largest budget the histograms cover (the one the fleet ran): {kind} "
+            f"{', '.join(edges)}; "
+            "whether a larger one pays more is beyond the data."
+        )
     return lines
 
 
