@@ -387,7 +387,7 @@ def engine_settings(budget: int) -> dict[str, str]:
         ),
         "vllm": f"--speculative-config '{{..., \"num_speculative_tokens\": {budget}}}' (keep your method and model)",
         "tensorrt_llm": (
-            f"max_draft_len={budget} in speculative_config (e.g. EagleDecodingConfig(max_draft_len={budget}))"
+            f"max_draft_len={budget} in speculative_config (e.g. Eagle3DecodingConfig(max_draft_len={budget}))"
         ),
     }
 
