@@ -614,6 +614,14 @@ def test_the_refresh_interval_stops_at_the_first_unmeasured_lag_and_needs_lag_0(
     assert stale.refresh is None and "draft lag 0" in stale.no_refresh
     with pytest.raises(ValueError):
         refresh_interval([], 300.0, 1.0)
+    # a lag whose steps gave no token has no cost to weigh: the interval stops before it
+    no_tokens = lag_batches()
+    no_tokens[1] = msgspec.structs.replace(
+        no_tokens[1], by_draft_lag=[*no_tokens[1].by_draft_lag[:2], lag(2, 0, 50, 0, 50)]
+    )
+    no_tokens[2] = msgspec.structs.replace(no_tokens[2], by_draft_lag=no_tokens[2].by_draft_lag[1:])
+    plan = advise(no_tokens, by="draft_lag", refresh_cost=1000.0).staleness.refresh
+    assert plan.update_costs == pytest.approx([100.0, 120.0]) and plan.at_edge
 
 
 def test_the_command_prints_the_staleness_curve_and_the_refresh_interval(tmp_path):

@@ -478,8 +478,8 @@ def _staleness(batches: list[BatchMetrics], refresh_cost: float | None) -> Stale
         return Staleness(points)
     measured: list[float] = []
     by_lag = {p.draft_lag: p.tokens_per_verify for p in points if p.draft_lag is not None}
-    while by_lag.get(len(measured)) is not None:
-        measured.append(by_lag[len(measured)])  # type: ignore[arg-type]
+    while (tokens := by_lag.get(len(measured))) is not None and tokens > 0:  # 0 tokens: no cost to weigh
+        measured.append(tokens)
     totals = [m.metrics.get("spec/completion_total") for m in batches]
     known = [t for t in totals if isinstance(t, (int, float))]
     if not measured:
