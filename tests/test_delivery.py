@@ -35,9 +35,9 @@ class Stage:
 
 
 def installed(ledger: Ledger, topic: str, partition: int, checkpoint: int, log_end: int = 0) -> Claim:
-    epoch = ledger.begin_restore(topic, partition)
-    assert epoch is not None
-    claim = ledger.install(topic, partition, epoch, Stage(checkpoint), log_end)
+    turn = ledger.begin_restore(topic, partition)
+    assert turn is not None
+    claim = ledger.install(topic, partition, turn, Stage(checkpoint), log_end)
     assert claim is not None
     return claim
 
@@ -49,26 +49,26 @@ def test_an_assignment_asks_to_restore_the_stages_partitions_once_per_epoch():
     ledger.assign(P, [0])
     assert ledger.assign("other-topic", [0]) == []
     assert ledger.to_restore() == [(P, 0), (R, 0), (R, 1)]
-    epoch = ledger.begin_restore(R, 0)
-    assert epoch is not None
+    turn = ledger.begin_restore(R, 0)
+    assert turn is not None
     assert ledger.begin_restore(R, 0) is None  # a decision taken again before an await: no second restore
     assert ledger.to_restore() == [(P, 0), (R, 1)]
     assert ledger.begin_restore(R, 7) is None  # not ours
-    ledger.end_restore(R, 0, epoch)  # it failed: it may be tried again
+    ledger.end_restore(R, 0, turn)  # it failed: it may be tried again
     assert ledger.begin_restore(R, 0) is not None
 
 
 def test_a_restore_that_outlived_its_epoch_installs_nothing():
     ledger = Ledger((R, P))
     ledger.assign(R, [0])
-    epoch = ledger.begin_restore(R, 0)
-    assert epoch is not None
+    turn = ledger.begin_restore(R, 0)
+    assert turn is not None
     ledger.assign(R, [])  # revoked
     ledger.assign(R, [0])  # assigned again in the next generation: restored again
-    assert ledger.install(R, 0, epoch, Stage(5), 10) is None
+    assert ledger.install(R, 0, turn, Stage(5), 10) is None
     assert ledger.following(R) == {}
     again = ledger.begin_restore(R, 0)
-    assert again is not None and again != epoch
+    assert again is not None and again != turn
     assert ledger.install(R, 0, again, Stage(5), 10) is not None
 
 

@@ -161,7 +161,10 @@ def test_a_refused_write_stops_the_worker_and_its_successor_resumes_exactly(kafk
         for name in (t.metrics, t.deadletter):
             asyncio.run(create_topic(kafka_bootstrap, name, 1))
         events = fleet_events(seed=304, batches=4, sessions=16)
-        worker = d.start_worker(env={"SPECMETER_FAIL_WRITE": f"{kind}:2"})
+        # every restore writes its owner's checkpoint (docs/ownership.md, rule 8): the
+        # partitions' first checkpoints, one per stage, come before any input
+        nth = 2 * d.partitions + 2 if kind == "checkpoint" else 2
+        worker = d.start_worker(env={"SPECMETER_FAIL_WRITE": f"{kind}:{nth}"})
         d.wait_ready(worker)
         _publish(d, events)
         worker.wait(timeout=90)

@@ -98,11 +98,12 @@ def _topic_options(func):
 @click.option(
     "--delivery-timeout",
     type=click.FloatRange(1),
-    default=DEFAULTS.delivery_timeout_s,
-    show_default=True,
+    default=None,
+    show_default=f"{DEFAULTS.delivery_timeout_s:g}, or 4/5 of --max-poll-interval when that is lower",
     metavar="SECONDS",
     help="How long a state write or output is retried through a Kafka outage; past it the worker stops, "
-    "writing nothing more (restart it: it resumes from the changelog).",
+    "writing nothing more (restart it: it resumes from the changelog). Below --max-poll-interval: a worker "
+    "blocked on writes must not leave its group holding them.",
 )
 @click.option(
     "--max-open-generations",
@@ -192,7 +193,7 @@ def worker(
     session_timeout: float,
     ready_write_timeout: float,
     max_poll_interval: float,
-    delivery_timeout: float,
+    delivery_timeout: float | None,
     max_open_generations: int,
     max_message_bytes: int,
     chunk_bytes: int,
@@ -222,6 +223,8 @@ def worker(
     """
     from ..settings import TopicNames, WorkerSettings
 
+    if delivery_timeout is None:
+        delivery_timeout = min(DEFAULTS.delivery_timeout_s, 0.8 * max_poll_interval)
     if not delivery_timeout < max_poll_interval:
         raise click.BadParameter(
             f"{delivery_timeout:g} s is not below --max-poll-interval ({max_poll_interval:g} s): a worker blocked on "

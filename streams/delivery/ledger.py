@@ -20,11 +20,11 @@ The rules, per (topic, partition):
   redeliveries and are dropped. A first offset past checkpoint + 1 means the log no
   longer holds the ones between (retention, compaction): it is applied, and the gap
   is counted and reported;
-* each partition has its own epoch, moved whenever its state is installed, suspended,
+* each partition has its own turn, moved whenever its state is installed, suspended,
   dropped or fenced: work begun before (a ``Claim``) no longer holds, nothing more is
   applied for it (and its route reads the partition again from the checkpoint), and a
   restore begun before installs nothing. Other partitions' work goes on;
-* a partition is restored once per epoch: a decision taken before an await may be
+* a partition is restored once per turn: a decision taken before an await may be
   stale when it is carried out;
 * a revoked partition's state is kept (suspended) until the next assignment: a
   rebalance that leaves it with this worker costs no restore, provided nobody else
@@ -62,7 +62,7 @@ class Claim:
 
     topic: str
     partition: int
-    epoch: int
+    turn: int
     state: Any
 
 
@@ -79,9 +79,9 @@ class Admitted:
 class _Partition:
     """One assigned partition's delivery state."""
 
-    epoch: int
+    turn: int
     state: Any = None  # installed stage state (None: not restored yet)
-    restoring: bool = False  # a takeover and restore is under way in this epoch
+    restoring: bool = False  # a takeover and restore is under way in this turn
     catch_up_end: int | None = None  # installed, timers held until the route reaches this offset
 
 
@@ -96,10 +96,10 @@ class Ledger:
     _partitions: dict[TopicPartition, _Partition] = field(default_factory=dict)
     #: states of revoked partitions, kept until the next assignment of their topic
     _suspended: dict[TopicPartition, Any] = field(default_factory=dict)
-    _epochs: Iterable[int] = field(default_factory=itertools.count)
+    _turns: Iterable[int] = field(default_factory=itertools.count)
 
     def _new(self, tp: TopicPartition) -> _Partition:
-        part = self._partitions[tp] = _Partition(epoch=next(self._epochs))  # type: ignore[call-overload]
+        part = self._partitions[tp] = _Partition(turn=next(self._turns))  # type: ignore[call-overload]
         return part
 
     # -- the assignment ---------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Ledger:
         return self._add_new(topic, wanted)
 
     def _add_new(self, topic: str, wanted: set[TopicPartition]) -> list[int]:
-        """The wanted partitions not held yet, each new in its own epoch; returns them."""
+        """The wanted partitions not held yet, each new in its own turn; returns them."""
         new = sorted(p for t, p in wanted if (t, p) not in self._partitions)
         for p in new:
             self._new((topic, p))
@@ -165,7 +165,7 @@ class Ledger:
 
     # -- restore ----------------------------------------------------------------------------
     def to_restore(self, topic: str | None = None) -> list[TopicPartition]:
-        """Assigned partitions without a state and no restore under way in their epoch."""
+        """Assigned partitions without a state and no restore under way in their turn."""
         return sorted(
             tp
             for tp, part in self._partitions.items()
@@ -173,31 +173,31 @@ class Ledger:
         )
 
     def begin_restore(self, topic: str, partition: int) -> int | None:
-        """A restore starts; returns its epoch (its token for ``install`` and
+        """A restore starts; returns its turn (its token for ``install`` and
         ``end_restore``), or None when the partition is not ours, has its state, or is
-        being restored in this epoch already."""
+        being restored in this turn already."""
         part = self._partitions.get((topic, partition))
         if part is None or part.state is not None or part.restoring:
             return None
         part.restoring = True
-        return part.epoch
+        return part.turn
 
-    def install(self, topic: str, partition: int, epoch: int, state: Checkpointed, log_end: int) -> Claim | None:
+    def install(self, topic: str, partition: int, turn: int, state: Checkpointed, log_end: int) -> Claim | None:
         """Install a restored (or suspended, kept) state, unless the partition stopped being
         ours since the restore began; its timers wait until the route has read up to
         ``log_end``."""
         part = self._partitions.get((topic, partition))
-        if part is None or part.epoch != epoch or not part.restoring:
+        if part is None or part.turn != turn or not part.restoring:
             return None
-        part.epoch = next(self._epochs)  # type: ignore[call-overload]
+        part.turn = next(self._turns)  # type: ignore[call-overload]
         part.state, part.restoring = state, False
         part.catch_up_end = log_end if log_end > state.checkpoint + 1 else None
-        return Claim(topic, partition, part.epoch, state)
+        return Claim(topic, partition, part.turn, state)
 
-    def end_restore(self, topic: str, partition: int, epoch: int) -> None:
+    def end_restore(self, topic: str, partition: int, turn: int) -> None:
         """A restore ended without installing (failed, cancelled, stale): it may be retried."""
         part = self._partitions.get((topic, partition))
-        if part is not None and part.epoch == epoch and part.state is None:
+        if part is not None and part.turn == turn and part.state is None:
             part.restoring = False
 
     # -- the route ----------------------------------------------------------------------------
@@ -209,13 +209,13 @@ class Ledger:
         part = self._partitions.get((topic, partition))
         if part is None or part.state is None:
             return None
-        return Claim(topic, partition, part.epoch, part.state)
+        return Claim(topic, partition, part.turn, part.state)
 
     def holds(self, claim: Claim) -> bool:
         """Whether the partition is still ours as claimed: the same state installed, in
-        the same epoch (no revocation, fencing or newer restore of this partition since)."""
+        the same turn (no revocation, fencing or newer restore of this partition since)."""
         part = self._partitions.get((claim.topic, claim.partition))
-        return part is not None and part.epoch == claim.epoch and part.state is claim.state
+        return part is not None and part.turn == claim.turn and part.state is claim.state
 
     def admit(self, claim: Claim, messages: Sequence[tuple[int, Any]]) -> Admitted:
         """Of ``messages`` (offset order) fetched for a claimed partition, those after the

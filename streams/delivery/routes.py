@@ -769,11 +769,11 @@ class DeliveryDriver:
             self._say_ready()
 
     def _begin_restores(self, topic: str) -> list[tuple[int, int]]:
-        """(partition, epoch) of each restore the ledger lets begin now."""
+        """(partition, the ledger's turn) of each restore the ledger lets begin now."""
         return [
-            (p, epoch)
+            (p, turn)
             for _, p in self.ledger.to_restore(topic)
-            if (epoch := self.ledger.begin_restore(topic, p)) is not None
+            if (turn := self.ledger.begin_restore(topic, p)) is not None
         ]
 
     async def _round(self, topic: str, begun: list[tuple[int, int]], failures: int) -> int:
@@ -821,36 +821,36 @@ class DeliveryDriver:
     def _end_round(self, topic: str, begun: list[tuple[int, int]]) -> None:
         """The round is over: the restores it began and did not install may begin again."""
         self._rounds.pop(topic, None)
-        for p, epoch in begun:
-            self.ledger.end_restore(topic, p, epoch)
+        for p, turn in begun:
+            self.ledger.end_restore(topic, p, turn)
 
     async def _take_over(self, topic: str, begun: list[tuple[int, int]]) -> None:
         started = time.monotonic()
         changelog = self.changelog(topic)
-        epochs = dict(begun)
-        await self._keep_unchanged(topic, changelog, epochs)
-        if not epochs:
+        turns = dict(begun)
+        await self._keep_unchanged(topic, changelog, turns)
+        if not turns:
             return
-        confirmed = await self._route_of[topic].confirm_generation(epochs)
+        confirmed = await self._route_of[topic].confirm_generation(turns)
         if confirmed is None:
             return  # a stale member: the next assignment says what is ours
-        await self._restore_from_changelogs(topic, changelog, epochs, confirmed)
-        log.debug("took %d partition(s) of %s over in %.2f s", len(epochs), topic, time.monotonic() - started)
+        await self._restore_from_changelogs(topic, changelog, turns, confirmed)
+        log.debug("took %d partition(s) of %s over in %.2f s", len(turns), topic, time.monotonic() - started)
 
-    async def _keep_unchanged(self, topic: str, changelog: str, epochs: dict[int, int]) -> None:
+    async def _keep_unchanged(self, topic: str, changelog: str, turns: dict[int, int]) -> None:
         """Reinstate, without a restore, the partitions kept through the rebalance whose
-        changelog nobody wrote since this worker's last write (taken out of ``epochs``);
+        changelog nobody wrote since this worker's last write (taken out of ``turns``);
         the others' writes are forgotten: they are restored."""
-        kept = self._take_kept(topic, epochs)
+        kept = self._take_kept(topic, turns)
         if not kept:
             return
         ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
         for p, state in kept.items():
-            self._keep_if_unchanged(topic, changelog, p, state, epochs, ends)
+            self._keep_if_unchanged(topic, changelog, p, state, turns, ends)
 
-    def _take_kept(self, topic: str, epochs: dict[int, int]) -> dict[int, Checkpointed]:
+    def _take_kept(self, topic: str, turns: dict[int, int]) -> dict[int, Checkpointed]:
         """The suspended states of the partitions to take over, taken out of the ledger."""
-        return {p: s for p in epochs if (s := self.ledger.take_suspended(topic, p)) is not None}
+        return {p: s for p in turns if (s := self.ledger.take_suspended(topic, p)) is not None}
 
     def _keep_if_unchanged(
         self,
@@ -858,28 +858,28 @@ class DeliveryDriver:
         changelog: str,
         p: int,
         state: Checkpointed,
-        epochs: dict[int, int],
+        turns: dict[int, int],
         ends: dict[TopicPartition, int],
     ) -> None:
         """Reinstate a kept state when its changelog ends where this worker's last write
-        did (its epoch taken out of ``epochs``); else forget its writes."""
+        did (its turn taken out of ``turns``); else forget its writes."""
         owned = self.writes.ownership(changelog, p)
         if owned is not None and ends[(changelog, p)] == owned.next_offset:
-            if self.ledger.install(topic, p, epochs.pop(p), state, ends[(topic, p)]) is not None:
+            if self.ledger.install(topic, p, turns.pop(p), state, ends[(topic, p)]) is not None:
                 self.kept += 1
                 self._route_of[topic].look_again()  # read at once, while the others restore
         else:
             self.writes.forget(changelog, p)
 
     async def _restore_from_changelogs(
-        self, topic: str, changelog: str, epochs: dict[int, int], confirmed: Confirmed
+        self, topic: str, changelog: str, turns: dict[int, int], confirmed: Confirmed
     ) -> None:
         """Write a takeover record in each partition's changelog, read them up to it, and
         restore and install each state whose takeover counts (unless the ledger moved on
         meanwhile)."""
-        owner_epochs = await self._write_takeovers(changelog, epochs, confirmed)
+        owner_epochs = await self._write_takeovers(changelog, turns, confirmed)
         ends, views = await self.changelogs.read(
-            {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in epochs]
+            {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in turns]
         )
         for p, epoch in owner_epochs.items():
             await self.stages.reached("restore")
@@ -888,7 +888,7 @@ class DeliveryDriver:
                 self._not_counted(topic, changelog, p, epoch, valid.epoch)
                 continue
             state, installed = await self._restore(topic, p, valid, epoch)
-            self._install_restored(topic, changelog, p, epochs[p], state, ends[(topic, p)], installed)
+            self._install_restored(topic, changelog, p, turns[p], state, ends[(topic, p)], installed)
 
     def _not_counted(self, topic: str, changelog: str, p: int, epoch: int, counting: int | None) -> None:
         """This worker's takeover does not count: a newer generation took the partition before
@@ -902,24 +902,24 @@ class DeliveryDriver:
         )
         self.writes.forget(changelog, p)
 
-    async def _write_takeovers(self, changelog: str, epochs: dict[int, int], confirmed: Confirmed) -> dict[int, int]:
+    async def _write_takeovers(self, changelog: str, turns: dict[int, int], confirmed: Confirmed) -> dict[int, int]:
         """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
-        appends = (self.writes.take_over(changelog, p, *confirmed) for p in epochs)
-        return dict(zip(epochs, await asyncio.gather(*appends), strict=True))
+        appends = (self.writes.take_over(changelog, p, *confirmed) for p in turns)
+        return dict(zip(turns, await asyncio.gather(*appends), strict=True))
 
     def _install_restored(
         self,
         topic: str,
         changelog: str,
         p: int,
-        epoch: int,
+        turn: int,
         state: Checkpointed,
         end: int,
         installed: Callable[[], None],
     ) -> None:
         """Install a restored state (unless the ledger moved on meanwhile: then its writes
         are forgotten)."""
-        if self.ledger.install(topic, p, epoch, state, end) is not None:
+        if self.ledger.install(topic, p, turn, state, end) is not None:
             self.restored += 1
             installed()
             self._route_of[topic].look_again()  # read at once, while the others restore
