@@ -33,7 +33,7 @@ from ..core.merge import tokens_per_verify_by_budget
 from ..core.state import add_histograms
 from ..errors import SpecmeterError
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, input_name, one_line_errors, run_id
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, folded, input_name, one_line_errors, run_id
 from .tables import batch_order
 
 __all__ = [
@@ -482,7 +482,7 @@ def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--last",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=20,
     show_default=True,
     metavar="N",
@@ -498,7 +498,7 @@ def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--draft-cost",
-    type=click.FloatRange(0),
+    type=Number(0),
     default=None,
     metavar="C",
     help="The time of one draft step relative to one target forward pass (decode, at your serving batch size): "

@@ -11,6 +11,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
@@ -222,6 +223,51 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         raise CommandFailed(*explained, command=ctx.command_path)
 
     return wrapper
+
+
+class Number(click.FloatRange):
+    """The one numeric parameter type of the whole CLI: a finite number (``nan``, ``inf``
+    refused: they pass every comparison or defeat it, so a range alone lets them through)
+    in its range, or one line naming the option. ``integer=True`` takes whole numbers.
+    ``--help`` shows the range as click shows its own ranges ([x>=0])."""
+
+    def __init__(
+        self,
+        min: float | None = None,
+        max: float | None = None,
+        *,
+        min_open: bool = False,
+        max_open: bool = False,
+        integer: bool = False,
+    ) -> None:
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open)
+        self.integer = integer
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = self._parsed(value, param, ctx)
+        low = self.min is not None and (number <= self.min if self.min_open else number < self.min)
+        high = self.max is not None and (number >= self.max if self.max_open else number > self.max)
+        if low or high:
+            self.fail(f"{number} is not in the range {self._describe_range()}", param, ctx)
+        return number
+
+    def _parsed(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
+        """The value as a finite int or float; a one-line failure otherwise."""
+        try:
+            number: float | int = (int if self.integer else float)(value)
+        except (TypeError, ValueError, OverflowError):
+            self.fail(f"{value!r} is not {'a whole number' if self.integer else 'a number'}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+    def _describe_range(self) -> str:
+        """The range as click's help shows it; none for a number without bounds."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
+    def __repr__(self) -> str:
+        return f"Number({self._describe_range()}{', integer' if self.integer else ''})"
 
 
 class EnvValueInvalid(CommandFailed):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import click
 
+from .base import Number
+
 REPO = Path(__file__).resolve().parents[2]
 #: the bundled sample rollout ships inside the package (it works from an installed wheel)
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_rollout.jsonl"
@@ -127,6 +129,7 @@ def _table(results: list, offline: dict):
             justify="left" if column in ("batch", "drift") else "right",
             no_wrap=column in ("batch", "drift"),
             overflow="ellipsis",
+            min_width=len(column) if column not in ("batch", "drift") else None,
         )
     for m in results:
         table.add_row(*_row(m, offline))
@@ -135,7 +138,7 @@ def _table(results: list, offline: dict):
 
 def _row(m, offline: dict) -> list[str]:
     """A batch's row: its numbers, whether it matches the offline result, its drift."""
-    from .tables import drift_text
+    from .tables import WHOLE_WIDTH, drift_text
 
     x = m.metrics
     return [
@@ -155,7 +158,7 @@ def _row(m, offline: dict) -> list[str]:
         str(m.invalid_record_count),
         "yes" if m.complete else "no",
         "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-        drift_text(m.by_weight_version, 32),
+        drift_text(m.by_weight_version, 32 if sys.stdout.isatty() else WHOLE_WIDTH),
     ]
 
 
@@ -194,7 +197,13 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
     help="Rollout dump to feed the worker.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print BatchMetrics JSON lines instead of a table.")
-@click.option("--timeout", type=float, default=180.0, show_default=True, help="Give up after this many seconds.")
+@click.option(
+    "--timeout",
+    type=Number(min=0, min_open=True),
+    default=180.0,
+    show_default=True,
+    help="Give up after this many seconds.",
+)
 @click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
 def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
     """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
@@ -320,19 +329,17 @@ def _published(console, broker: str, topic: str, expected: dict, timeout: float)
 
 
 def _print_results(results: list, expected: dict, as_json: bool) -> None:
-    """The worker's metrics on stdout: JSON lines, or the table (170 columns wide where stdout is no terminal)."""
-    from rich.console import Console
-
+    """The worker's metrics on stdout: JSON lines, or the table (whole where stdout is no terminal)."""
     from specmeter.schemas import encode_metrics
+
+    from .tables import output_console
 
     if as_json:
         for m in results:
             sys.stdout.buffer.write(encode_metrics(m) + b"\n")
         sys.stdout.flush()
         return
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=170)
+    out = output_console()  # redirected: as wide as the table, no header or drift view cut
     out.print(_table(results, expected))
 
 

@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, one_line_errors, run_id_option
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, folded, one_line_errors, run_id_option
 
 if TYPE_CHECKING:
     from ..fleet.synthetic import FleetSpec
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
     """A ``loadgen`` option that is a share of records or generations, in [0, 1]."""
-    return click.option(name, type=click.FloatRange(0, 1), default=default, show_default=True, help=help)
+    return click.option(name, type=Number(0, 1), default=default, show_default=True, help=help)
 
 
 def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, float], ...]:
@@ -44,25 +44,29 @@ def _task(item: str) -> tuple[str, float]:
 @broker_option
 @click.option("--topic", default=DEFAULTS.topics.records, show_default=True, help="The records topic.")
 @run_id_option
-@click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
-@click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
+@click.option(
+    "--producers", type=Number(1, integer=True), default=4, show_default=True, help="Simulated rollout workers."
+)
+@click.option(
+    "--batches", type=Number(0, integer=True), default=10, show_default=True, help="Training steps to simulate."
+)
 @click.option(
     "--sessions-per-batch",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=200,
     show_default=True,
     help="Agentic sessions per training step, spread over the producers.",
 )
 @click.option(
     "--max-samples-per-session",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=3,
     show_default=True,
     help="Trajectories a session branches into (sharing ancestor generations).",
 )
 @click.option(
     "--max-turns",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=4,
     show_default=True,
     help="Generations per trajectory, shared ancestors included.",
@@ -77,14 +81,14 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--stale-versions",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=3,
     show_default=True,
     help="Older policy versions mixed into each batch besides the current one (0: on-policy).",
 )
 @click.option(
     "--draft-refresh",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=8,
     show_default=True,
     metavar="BATCHES",
@@ -92,7 +96,7 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--drift",
-    type=click.FloatRange(0, 1, max_open=True),
+    type=Number(0, 1, max_open=True),
     default=0.06,
     show_default=True,
     help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.",
@@ -105,12 +109,13 @@ def _task(item: str) -> tuple[str, float]:
 @_share_option(
     "--conflict-rate",
     0.01,
-    "Share of records redelivered with different counters (conflicting generations).",
+    "Share of records redelivered with different counters: the only source of conflicting generations (0: none).",
 )
 @_share_option(
     "--missing-rate",
     0.05,
-    "Share of generations with some counters unknown.",
+    "Share of generations with some counters unknown, drawn once per generation: a shared ancestor is "
+    "reported alike in every trajectory that holds it (never a conflict).",
 )
 @_share_option(
     "--invalid-rate",
@@ -133,12 +138,12 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RECORDS/S",
     help="Target rate (default: as fast as the broker takes it).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same events.")
+@click.option("--seed", type=Number(integer=True), default=0, show_default=True, help="Same seed, same events.")
 @click.option(
     "--expect",
     type=click.File("wb"),

@@ -14,6 +14,7 @@ from .base import (
     KAFKA_ENV_HELP,
     Command,
     CommandFailed,
+    Number,
     broker_option,
     folded,
     one_line_errors,
@@ -28,7 +29,7 @@ from .base import (
 @run_id_option
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RECORDS/S",
     help="Pace the replay (default: as fast as the broker takes it).",

@@ -30,6 +30,8 @@ __all__ = [
     "batch_order",
     "RowPrinter",
     "coverage_text",
+    "output_console",
+    "WHOLE_WIDTH",
 ]
 
 #: (header, content width) of the numeric columns, between "batch" and "c/i/l"
@@ -512,11 +514,27 @@ def _share(v: Any) -> str:
     return "-" if v is None else f"{v * 100:.0f}%"
 
 
+#: the width a table is laid out in where stdout is no terminal (a pipe, a file): wide
+#: enough that no id, header or drift view is cut (``| grep`` must find what it looks for)
+WHOLE_WIDTH = 10_000
+
+
+def output_console(**kwargs: Any) -> Any:
+    """A rich Console for a command's output: the terminal's width on a terminal; piped or
+    redirected, ``WHOLE_WIDTH``, so a table is as wide as its cells and nothing is cut."""
+    from rich.console import Console
+
+    console = Console(**kwargs)
+    return console if console.is_terminal else Console(width=WHOLE_WIDTH, **kwargs)
+
+
 class RowPrinter:
     """Rows for a pipe, one line per message as it arrives (``tail … | head``, ``| grep``):
     a header line first, then the fixed cells of ``metrics_table`` in columns of a
-    width fixed up front (so rows line up without knowing the rows to come), the
-    ``run/batch`` label elided to its column and the drift view in what is left."""
+    width fixed up front (so rows line up without knowing the rows to come), then the
+    drift view. Nothing is cut: a ``run/batch`` label longer than its column pushes the
+    row's cells to the right, and the drift view is whole (issue 39.2: `| grep` found
+    ``audit-rep…/step-00004`` for two runs)."""
 
     def __init__(self, width: int) -> None:
         self.fixed = [*_fixed(width), ("c/i/l", 8), ("close", 8)]
@@ -532,4 +550,4 @@ class RowPrinter:
         return self._line("batch", {name: name for name, _ in self.fixed}, "drift")
 
     def row(self, m: BatchMetrics) -> str:
-        return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))
+        return self._line(_label(m, {})[0], _cells(m), drift_text(m.by_weight_version, WHOLE_WIDTH))

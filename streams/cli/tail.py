@@ -24,8 +24,8 @@ from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
 
 from ..readers.topic_lookup import subscribe_existing
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, one_line_errors
-from .tables import RowPrinter, metrics_table
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, one_line_errors
+from .tables import RowPrinter, metrics_table, output_console
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
 
@@ -37,21 +37,21 @@ __all__ = ["follow_metrics", "run_tail", "tail"]
 @click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
 @click.option(
     "--last",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=10,
     show_default=True,
     metavar="N",
     help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only new ones).",
 )
-@click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
+@click.option("--rows", type=Number(1, integer=True), default=20, show_default=True, help="Batches in the table.")
 @click.option(
     "--max-messages",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=None,
     metavar="N",
     help="Stop after this many messages (those read back at start count).",
 )
-@click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
+@click.option("--timeout", type=Number(0), default=None, metavar="SECONDS", help="Stop after this long.")
 @one_line_errors
 def tail(
     broker: str,
@@ -262,10 +262,9 @@ def run_tail(
 
 
 def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
-    from rich.console import Console
     from rich.live import Live
 
-    console = Console()
+    console = output_console()  # piped: the final table whole, nothing cut
     latest: dict[tuple[str | None, str], BatchMetrics] = {}
     seen = 0
 
@@ -282,7 +281,7 @@ def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topi
         )
 
     if not console.is_terminal:  # piped: a line per message as it comes, then the final table
-        printer = RowPrinter(console.width)
+        printer = RowPrinter(console.width)  # every column; a longer id or drift view is never cut
 
         def line(m: BatchMetrics) -> None:
             if not seen:

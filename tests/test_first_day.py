@@ -1,0 +1,154 @@
+"""A newcomer's first day, second pass (issue 39; issue 37 item 5): options that refuse
+what they cannot mean, output that survives a pipe, starts and stops that say so, logs an
+operator reads, an outage's client lines folded in every command."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from specmeter.streams.cli import main
+from specmeter.streams.cli.base import Number
+from specmeter.streams.cli.demo import main as demo_main
+
+
+def _commands() -> list[tuple[str, click.Command]]:
+    return [*((f"specmeter {name}", command) for name, command in main.commands.items()), ("demo", demo_main)]
+
+
+def _numeric(command: click.Command) -> list[click.Parameter]:
+    return [p for p in command.params if isinstance(p.type, click.types.IntParamType | click.types.FloatParamType)]
+
+
+def test_every_numeric_option_of_every_command_is_the_one_number_type_and_refuses_nan_and_inf():
+    """Issue 39.1: `worker --batch-timeout nan` ended in a traceback, `loadgen --rate nan` ran
+    unthrottled, `tail --timeout nan` exited at once: a range alone lets NaN through."""
+    seen = 0
+    for name, command in _commands():
+        for param in _numeric(command):
+            assert isinstance(param.type, Number), f"{name} {param.opts}: {param.type!r}, not streams.cli.base.Number"
+            for bad in ("nan", "NaN", "inf", "-inf", "1e400"):
+                with pytest.raises(click.BadParameter, match=r"finite|not in the range|whole number"):
+                    param.type.convert(bad, param, None)
+            seen += 1
+    assert seen >= 30  # worker, loadgen, tail, replay, advise and the demo all have some
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["worker", "--batch-timeout", "nan"],
+        ["loadgen", "--drift", "nan", "--dump", "-"],
+        ["loadgen", "--rate", "nan", "--dump", "-"],
+        ["loadgen", "--redelivery-rate", "nan", "--dump", "-"],
+        ["tail", "--timeout", "nan"],
+        ["replay", "--rate", "inf", "-"],
+    ],
+)
+def test_nan_is_one_line_naming_the_option(args):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and args[1] in errors[0] and "finite" in errors[0], result.output
+
+
+def test_a_range_still_holds_and_help_shows_it():
+    result = CliRunner().invoke(main, ["loadgen", "--conflict-rate", "1.5", "--dump", "-"])
+    assert result.exit_code == 2 and "--conflict-rate" in result.output and "0<=x<=1" in result.output
+    result = CliRunner().invoke(main, ["worker", "--partitions", "2.5"])
+    assert result.exit_code == 2 and "--partitions" in result.output and "whole number" in result.output
+    result = CliRunner().invoke(main, ["worker", "--help"], terminal_width=200)
+    assert "x>=0.1" in result.output  # --batch-timeout's range, as click shows its own
+
+
+def _expected(**spec) -> list[dict]:
+    from specmeter.streams.fleet.publish import write_expected
+    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
+
+    out = io.BytesIO()
+    write_expected(synthetic_fleet(FleetSpec(**spec)), out)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_conflict_rate_zero_makes_no_conflicts_whatever_the_missing_rate():
+    """Issue 39.1: `loadgen --conflict-rate 0` made 29 conflicts of 986 generations: a shared
+    ancestor drew its missing counters per occurrence, reported with and without them."""
+    batches = _expected(batches=6, sessions_per_batch=200, conflict_rate=0.0, missing_rate=0.3, seed=3)
+    conflicts = sum(m["metrics"].get("spec/conflicting_generation_count") or 0 for m in batches)
+    assert conflicts == 0
+    some = _expected(batches=6, sessions_per_batch=200, conflict_rate=0.05, missing_rate=0.3, seed=3)
+    assert sum(m["metrics"].get("spec/conflicting_generation_count") or 0 for m in some) > 0
+
+
+def test_aggregate_strict_exits_non_zero_on_a_bad_line(tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    good = {"batch_id": "b1", "session_id": "s", "generation_id": "g", "accepted": 3, "proposed": 4, "verify": 2}
+    dump.write_text(json.dumps(good) + "\n{not json\n")
+    assert CliRunner().invoke(main, ["aggregate", str(dump), "--format", "jsonl"]).exit_code == 0
+    strict = subprocess.run(
+        [sys.executable, "-m", "specmeter.streams.cli", "aggregate", str(dump), "--format", "jsonl", "--strict"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert strict.returncode == 1, strict.stderr
+    assert '"batch_id":"b1"' in strict.stdout  # the metrics printed all the same
+    assert "1 bad line(s) in" in strict.stderr and "--strict" in strict.stderr
+
+
+# -- 39.2: output that survives a pipe -------------------------------------------------
+
+
+def _piped_batches():
+    from .test_tail import batch
+
+    drift = [(f"v{i}", 0.9 - 0.03 * i) for i in range(1, 15)]
+    return {
+        (run, step): batch(step, run_id=run, versions=drift)
+        for run in ("audit-replay", "audit-replay2")
+        for step in ("step-00004", "step-00005")
+    }
+
+
+def test_piped_rows_keep_ids_and_the_drift_view_whole():
+    """`specmeter tail ... | grep rep` showed `audit-rep…/step-00004` for two runs, and the
+    drift column `… v10 .32`."""
+    from specmeter.streams.cli.tables import RowPrinter
+
+    printer = RowPrinter(80)
+    rows = [printer.row(m) for m in _piped_batches().values()]
+    assert [row.split()[0] for row in rows] == [
+        "audit-replay/step-00004",
+        "audit-replay/step-00005",
+        "audit-replay2/step-00004",
+        "audit-replay2/step-00005",
+    ]
+    assert all("…" not in row and "v1 .87" in row and "v14 .48" in row for row in rows), rows
+
+
+def test_the_final_table_of_a_pipe_is_whole():
+    from specmeter.streams.cli.tables import metrics_table, output_console
+
+    out = io.StringIO()
+    console = output_console(file=out)
+    console.print(metrics_table(_piped_batches(), 20, console.width))
+    text = out.getvalue()
+    assert "…" not in text and "audit-replay2/step-00005" in text and "v14 .48" in text, text
+
+
+def test_the_demo_table_redirected_keeps_its_headers_and_drift(capsys):
+    """The demo's headers read `tokens/ver…` and `generatio…` when its output was redirected."""
+    from specmeter.streams.cli.demo import _print_results
+
+    _print_results(list(_piped_batches().values()), {}, as_json=False)
+    text = capsys.readouterr().out
+    for header in ("tokens/verify", "generations", "accept cov.", "verify cov.", "= offline"):
+        assert header in text, text
+    assert "…" not in text and "v14 .48" in text and "v1 .87" in text, text
