@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import click
 import pytest
@@ -152,3 +155,47 @@ def test_the_demo_table_redirected_keeps_its_headers_and_drift(capsys):
     for header in ("tokens/verify", "generations", "accept cov.", "verify cov.", "= offline"):
         assert header in text, text
     assert "…" not in text and "v14 .48" in text and "v1 .87" in text, text
+
+
+# -- 39.3: clean stops ---------------------------------------------------------------
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sigterm_during_replay_prints_the_summary_ctrl_c_prints(kafka_bootstrap, new_topic, tmp_path):
+    """`replay` on SIGTERM exited 143 with no output; Ctrl-C printed what was sent and which
+    batches are half-sent."""
+    from .support.tools import start_specmeter
+    from .test_replay_interrupt import RECORDS_PER_BATCH, _dump
+
+    topic = new_topic(partitions=2, prefix="replay-term")
+    dump = tmp_path / "dump.jsonl"
+    _dump(dump)
+    args = ["replay", str(dump), "--broker", kafka_bootstrap, "--topic", topic, "--rate", "200", "--no-progress"]
+    proc = start_specmeter(*args)
+    time.sleep(4.5)  # step-1 (600 records at 200/s) sent, step-2 under way
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr, stderr
+    summary = re.search(r"stopped by SIGTERM after [\d.]+s: sent ([\d,]+) records", stderr)
+    assert summary and int(summary.group(1).replace(",", "")) > RECORDS_PER_BATCH // 2, stderr
+    assert "left half-sent, their markers not sent: step-" in stderr, stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sigterm_and_ctrl_c_during_loadgen_print_what_was_sent(kafka_bootstrap, new_topic):
+    from .support.tools import start_specmeter
+
+    topic = new_topic(partitions=2, prefix="loadgen-term")
+    for sig, status, said in ((signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")):
+        args = ["loadgen", "--broker", kafka_bootstrap, "--topic", topic, "--batches", "100", "--rate", "300"]
+        proc = start_specmeter(*args, "--no-progress")
+        time.sleep(4.0)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == status, stderr
+        assert "Traceback" not in stderr, stderr
+        sent = re.search(rf"loadgen: {said} after [\d.]+s: (\d+) records, \d+ invalid, \d+ markers sent", stderr)
+        assert sent and int(sent.group(1)) > 0, stderr

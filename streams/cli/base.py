@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
 
@@ -211,15 +212,16 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (``Stopped``)
             explained = None
+            status = 128 + getattr(exc, "signum", signal.SIGINT)
         except Exception as exc:
             explained = _explain(exc, ctx.info_name or "", ctx.params)
             if explained is None:
                 raise
         # raised outside the except block: no chained traceback keeps the failed clients alive
-        if explained is None:  # Ctrl-C: no traceback, the shell's exit status for SIGINT
-            ctx.exit(130)
+        if explained is None:  # Ctrl-C or SIGTERM: no traceback, the shell's exit status for the signal
+            ctx.exit(status)
         raise CommandFailed(*explained, command=ctx.command_path)
 
     return wrapper
@@ -385,10 +387,55 @@ def run_id_option(func):
     )(func)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a container's stop) ended a command's work: handled
+    where Ctrl-C is (a command's summary, then the shell's exit status, 128 + the signal)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's exit status for a command ended by Ctrl-C (130) or SIGTERM (143)."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """``work``, ended by SIGTERM as Ctrl-C ends it (the task cancelled, its clients closed),
+    raising ``Stopped`` where Ctrl-C raises KeyboardInterrupt (issue 39.3: ``replay`` exited
+    143 with no output on SIGTERM)."""
+    import asyncio
+    import contextlib
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    signalled: list[int] = []
+
+    def stop() -> None:
+        signalled.append(signal.SIGTERM)
+        task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signal handlers here (Windows, a thread)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        task.uncancel()
+        raise Stopped(signalled[0]) from None
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 async def folded(command: str, work: Coroutine[Any, Any, T]) -> T:
     """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
-    folds them (``report.outages.folded_outages``)."""
+    folds them (``report.outages.folded_outages``), and SIGTERM handled as Ctrl-C
+    (``stopped_by_sigterm``)."""
     from ..report.outages import folded_outages
 
     async with folded_outages(command):
-        return await work
+        return await stopped_by_sigterm(work)

@@ -8,7 +8,18 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, folded, one_line_errors, run_id_option
+from .base import (
+    DEFAULTS,
+    KAFKA_ENV_HELP,
+    Command,
+    Number,
+    Stopped,
+    broker_option,
+    exit_status,
+    folded,
+    one_line_errors,
+    run_id_option,
+)
 
 if TYPE_CHECKING:
     from ..fleet.synthetic import FleetSpec
@@ -198,14 +209,8 @@ def loadgen(
     with markers. With --expect, the metrics the worker must publish are
     written first, so a run can be checked end to end.
     """
-    import asyncio
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from specmeter.producers import PublisherSettings
-
-    from ..fleet.publish import publish_fleet
-    from ..fleet.synthetic import FleetSpec, synthetic_fleet
+    from ..fleet.publish import LoadSummary
+    from ..fleet.synthetic import FleetSpec
 
     spec = FleetSpec(
         batches=batches,
@@ -233,6 +238,47 @@ def loadgen(
     if _written(spec, expect, dump):
         return
     assert security is not None  # no dump: the broker run, checked above
+    summary = LoadSummary()
+    try:
+        _publish(spec, broker, topic, run_id, security, rate, producers, batches, no_progress, summary)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (base.Stopped): what was sent
+        by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+        click.echo(
+            f"loadgen: {by} after {summary.seconds:.1f}s: {summary.records} records, {summary.invalid} invalid, "
+            f"{summary.markers} markers sent; a batch whose markers were not all sent is closed by the worker's "
+            "--batch-timeout, incomplete",
+            err=True,
+        )
+        click.get_current_context().exit(exit_status(interrupt))
+    click.echo(
+        f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
+        f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
+        err=True,
+    )
+
+
+def _publish(
+    spec: FleetSpec,
+    broker: str,
+    topic: str,
+    run_id: str | None,
+    security: Any,
+    rate: float | None,
+    producers: int,
+    batches: int,
+    no_progress: bool,
+    summary: Any,
+) -> None:
+    """The fleet published to the broker, with a progress bar of the batches; counted into ``summary``."""
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from specmeter.producers import PublisherSettings
+
+    from ..fleet.publish import publish_fleet
+    from ..fleet.synthetic import synthetic_fleet
+
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -246,7 +292,7 @@ def loadgen(
             if event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}"):
                 progress.advance(task)
 
-        summary = asyncio.run(
+        asyncio.run(
             folded(
                 "loadgen",
                 publish_fleet(
@@ -254,14 +300,10 @@ def loadgen(
                     PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security),
                     rate=rate,
                     on_event=on_event,
+                    summary=summary,
                 ),
             )
         )
-    click.echo(
-        f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
-        f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
-        err=True,
-    )
 
 
 def _written(spec: FleetSpec, expect: IO[bytes] | None, dump: IO[bytes] | None) -> bool:
