@@ -199,3 +199,126 @@ def test_sigterm_and_ctrl_c_during_loadgen_print_what_was_sent(kafka_bootstrap, 
         assert "Traceback" not in stderr, stderr
         sent = re.search(rf"loadgen: {said} after [\d.]+s: (\d+) records, \d+ invalid, \d+ markers sent", stderr)
         assert sent and int(sent.group(1)) > 0, stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_the_worker_says_it_stops_leaves_its_groups_and_stopped_in_one_log_format(kafka_bootstrap, tmp_path):
+    """The worker's log had no line saying it was stopping, leaving its groups, stopped; and
+    two formats (`INFO specmeter.topics:` and mode's `[11235] [INFO]`); and it said
+    http://127.0.0.1 while it bound 0.0.0.0."""
+    import asyncio
+    import os
+    import stat
+
+    from .support.kafka_helpers import create_topic
+    from .support.worker_harness import Deployment
+
+    d = Deployment(kafka_bootstrap, partitions=2)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, 2))
+    data_dir = tmp_path / "fresh-data-dir"
+    try:
+        worker = d.start_worker(
+            "--web-port", "0", "--log-level", "info", "--data-dir", str(data_dir), env={"SPECMETER_WORKER_WEB_HOST": ""}
+        )  # fmt: skip
+        d.wait_ready(worker)
+        assert stat.S_IMODE(os.stat(data_dir).st_mode) == 0o700
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(60)
+        text = d.logs[0].read_text()
+    finally:
+        d.close()
+    assert re.search(r"web server on http://127\.0\.0\.1:\d+:", text), text  # the default: loopback
+    lines = [line for line in text.splitlines() if line.startswith("[")]
+    assert all(re.match(r"\[[\d\- :,]+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ", line) for line in lines), text
+    assert "[INFO]" not in text and f"[{worker.pid}]" not in text, text
+    stopping = text.index("stopping on SIGTERM: leaving its consumer groups")
+    left = text.index(f"left its consumer groups {d.name}-stage1, {d.name}-stage2")
+    assert stopping < left < text.index("stopped (on SIGTERM)"), text
+
+
+# -- 39.4: logs an operator reads ----------------------------------------------------
+
+
+def test_a_batch_whose_markers_come_within_a_second_is_not_said(core):
+    from specmeter.streams.report.waits import WaitReporter, stage1_waits
+
+    from .test_waits import _marker, _processor, _record
+
+    p = _processor(core)
+    p.process([(0, _record(0)), (1, _marker("rollout-0", expected=4))], now_ms=1_000)
+    reporter = WaitReporter(batch_timeout_ms=60_000)
+    assert reporter.lines(stage1_waits([(0, p.waiting(1_040))]), []) == []  # closes 40 ms later: nothing to say
+    (line,) = reporter.lines(stage1_waits([(0, p.waiting(2_000))]), [])  # a second without input: said
+    assert "markers from 1 of 4 producers" in line
+
+
+def test_a_rebalance_s_heartbeat_warning_is_info():
+    import logging
+
+    from specmeter.streams.worker.run import quiet_rebalance_chatter
+
+    quiet_rebalance_chatter()
+    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
+    record = logger.makeRecord(
+        logger.name, logging.WARNING, __file__, 1, "Heartbeat failed for group %s because it is rebalancing",
+        ("g",), None,
+    )  # fmt: skip
+    for f in logger.filters:
+        f.filter(record)
+    assert record.levelno == logging.INFO and record.levelname == "INFO"
+    other = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "Heartbeat failed: %s", ("x",), None)
+    for f in logger.filters:
+        f.filter(other)
+    assert other.levelno == logging.WARNING
+
+
+def test_mode_s_handlers_get_the_worker_s_format():
+    import logging
+
+    from mode.utils.logging import DEFAULT_FORMAT
+
+    from specmeter.streams.worker.run import LOG_FORMAT, one_log_format
+
+    logger = logging.Logger("x")
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter(DEFAULT_FORMAT))
+    logger.addHandler(handler)
+    one_log_format(logger)
+    record = logger.makeRecord("specmeter.topics", logging.INFO, __file__, 1, "hello", (), None)
+    assert handler.format(record) == logging.Formatter(LOG_FORMAT).format(record)
+    assert " INFO specmeter.topics: hello" in handler.format(record)
+
+
+def test_the_web_server_line_names_the_address_it_binds_and_the_default_is_loopback(caplog):
+    import logging
+
+    from specmeter.streams.settings import WorkerSettings
+    from specmeter.streams.worker.run import _say_web_server
+
+    assert WorkerSettings().web_host == "127.0.0.1"
+    with caplog.at_level(logging.INFO, logger="specmeter.worker"):
+        _say_web_server(WorkerSettings(web_host="0.0.0.0", web_port=6066))
+    assert "http://0.0.0.0:6066 (every interface" in caplog.text, caplog.text
+    help_text = CliRunner().invoke(main, ["worker", "--help"], terminal_width=200).output
+    assert "0.0.0.0" in help_text and "127.0.0.1" in help_text
+
+
+def test_the_deploy_manifests_open_the_web_server_explicitly():
+    from pathlib import Path
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy"
+    assert '"--web-host", "0.0.0.0"' in (deploy / "compose.yaml").read_text()
+    assert '"--web-host", "0.0.0.0"' in (deploy / "Dockerfile").read_text()
+    assert 'SPECMETER_WORKER_WEB_HOST: "0.0.0.0"' in (deploy / "k8s" / "configmap.yaml").read_text()
+
+
+def test_a_new_data_dir_is_its_owner_s_alone(tmp_path):
+    import os
+    import stat
+
+    from specmeter.streams.worker.run import _private_data_dir
+
+    path = tmp_path / "data"
+    _private_data_dir(str(path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700

@@ -156,7 +156,14 @@ def _topic_options(func):
     show_default=True,
     help="HTTP port for health, stats and Prometheus metrics (0: any free port; the log names it).",
 )
-@click.option("--web-host", default=DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
+@click.option(
+    "--web-host",
+    default=DEFAULTS.web_host,
+    show_default=True,
+    metavar="ADDRESS",
+    help="HTTP bind address: this machine only by default; 0.0.0.0 opens it on every interface (a container, "
+    "a Prometheus on another host). /metrics and /specmeter/stats need no credentials.",
+)
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
 @click.option(
     "--max-exported-tasks",
@@ -168,7 +175,12 @@ def _topic_options(func):
     'first come; later ones are summed under task="(other)", unknown ones under task="(unknown)". '
     "Each task costs 8 series per run and algorithm.",
 )
-@click.option("--data-dir", default=DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
+@click.option(
+    "--data-dir",
+    default=DEFAULTS.data_dir,
+    show_default=True,
+    help="Faust's local data folder; created readable by its owner alone (0700).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
