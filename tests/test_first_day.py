@@ -322,3 +322,74 @@ def test_a_new_data_dir_is_its_owner_s_alone(tmp_path):
     path = tmp_path / "data"
     _private_data_dir(str(path))
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+
+
+# -- issue 37.5: a command folds an outage's client lines ------------------------------
+
+
+def test_replay_folds_a_75_s_outage_of_two_brokers_of_three_into_a_few_lines():
+    """`specmeter replay` printed 2,385 lines of aiokafka retry warnings in a 75 s outage of two
+    of three brokers: the writes the cluster refused (too few in-sync replicas, no leader) and
+    the producer library's retries were not folded. Fed as aiokafka and the producer log them:
+    at most a few lines a minute, with the count of retries in them."""
+    import logging
+
+    from specmeter.streams.report.outages import Outages, fold_command_logs
+
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    out = logging.Logger("test.outages")
+    out.addHandler(Said())
+    now = [0.0]
+    outages = Outages(logger=out, who="specmeter replay", back_level=logging.WARNING)
+    installed = fold_command_logs(outages, clock=lambda: now[0])
+    sender = logging.getLogger("aiokafka.producer.sender")
+    client = logging.getLogger("aiokafka")  # aiokafka/client.py's logger
+    publisher = logging.getLogger("specmeter.producers")
+    shown: list[str] = []
+
+    def log(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+        record = logger.makeRecord(logger.name, level, __file__, 1, msg, args, None)
+        if logger.filter(record):
+            shown.append(record.getMessage())
+
+    try:
+        for step in range(750):  # 75 s, 10 steps a second
+            now[0] = step / 10
+            for partition in range(8):
+                log(
+                    sender, logging.WARNING,
+                    "Got error produce response on topic-partition %s, retrying. Error: %s",
+                    f"TopicPartition(topic='specmeter.records', partition={partition})",
+                    "[Error 19] NotEnoughReplicasError",
+                )  # fmt: skip
+            if step % 10 == 0:
+                for node in (2, 3):
+                    log(
+                        client, logging.ERROR, "Unable connect to node with id %s: %s", node,
+                        f"[Errno 111] Connect call failed ('10.0.0.{node}', 9092)",
+                    )  # fmt: skip
+                log(client, logging.ERROR, "Unable to update metadata from %s", [2, 3])
+                log(sender, logging.WARNING, "Got error produce response: %s", "[Error 7] RequestTimedOutError")
+                retry = "publisher: delivery to partition %d failed (%s: %s); retrying in %.2fs"
+                error = ("NotEnoughReplicasError", "[Error 19] NotEnoughReplicasError")
+                log(publisher, logging.WARNING, retry, step % 8, *error, 5.0)
+                outages.tick(now[0])
+        for second in range(76, 90):  # the brokers back: their ports answer
+            now[0] = float(second)
+            outages.tick(now[0], reachable=["broker 2", "broker 3"])
+    finally:
+        for logger, folding in installed:
+            logger.removeFilter(folding)
+    lines = said + shown
+    assert len(lines) < 20, "\n".join(lines)
+    assert shown == [], shown  # every retry line folded
+    assert any("Kafka cluster unavailable" in line and "specmeter replay keeps retrying" in line for line in said)
+    reminders = [line for line in said if re.search("still (unreachable|unavailable) after", line)]
+    assert reminders and all(re.search(r"[1-9]\d* errors folded since the last line", line) for line in reminders)
+    assert outages.unreachable == (), said
+    assert outages.errors_total >= 750 * 8, outages.errors_total

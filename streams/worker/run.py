@@ -87,10 +87,10 @@ def one_log_format(logger: logging.Logger) -> None:
 
 class RebalanceChatter(logging.Filter):
     """aiokafka's WARNINGs about an ordinary rebalance ("Heartbeat failed for group ...
-    because it is rebalancing", "... rejoining the group"), lowered to INFO: a rebalance
+    because it is rebalancing", "... generation id is not current"), lowered to INFO: a rebalance
     is how workers share partitions, not a problem; the worker's own lines say it."""
 
-    NEEDLES = ("because it is rebalancing", "RebalanceInProgress", "rejoin")
+    NEEDLES = ("because it is rebalancing", "generation id is not", "re-joining group")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno == logging.WARNING and any(n in str(record.msg) for n in self.NEEDLES):
