@@ -393,3 +393,70 @@ def test_replay_folds_a_75_s_outage_of_two_brokers_of_three_into_a_few_lines():
     assert reminders and all(re.search(r"[1-9]\d* errors folded since the last line", line) for line in reminders)
     assert outages.unreachable == (), said
     assert outages.errors_total >= 750 * 8, outages.errors_total
+
+
+# -- 39.3: the demo leaves what it says it leaves ---------------------------------------
+
+
+def test_demo_keep_broker_prints_the_command_that_stops_it(monkeypatch):
+    from specmeter.streams.cli import demo
+
+    monkeypatch.setattr(demo, "_start_broker", lambda console: ("127.0.0.1:9", True))
+    monkeypatch.setattr(demo, "_check_broker", lambda broker: None)
+
+    def fail(*args: object) -> None:
+        raise click.ClickException("stopped here by the test")
+
+    monkeypatch.setattr(demo, "_demo_topics", lambda broker, run: None)
+    monkeypatch.setattr(demo, "_worker_args", fail)
+    result = CliRunner().invoke(demo.main, ["--keep-broker"])
+    assert "the local broker keeps running at 127.0.0.1:9; stop it with: " in result.output, result.output
+    assert "deploy/kafka/broker stop" in result.output
+    help_text = CliRunner().invoke(demo.main, ["--help"], terminal_width=200).output
+    assert "--clean" in help_text and "off by default" in help_text
+
+
+@pytest.mark.kafka
+def test_demo_clean_removes_the_topics_and_groups_of_its_app_id_and_nothing_else(kafka_bootstrap):
+    import asyncio
+    import uuid
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from specmeter.streams.cli.demo import remove_app_state
+
+    from .support.kafka_helpers import create_topic, delete_topics
+
+    run = f"demo-test-{uuid.uuid4().hex[:6]}"
+    ours = [f"{run}.records", f"{run}.metrics", f"{run}-stage1-state-changelog"]
+    other = f"{run}x.records"  # another app id that starts alike
+    for topic in [*ours, other]:
+        asyncio.run(create_topic(kafka_bootstrap, topic, 1))
+
+    async def join_and_leave(group: str) -> None:
+        consumer = AIOKafkaConsumer(ours[0], bootstrap_servers=kafka_bootstrap, group_id=group)
+        await consumer.start()
+        try:
+            await consumer.getmany(timeout_ms=2000)
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+
+    async def left() -> tuple[set[str], set[str]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            topics = {t for t in await admin.list_topics() if t.startswith(run)}
+            groups = {g[0] for g in await admin.list_consumer_groups() if g[0].startswith(run)}
+            return topics, groups
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(join_and_leave(f"{run}-stage1"))
+        assert remove_app_state(kafka_bootstrap, run) == (3, 1)
+        topics, groups = asyncio.run(left())
+        assert topics == {other} and groups == set()
+    finally:
+        asyncio.run(delete_topics(kafka_bootstrap, [*ours, other]))
