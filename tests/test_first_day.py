@@ -460,3 +460,23 @@ def test_demo_clean_removes_the_topics_and_groups_of_its_app_id_and_nothing_else
         assert topics == {other} and groups == set()
     finally:
         asyncio.run(delete_topics(kafka_bootstrap, [*ours, other]))
+
+
+# -- 39.6: the README a user's page, the docs' pointers valid --------------------------
+
+
+def test_every_see_below_in_the_docs_names_a_part_that_follows():
+    """docs/benchmarks.md said "see Scaling below", and there was no such section."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    found = 0
+    for page in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for match in re.finditer(r"see \*{0,2}([A-Z][\w-]*(?: [A-Za-z][\w-]*)*?)\*{0,2}(?: in [^)]*?)? below", text):
+            name = match.group(1)
+            after = text[match.end() :]
+            part = rf"(^#+ [^\n]*{re.escape(name)}|\*\*{re.escape(name)}[.:]?\*\*)"
+            assert re.search(part, after, flags=re.M), f"{page.name}: {match.group(0)!r}: no part named {name} follows"
+            found += 1
+    assert found >= 1

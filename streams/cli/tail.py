@@ -68,10 +68,12 @@ def tail(
     The table fits the terminal: per batch (run/batch when it names a run) the
     accept rate, tokens per verify step, coverage (the lower of accept and verify
     coverage; 50%v: the verify pair is the lower), unique generations,
-    conflicting/invalid/late counts, how it closed, and the drift view: the
-    accept rate of each weight version (v7 .75 v8 .71), newest kept when they
-    do not all fit. Piped, it prints a line per message as it arrives, then the
-    final table when it ends (a limit, Ctrl-C or SIGTERM).
+    conflicting/invalid/late counts, how it closed (! when incomplete), where
+    there is room the accept rate by draft position (.81 .62 .40) and per task
+    (gsm8k .88 chat .71), and the drift view: the accept rate of each weight
+    version (v7 .75 v8 .71), newest kept when they do not all fit. Piped, it
+    prints a line per message as it arrives, then the final table when it ends
+    (a limit, Ctrl-C or SIGTERM), ids and columns whole (nothing is cut).
     """
     security = preflight.security_from_env()
     preflight.check_before_start(broker, security)
