@@ -120,9 +120,9 @@ def _piped_batches():
     }
 
 
-def test_piped_rows_keep_ids_and_the_drift_view_whole():
-    """`specmeter tail ... | grep rep` showed `audit-rep…/step-00004` for two runs, and the
-    drift column `… v10 .32`."""
+def test_piped_rows_keep_ids_whole_and_wide_the_drift_view():
+    """`specmeter tail ... | grep rep` showed `audit-rep…/step-00004` for two runs named
+    `audit-replay` and `audit-replay2`; the drift column `… v10 .32`."""
     from specmeter.streams.cli.tables import RowPrinter
 
     printer = RowPrinter(80)
@@ -133,17 +133,27 @@ def test_piped_rows_keep_ids_and_the_drift_view_whole():
         "audit-replay2/step-00004",
         "audit-replay2/step-00005",
     ]
-    assert all("…" not in row and "v1 .87" in row and "v14 .48" in row for row in rows), rows
+    assert all(row.endswith("v14 .48") for row in rows), rows  # the newest versions that fit
+    wide = RowPrinter(80, whole=True)
+    rows = [wide.row(m) for m in _piped_batches().values()]
+    assert all("…" not in row and "v1 .87 v2 .84" in row and row.endswith("v14 .48") for row in rows), rows
 
 
-def test_the_final_table_of_a_pipe_is_whole():
+def test_the_final_table_of_a_pipe_keeps_ids_whole_and_wide_everything():
     from specmeter.streams.cli.tables import metrics_table, output_console
 
-    out = io.StringIO()
-    console = output_console(file=out)
-    console.print(metrics_table(_piped_batches(), 20, console.width))
-    text = out.getvalue()
-    assert "…" not in text and "audit-replay2/step-00005" in text and "v14 .48" in text, text
+    for whole in (False, True):
+        out = io.StringIO()
+        console = output_console(file=out)
+        console.print(metrics_table(_piped_batches(), 20, 80, whole=whole, ids=True))
+        text = out.getvalue()
+        assert "audit-replay2/step-00005" in text and "audit-replay/step-00004" in text, text
+        assert ("v1 .87" in text and "…" not in text) if whole else "… v13 .51 v14 .48" in text, text
+
+
+def test_tail_says_wide_in_its_help():
+    help_text = CliRunner().invoke(main, ["tail", "--help"], terminal_width=200).output
+    assert "--wide" in help_text and "ids are never cut" in help_text
 
 
 def test_the_demo_table_redirected_keeps_its_headers_and_drift(capsys):
@@ -480,3 +490,25 @@ def test_every_see_below_in_the_docs_names_a_part_that_follows():
             assert re.search(part, after, flags=re.M), f"{page.name}: {match.group(0)!r}: no part named {name} follows"
             found += 1
     assert found >= 1
+
+
+@pytest.mark.kafka
+def test_loadgen_with_a_mistyped_topic_says_did_you_mean_before_any_progress_bar(kafka_bootstrap, unique_name):
+    """`loadgen --topic specmeter.record` drew its progress bar before the error, told a CLI
+    user to "set PublisherSettings.topic", and had no did-you-mean (tail and advise do)."""
+    import asyncio
+
+    from .support.kafka_helpers import create_topic, delete_topics
+    from .support.tools import run_specmeter
+
+    topic = unique_name("first-day") + ".records"
+    asyncio.run(create_topic(kafka_bootstrap, topic, 1))
+    try:
+        for command in (["loadgen", "--batches", "1"], ["replay", "-"]):
+            proc = run_specmeter(*command, "--broker", kafka_bootstrap, "--topic", topic[:-1], timeout=60)
+            assert proc.returncode == 1, proc.stderr
+            assert "PublisherSettings" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+            assert f"did you mean --topic {topic}?" in proc.stderr, proc.stderr
+            assert "batches" not in proc.stdout and "━" not in proc.stdout + proc.stderr, proc.stdout
+    finally:
+        asyncio.run(delete_topics(kafka_bootstrap, [topic]))

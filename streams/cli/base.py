@@ -152,9 +152,10 @@ def _topic_fix(exc: Any, command: str) -> str:
     if exc.similar:
         others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
         return f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+    role = getattr(exc, "role", "metrics")
     if exc.of_role:
-        return f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
-    return f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+        return f"pass one of the {role} topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+    return f"pass --topic NAME (env {variable}), the worker's --{role}-topic, or start `specmeter worker` first"
 
 
 def _kafka_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:

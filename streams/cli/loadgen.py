@@ -234,7 +234,7 @@ def loadgen(
     security = None
     if dump is None:  # fail before writing --expect when the broker is not there
         security = preflight.security_from_env()
-        preflight.check_before_start(broker, security)
+        preflight.check_before_start(broker, security, records_topic=topic)  # before any progress bar
     if _written(spec, expect, dump):
         return
     assert security is not None  # no dump: the broker run, checked above

@@ -71,7 +71,7 @@ def replay(
     from ..fleet.replay import ReplaySummary, replay_lines
 
     security = preflight.security_from_env()
-    preflight.check_before_start(broker, security)
+    preflight.check_before_start(broker, security, records_topic=topic)
     settings = PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security)
     stream, total = _opened(file)
     progress = Progress(
