@@ -334,6 +334,20 @@ def test_a_new_data_dir_is_its_owner_s_alone(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
 
 
+def test_an_old_world_readable_data_dir_is_warned_of(tmp_path, caplog):
+    import logging
+    import os
+
+    from specmeter.streams.worker.run import _private_data_dir
+
+    path = tmp_path / "old"
+    path.mkdir()
+    os.chmod(path, 0o755)
+    with caplog.at_level(logging.WARNING, logger="specmeter.worker"):
+        _private_data_dir(str(path))
+    assert "readable by other users (mode 755)" in caplog.text and "chmod 700" in caplog.text
+
+
 # -- issue 37.5: a command folds an outage's client lines ------------------------------
 
 

@@ -110,7 +110,8 @@ def quiet_rebalance_chatter() -> None:
 
 def _private_data_dir(path: str) -> None:
     """The data folder, created readable by its owner alone (0700; it was world-readable);
-    one that exists is left as it is, with a warning when others can read it."""
+    one that exists is left as it is, with a warning when it is this user's and others can
+    read it (a folder of an earlier version; not a mounted volume of another owner)."""
     import os
     import stat
 
@@ -118,8 +119,9 @@ def _private_data_dir(path: str) -> None:
         os.makedirs(path, mode=0o700, exist_ok=True)
         os.chmod(path, 0o700)  # whatever the umask left
         return
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
+    status = os.stat(path)
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & 0o077 and status.st_uid == os.getuid():
         log.warning(
             "data dir %s is readable by other users (mode %o): `chmod 700 %s`, or pass --data-dir a private folder",
             path,
