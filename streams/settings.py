@@ -69,11 +69,13 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
             from the last state that is whole. Below ``max_poll_interval_s``: a route
             blocked on output room must not leave its group holding unacknowledged writes.
         commit_interval_s: how often consumed offsets are committed.
-        web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics).
+        web_enabled / web_host / web_port: the worker's HTTP server (health, stats, metrics);
+            on the loopback address by default (a container or a scraper on another host
+            needs ``--web-host 0.0.0.0``, as deploy/ passes it).
         max_exported_tasks: task names that get Prometheus counters of their own, per
             (algorithm, run_id), first come; later tasks are summed under
             ``task="(other)"`` (docs/prometheus.md). Each costs 8 series per pair.
-        data_dir: Faust's local data folder.
+        data_dir: Faust's local data folder (created readable by its owner alone, 0700).
         log_level: worker log level.
         security: Kafka client security (SASL, TLS), for Faust and aiokafka alike;
             the CLI reads it from the environment (``KafkaSecurity.from_env``).
@@ -99,7 +101,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     delivery_timeout_s: float = 240.0
     commit_interval_s: float = 1.0
     web_enabled: bool = True
-    web_host: str = "0.0.0.0"
+    web_host: str = "127.0.0.1"
     web_port: int = 6066
     max_exported_tasks: int = 16
     data_dir: str = "/tmp/specmeter-worker"

@@ -56,7 +56,7 @@ def _valid_value(option: click.Option, tmp_path) -> str:
         return str(kind.choices[0])
     if isinstance(kind, click.File):
         return str(tmp_path / "out")
-    if isinstance(kind, click.IntRange):
+    if isinstance(kind, click.IntRange) or getattr(kind, "integer", False):  # streams.cli.base.Number
         return str(max(1, kind.min or 0))
     if isinstance(kind, click.FloatRange):
         return str((kind.min or 0) + 0.5)

@@ -153,7 +153,7 @@ def test_web_port_in_use(kafka_bootstrap, unique_name):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        # the default --web-host 0.0.0.0 collides with a listener on 127.0.0.1 as well
+        # the default --web-host (127.0.0.1) collides with the listener there
         proc = specmeter(
             "worker",
             "--broker",

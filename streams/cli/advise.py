@@ -48,6 +48,7 @@ from .base import (
     KAFKA_ENV_HELP,
     Command,
     CommandFailed,
+    Number,
     broker_option,
     folded,
     input_name,
@@ -974,12 +975,27 @@ class OptionRefused(CommandFailed):
     exit_code = 2
 
 
-def _cost_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """``--draft-cost`` and ``--refresh-cost``: a finite number >= 0, refused in one line otherwise."""
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        flag = param.opts[0] if param.opts else str(param.name)
-        raise OptionRefused(f"{flag} must be a finite number >= 0, not {value!r}")
-    return value
+class Cost(Number):
+    """``--draft-cost`` and ``--refresh-cost``: the CLI's number type, refusing anything but a
+    finite number >= 0 in one line (``OptionRefused``) rather than click's usage block."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return super().convert(value, param, ctx)
+        if not (math.isfinite(number) and number >= 0):
+            flag = param.opts[0] if param is not None and param.opts else "the cost"
+            raise CostRefused(f"{flag} must be a finite number >= 0, not {number!r}", ctx=ctx, param=param)
+        return number
+
+
+class CostRefused(click.BadParameter):
+    """A cost refused: said in one line, not click's usage block (the value is the user's
+    number, whose fix needs no usage)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"specmeter advise: {self.message}", err=True)
 
 
 def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -1011,7 +1027,7 @@ def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--last",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=20,
     show_default=True,
     metavar="N",
@@ -1028,10 +1044,9 @@ def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--draft-cost",
-    type=click.FloatRange(),  # any float: _cost_option refuses the negative and non-finite in one line
+    type=Cost(),
     default=None,
     metavar="C",
-    callback=_cost_option,
     help="The time of one draft step relative to one target forward pass (decode, at your serving batch size): "
     "time both from a profile or the engine's step timings and divide; about 0 for NGRAM, a small share for an "
     "EAGLE head, roughly the parameter ratio for a separate draft model. Adds the expected speedup over no "
@@ -1040,10 +1055,9 @@ def _advise_run(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--refresh-cost",
-    type=click.FloatRange(),  # any float: _cost_option refuses the negative and non-finite in one line
+    type=Cost(),
     default=None,
     metavar="R",
-    callback=_cost_option,
     help="With --by draft_lag: what one draft refresh costs, in verify steps (the refresh's seconds times the "
     "fleet's verify steps per second: a batch's spec/verify_total over its rollout seconds; docs/advise.md). "
     "Adds after how many policy updates a refresh pays for itself. A finite number >= 0.",

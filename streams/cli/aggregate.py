@@ -31,7 +31,14 @@ from .base import Command, CommandFailed, input_name
     "json: one JSON document (a list); auto: a table on a terminal, JSON lines when piped.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Do not report bad lines on stderr (they are still counted).")
-def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format: str, quiet: bool) -> None:
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit with status 1 when any line is bad (for CI); the metrics are printed all the same.",
+)
+def aggregate(
+    file: IO[bytes], speculative_algorithm: str | None, output_format: str, quiet: bool, strict: bool
+) -> None:
     """Aggregate a JSON-lines rollout dump without Kafka; '-' reads stdin.
 
     Each line is a record (batch_id, session_id, generation_id, sample_id,
@@ -44,7 +51,8 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
     run and batch). A bad line is reported on stderr with its line number and
     reason, counted in its batch when the batch is readable, and never stops the
     run; the exit status is 1 when no line at all could be read (an empty file
-    included). A UTF-8 byte-order mark is ignored.
+    included), or with --strict when any line is bad. A UTF-8 byte-order mark is
+    ignored.
     """
 
     def report(error: LineError) -> None:
@@ -62,6 +70,11 @@ def aggregate(file: IO[bytes], speculative_algorithm: str | None, output_format:
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
     if aggregator.read == 0:
         raise _nothing_read(name, aggregator.errors)
+    if strict and aggregator.errors:
+        raise CommandFailed(
+            f"{aggregator.errors} bad line(s) in {name} (--strict)",
+            "fix the lines reported (run without --quiet to see them), or drop --strict to count them and go on",
+        )
 
 
 def _feed(aggregator: OfflineAggregator, file: IO[bytes], name: str) -> None:

@@ -11,7 +11,9 @@ and keeps its traceback.
 from __future__ import annotations
 
 import functools
+import math
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
 
@@ -150,9 +152,10 @@ def _topic_fix(exc: Any, command: str) -> str:
     if exc.similar:
         others = f" (or {', '.join(exc.similar[1:])})" if len(exc.similar) > 1 else ""
         return f"did you mean --topic {exc.similar[0]}{others}? (env {variable})"
+    role = getattr(exc, "role", "metrics")
     if exc.of_role:
-        return f"pass one of the metrics topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
-    return f"pass --topic NAME (env {variable}), the worker's --metrics-topic, or start `specmeter worker` first"
+        return f"pass one of the {role} topics there as --topic NAME (env {variable}): {', '.join(exc.of_role)}"
+    return f"pass --topic NAME (env {variable}), the worker's --{role}-topic, or start `specmeter worker` first"
 
 
 def _kafka_failure(exc: BaseException, command: str, broker: str) -> tuple[str, str | None] | None:
@@ -210,18 +213,64 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (``Stopped``)
             explained = None
+            status = 128 + getattr(exc, "signum", signal.SIGINT)
         except Exception as exc:
             explained = _explain(exc, ctx.info_name or "", ctx.params)
             if explained is None:
                 raise
         # raised outside the except block: no chained traceback keeps the failed clients alive
-        if explained is None:  # Ctrl-C: no traceback, the shell's exit status for SIGINT
-            ctx.exit(130)
+        if explained is None:  # Ctrl-C or SIGTERM: no traceback, the shell's exit status for the signal
+            ctx.exit(status)
         raise CommandFailed(*explained, command=ctx.command_path)
 
     return wrapper
+
+
+class Number(click.FloatRange):
+    """The one numeric parameter type of the whole CLI: a finite number (``nan``, ``inf``
+    refused: they pass every comparison or defeat it, so a range alone lets them through)
+    in its range, or one line naming the option. ``integer=True`` takes whole numbers.
+    ``--help`` shows the range as click shows its own ranges ([x>=0])."""
+
+    def __init__(
+        self,
+        min: float | None = None,
+        max: float | None = None,
+        *,
+        min_open: bool = False,
+        max_open: bool = False,
+        integer: bool = False,
+    ) -> None:
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open)
+        self.integer = integer
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = self._parsed(value, param, ctx)
+        low = self.min is not None and (number <= self.min if self.min_open else number < self.min)
+        high = self.max is not None and (number >= self.max if self.max_open else number > self.max)
+        if low or high:
+            self.fail(f"{number} is not in the range {self._describe_range()}", param, ctx)
+        return number
+
+    def _parsed(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
+        """The value as a finite int or float; a one-line failure otherwise."""
+        try:
+            number: float | int = (int if self.integer else float)(value)
+        except (TypeError, ValueError, OverflowError):
+            self.fail(f"{value!r} is not {'a whole number' if self.integer else 'a number'}", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+    def _describe_range(self) -> str:
+        """The range as click's help shows it; none for a number without bounds."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
+    def __repr__(self) -> str:
+        return f"Number({self._describe_range()}{', integer' if self.integer else ''})"
 
 
 class EnvValueInvalid(CommandFailed):
@@ -339,10 +388,55 @@ def run_id_option(func):
     )(func)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a container's stop) ended a command's work: handled
+    where Ctrl-C is (a command's summary, then the shell's exit status, 128 + the signal)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's exit status for a command ended by Ctrl-C (130) or SIGTERM (143)."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """``work``, ended by SIGTERM as Ctrl-C ends it (the task cancelled, its clients closed),
+    raising ``Stopped`` where Ctrl-C raises KeyboardInterrupt (issue 39.3: ``replay`` exited
+    143 with no output on SIGTERM)."""
+    import asyncio
+    import contextlib
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    signalled: list[int] = []
+
+    def stop() -> None:
+        signalled.append(signal.SIGTERM)
+        task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signal handlers here (Windows, a thread)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        task.uncancel()
+        raise Stopped(signalled[0]) from None
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 async def folded(command: str, work: Coroutine[Any, Any, T]) -> T:
     """``work``, with aiokafka's lines about a broker it cannot reach folded as the worker
-    folds them (``report.outages.folded_outages``)."""
+    folds them (``report.outages.folded_outages``), and SIGTERM handled as Ctrl-C
+    (``stopped_by_sigterm``)."""
     from ..report.outages import folded_outages
 
     async with folded_outages(command):
-        return await work
+        return await stopped_by_sigterm(work)

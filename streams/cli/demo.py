@@ -25,6 +25,8 @@ from pathlib import Path
 
 import click
 
+from .base import Number
+
 REPO = Path(__file__).resolve().parents[2]
 #: the bundled sample rollout ships inside the package (it works from an installed wheel)
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_rollout.jsonl"
@@ -127,6 +129,7 @@ def _table(results: list, offline: dict):
             justify="left" if column in ("batch", "drift") else "right",
             no_wrap=column in ("batch", "drift"),
             overflow="ellipsis",
+            min_width=len(column) if column not in ("batch", "drift") else None,
         )
     for m in results:
         table.add_row(*_row(m, offline))
@@ -135,7 +138,7 @@ def _table(results: list, offline: dict):
 
 def _row(m, offline: dict) -> list[str]:
     """A batch's row: its numbers, whether it matches the offline result, its drift."""
-    from .tables import drift_text
+    from .tables import WHOLE_WIDTH, drift_text
 
     x = m.metrics
     return [
@@ -155,7 +158,7 @@ def _row(m, offline: dict) -> list[str]:
         str(m.invalid_record_count),
         "yes" if m.complete else "no",
         "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-        drift_text(m.by_weight_version, 32),
+        drift_text(m.by_weight_version, 32 if sys.stdout.isatty() else WHOLE_WIDTH),
     ]
 
 
@@ -164,7 +167,7 @@ def _number(v) -> str:
     return "-" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
+def next_steps(broker: str, metrics_topic: str, broker_running: bool, cleaned: bool = False) -> str:
     """What to try after the demo, as lines to paste: the tools on the same broker,
     a worker's HTTP side."""
     lines = ["next (the commands are in .venv/bin; `source .venv/bin/activate` puts them on your PATH):"]
@@ -173,9 +176,13 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
             "  # the demo stopped the broker it started; bring it back (or run the demo with --keep-broker)",
             "  deploy/kafka/broker start",
         ]
+    if not cleaned:
+        lines += [
+            "  # this demo's batches again, with the drift view (accept rate per weight version); the demo's",
+            "  # topics and groups stay on the broker (`--clean` removes them at the end)",
+            f"  specmeter tail --broker {broker} --topic {metrics_topic} --from-beginning",
+        ]
     lines += [
-        "  # this demo's batches again, with the drift view (accept rate per weight version)",
-        f"  specmeter tail --broker {broker} --topic {metrics_topic} --from-beginning",
         "  # a worker with its HTTP server and Prometheus metrics, a synthetic fleet with drift, the live table",
         f"  specmeter worker --broker {broker} --web-port 6066 &",
         "  curl -s localhost:6066/metrics | grep '^specmeter_'",
@@ -194,9 +201,25 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool) -> str:
     help="Rollout dump to feed the worker.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print BatchMetrics JSON lines instead of a table.")
-@click.option("--timeout", type=float, default=180.0, show_default=True, help="Give up after this many seconds.")
-@click.option("--keep-broker", is_flag=True, help="Leave the local broker running afterwards.")
-def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
+@click.option(
+    "--timeout",
+    type=Number(min=0, min_open=True),
+    default=180.0,
+    show_default=True,
+    help="Give up after this many seconds.",
+)
+@click.option(
+    "--keep-broker",
+    is_flag=True,
+    help="Leave the local broker it started running afterwards (the demo prints the command that stops it).",
+)
+@click.option(
+    "--clean",
+    is_flag=True,
+    help="Remove the topics and consumer groups of the demo's app id (demo-<time>-<id>) at the end. Without "
+    "it they are kept (off by default), so `specmeter tail` shows the demo's batches again.",
+)
+def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool, clean: bool) -> None:
     """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
     from rich.console import Console
 
@@ -226,10 +249,82 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool) -> None:
         succeeded = True
     finally:
         _stop_worker(worker)
+        if clean:
+            _say_removed(broker, run)
         if started_broker and not keep_broker:
             subprocess.run([str(BROKER), "stop"], capture_output=True)
+        elif started_broker:
+            click.echo(f"the local broker keeps running at {broker}; stop it with: {_shown(BROKER)} stop", err=True)
     if succeeded:
-        click.echo(next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker), err=True)
+        click.echo(
+            next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker, cleaned=clean),
+            err=True,
+        )
+
+
+def _shown(path: Path) -> str:
+    """A path as a person types it: relative to the working directory when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _say_removed(broker: str, run: str) -> None:
+    """``--clean``: the demo's topics and consumer groups removed, in one line (a failure too)."""
+    try:
+        topics, groups = remove_app_state(broker, run)
+    except Exception as exc:  # noqa: BLE001 - a clean-up that fails must not hide the demo's own outcome
+        click.echo(f"demo: could not remove the topics and groups of {run} ({type(exc).__name__}: {exc})", err=True)
+        return
+    click.echo(f"removed the demo's {topics} topic(s) and {groups} consumer group(s) ({run}*)", err=True)
+
+
+def _of_app(name: str, app_id: str) -> bool:
+    """A topic or group of ``app_id``: its own topics (``<id>.records``) and the worker's (``<id>-stage1``...)."""
+    return name.startswith((f"{app_id}.", f"{app_id}-")) or name == app_id
+
+
+def remove_app_state(broker: str, app_id: str, timeout_s: float = 30.0) -> tuple[int, int]:
+    """Delete the topics and consumer groups named after ``app_id`` (the demo's fresh one, so
+    nothing else's); the worker must have stopped (a group with members is not deleted).
+    Returns how many topics and groups were removed."""
+    return asyncio.run(asyncio.wait_for(_remove_app_state(broker, app_id), timeout_s))
+
+
+async def _remove_app_state(broker: str, app_id: str) -> tuple[int, int]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        topics = sorted(t for t in await admin.list_topics() if _of_app(t, app_id))
+        if topics:
+            await admin.delete_topics(topics)
+        groups = sorted(g[0] for g in await admin.list_consumer_groups() if _of_app(g[0], app_id))
+        for group in groups:
+            await _delete_group(admin, group)
+        return len(topics), len(groups)
+    finally:
+        await admin.close()
+
+
+async def _delete_group(admin, group: str, tries: int = 20) -> None:
+    """Delete one consumer group (aiokafka has no call for it: its DeleteGroups request); one
+    whose members are still leaving (GROUP_NOT_EMPTY) is tried again for a few seconds."""
+    from aiokafka.errors import for_code
+    from aiokafka.protocol.admin import DeleteGroupsRequest
+
+    for _ in range(tries):
+        node = await admin.find_coordinator(group)
+        response = await admin._send_request_to_node(node, DeleteGroupsRequest([group]))  # noqa: SLF001
+        code = dict(response.results).get(group, 0)
+        if code in (0, 69):  # none, GROUP_ID_NOT_FOUND
+            return
+        if code != 68:  # GROUP_NOT_EMPTY: its members are still leaving
+            raise for_code(code)(f"deleting consumer group {group}")
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"consumer group {group} still has members")
 
 
 def _demo_topics(broker: str, run: str):
@@ -320,19 +415,17 @@ def _published(console, broker: str, topic: str, expected: dict, timeout: float)
 
 
 def _print_results(results: list, expected: dict, as_json: bool) -> None:
-    """The worker's metrics on stdout: JSON lines, or the table (170 columns wide where stdout is no terminal)."""
-    from rich.console import Console
-
+    """The worker's metrics on stdout: JSON lines, or the table (whole where stdout is no terminal)."""
     from specmeter.schemas import encode_metrics
+
+    from .tables import output_console
 
     if as_json:
         for m in results:
             sys.stdout.buffer.write(encode_metrics(m) + b"\n")
         sys.stdout.flush()
         return
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=170)
+    out = output_console()  # redirected: as wide as the table, no header or drift view cut
     out.print(_table(results, expected))
 
 

@@ -8,7 +8,18 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, folded, one_line_errors, run_id_option
+from .base import (
+    DEFAULTS,
+    KAFKA_ENV_HELP,
+    Command,
+    Number,
+    Stopped,
+    broker_option,
+    exit_status,
+    folded,
+    one_line_errors,
+    run_id_option,
+)
 
 if TYPE_CHECKING:
     from ..fleet.synthetic import FleetSpec
@@ -16,7 +27,7 @@ if TYPE_CHECKING:
 
 def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
     """A ``loadgen`` option that is a share of records or generations, in [0, 1]."""
-    return click.option(name, type=click.FloatRange(0, 1), default=default, show_default=True, help=help)
+    return click.option(name, type=Number(0, 1), default=default, show_default=True, help=help)
 
 
 def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, float], ...]:
@@ -44,25 +55,29 @@ def _task(item: str) -> tuple[str, float]:
 @broker_option
 @click.option("--topic", default=DEFAULTS.topics.records, show_default=True, help="The records topic.")
 @run_id_option
-@click.option("--producers", type=click.IntRange(1), default=4, show_default=True, help="Simulated rollout workers.")
-@click.option("--batches", type=click.IntRange(0), default=10, show_default=True, help="Training steps to simulate.")
+@click.option(
+    "--producers", type=Number(1, integer=True), default=4, show_default=True, help="Simulated rollout workers."
+)
+@click.option(
+    "--batches", type=Number(0, integer=True), default=10, show_default=True, help="Training steps to simulate."
+)
 @click.option(
     "--sessions-per-batch",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=200,
     show_default=True,
     help="Agentic sessions per training step, spread over the producers.",
 )
 @click.option(
     "--max-samples-per-session",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=3,
     show_default=True,
     help="Trajectories a session branches into (sharing ancestor generations).",
 )
 @click.option(
     "--max-turns",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=4,
     show_default=True,
     help="Generations per trajectory, shared ancestors included.",
@@ -77,14 +92,14 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--stale-versions",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=3,
     show_default=True,
     help="Older policy versions mixed into each batch besides the current one (0: on-policy).",
 )
 @click.option(
     "--draft-refresh",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=8,
     show_default=True,
     metavar="BATCHES",
@@ -92,7 +107,7 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--drift",
-    type=click.FloatRange(0, 1, max_open=True),
+    type=Number(0, 1, max_open=True),
     default=0.06,
     show_default=True,
     help="Relative drop of per-draft acceptance per version the policy is ahead of the draft.",
@@ -105,12 +120,13 @@ def _task(item: str) -> tuple[str, float]:
 @_share_option(
     "--conflict-rate",
     0.01,
-    "Share of records redelivered with different counters (conflicting generations).",
+    "Share of records redelivered with different counters: the only source of conflicting generations (0: none).",
 )
 @_share_option(
     "--missing-rate",
     0.05,
-    "Share of generations with some counters unknown.",
+    "Share of generations with some counters unknown, drawn once per generation: a shared ancestor is "
+    "reported alike in every trajectory that holds it (never a conflict).",
 )
 @_share_option(
     "--invalid-rate",
@@ -133,12 +149,12 @@ def _task(item: str) -> tuple[str, float]:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RECORDS/S",
     help="Target rate (default: as fast as the broker takes it).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same events.")
+@click.option("--seed", type=Number(integer=True), default=0, show_default=True, help="Same seed, same events.")
 @click.option(
     "--expect",
     type=click.File("wb"),
@@ -193,14 +209,8 @@ def loadgen(
     with markers. With --expect, the metrics the worker must publish are
     written first, so a run can be checked end to end.
     """
-    import asyncio
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from specmeter.producers import PublisherSettings
-
-    from ..fleet.publish import publish_fleet
-    from ..fleet.synthetic import FleetSpec, synthetic_fleet
+    from ..fleet.publish import LoadSummary
+    from ..fleet.synthetic import FleetSpec
 
     spec = FleetSpec(
         batches=batches,
@@ -224,10 +234,51 @@ def loadgen(
     security = None
     if dump is None:  # fail before writing --expect when the broker is not there
         security = preflight.security_from_env()
-        preflight.check_before_start(broker, security)
+        preflight.check_before_start(broker, security, records_topic=topic)  # before any progress bar
     if _written(spec, expect, dump):
         return
     assert security is not None  # no dump: the broker run, checked above
+    summary = LoadSummary()
+    try:
+        _publish(spec, broker, topic, run_id, security, rate, producers, batches, no_progress, summary)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (base.Stopped): what was sent
+        by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+        click.echo(
+            f"loadgen: {by} after {summary.seconds:.1f}s: {summary.records} records, {summary.invalid} invalid, "
+            f"{summary.markers} markers sent; a batch whose markers were not all sent is closed by the worker's "
+            "--batch-timeout, incomplete",
+            err=True,
+        )
+        click.get_current_context().exit(exit_status(interrupt))
+    click.echo(
+        f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
+        f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
+        err=True,
+    )
+
+
+def _publish(
+    spec: FleetSpec,
+    broker: str,
+    topic: str,
+    run_id: str | None,
+    security: Any,
+    rate: float | None,
+    producers: int,
+    batches: int,
+    no_progress: bool,
+    summary: Any,
+) -> None:
+    """The fleet published to the broker, with a progress bar of the batches; counted into ``summary``."""
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from specmeter.producers import PublisherSettings
+
+    from ..fleet.publish import publish_fleet
+    from ..fleet.synthetic import synthetic_fleet
+
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -241,7 +292,7 @@ def loadgen(
             if event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}"):
                 progress.advance(task)
 
-        summary = asyncio.run(
+        asyncio.run(
             folded(
                 "loadgen",
                 publish_fleet(
@@ -249,14 +300,10 @@ def loadgen(
                     PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security),
                     rate=rate,
                     on_event=on_event,
+                    summary=summary,
                 ),
             )
         )
-    click.echo(
-        f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
-        f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
-        err=True,
-    )
 
 
 def _written(spec: FleetSpec, expect: IO[bytes] | None, dump: IO[bytes] | None) -> bool:

@@ -162,15 +162,22 @@ def quiet_kafka_logs() -> Iterator[list[str]]:
 
 
 async def check_broker(
-    broker: str, security: KafkaSecurity, *, settings: WorkerSettings | None = None, timeout_ms: int = 15_000
+    broker: str,
+    security: KafkaSecurity,
+    *,
+    settings: WorkerSettings | None = None,
+    records_topic: str | None = None,
+    timeout_ms: int = 15_000,
 ) -> None:
-    """Connect once and close; with ``settings``, check every topic of that worker first.
+    """Connect once and close; with ``settings``, check every topic of that worker first;
+    with ``records_topic``, that it exists (a command that publishes never creates it).
 
     Raises:
         BrokerUnreachable: no address of ``broker`` completed a connection
             (refused, unresolvable, TLS or SASL failure: see ``reasons``).
         TopicMismatch: existing topics of the worker have partition counts it
             cannot use (every such topic is named; nothing is created).
+        TopicNotFound: ``records_topic`` does not exist (with the names like it there).
     """
     from aiokafka.admin import AIOKafkaAdminClient
 
@@ -179,10 +186,22 @@ async def check_broker(
         try:
             await _start_admin(admin, broker, messages)
             planned = None if settings is None else await _worker_plan(admin, settings)
+            existing = None if records_topic is None else await admin.list_topics()
         finally:
             await admin.close()
     if planned is not None and planned[0].mismatched:
         raise TopicMismatch(*planned)
+    if records_topic is not None and existing is not None and records_topic not in existing:
+        from ..readers.topic_lookup import TopicNotFound
+
+        raise TopicNotFound(records_topic, broker, existing, 0.0, _start_the_worker, role="records")
+
+
+def _start_the_worker(similar: list[str], of_role: list[str]) -> str:
+    """The end of a missing records topic's line (the command's own line says it as a flag)."""
+    if similar:
+        return f"did you mean {' or '.join(similar)}?"
+    return "start `specmeter worker` first (it creates its records topic)"
 
 
 async def _start_admin(admin: Any, broker: str, messages: list[str]) -> None:
@@ -244,8 +263,10 @@ def security_from_env() -> KafkaSecurity:
     return security
 
 
-def check_before_start(broker: str, security: KafkaSecurity, settings: WorkerSettings | None = None) -> None:
+def check_before_start(
+    broker: str, security: KafkaSecurity, settings: WorkerSettings | None = None, *, records_topic: str | None = None
+) -> None:
     """``check_broker``, run to the end: what a command checks before it starts anything."""
     import asyncio
 
-    asyncio.run(check_broker(broker, security, settings=settings))
+    asyncio.run(check_broker(broker, security, settings=settings, records_topic=records_topic))

@@ -14,7 +14,10 @@ from .base import (
     KAFKA_ENV_HELP,
     Command,
     CommandFailed,
+    Number,
+    Stopped,
     broker_option,
+    exit_status,
     folded,
     one_line_errors,
     run_id_option,
@@ -28,7 +31,7 @@ from .base import (
 @run_id_option
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     metavar="RECORDS/S",
     help="Pace the replay (default: as fast as the broker takes it).",
@@ -68,7 +71,7 @@ def replay(
     from ..fleet.replay import ReplaySummary, replay_lines
 
     security = preflight.security_from_env()
-    preflight.check_before_start(broker, security)
+    preflight.check_before_start(broker, security, records_topic=topic)
     settings = PublisherSettings(bootstrap_servers=broker, topic=topic, run_id=run_id, security=security)
     stream, total = _opened(file)
     progress = Progress(
@@ -98,9 +101,9 @@ def replay(
                     ),
                 )
             )
-    except KeyboardInterrupt:
-        _report_interrupted_replay(summary)
-        click.get_current_context().exit(130)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (base.Stopped): the same summary
+        _report_interrupted_replay(summary, interrupt)
+        click.get_current_context().exit(exit_status(interrupt))
     except DumpEncodingError as exc:
         raise CommandFailed(f"cannot read {file}: {exc}", "save it as UTF-8 (e.g. Out-File -Encoding utf8)") from None
     click.echo(
@@ -118,10 +121,11 @@ def _opened(file: str) -> tuple[Any, int | None]:
     return open(file, "rb"), os.path.getsize(file)
 
 
-def _report_interrupted_replay(summary: Any, shown: int = 5) -> None:
-    """Ctrl-C: what was sent, and which batches the worker will close only by timeout."""
+def _report_interrupted_replay(summary: Any, interrupt: KeyboardInterrupt, shown: int = 5) -> None:
+    """Ctrl-C or SIGTERM: what was sent, and which batches the worker will close only by timeout."""
+    by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
     click.echo(
-        f"specmeter replay: interrupted after {summary.seconds:.1f}s: sent {summary.records:,} records, "
+        f"specmeter replay: {by} after {summary.seconds:.1f}s: sent {summary.records:,} records, "
         f"{summary.invalid:,} invalid, {summary.markers:,} marker(s) from {summary.producers} producer(s) "
         f"({summary.acknowledged:,} records and invalid lines acknowledged by Kafka)",
         err=True,

@@ -30,8 +30,13 @@ __all__ = [
     "batch_order",
     "RowPrinter",
     "coverage_text",
+    "output_console",
+    "WHOLE_WIDTH",
 ]
 
+#: the width of a console where stdout is no terminal (a pipe, a file): wide enough that no
+#: id, header or drift view is cut (``| grep`` must find what it looks for)
+WHOLE_WIDTH = 10_000
 #: (header, content width) of the numeric columns, between "batch" and "c/i/l"
 _FIXED = (("rev", 3), ("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
 #: below this width "gens" is left out, so batch names and the drift view keep room
@@ -285,17 +290,24 @@ class _Layout:
     generation count; the drift view shrinks before the batch labels do, and a label
     is never cut below what tells it from the other rows; c/i/l and close are never cut."""
 
-    def __init__(self, total: int, shown: list[BatchMetrics]) -> None:
+    def __init__(self, total: int, shown: list[BatchMetrics], *, whole: bool = False, ids: bool = False) -> None:
         self.fixed = _fixed_columns(total, shown)
         room = max(20, total - sum(w for _, w in self.fixed) - _GAP * (len(self.fixed) + 1))
         labels = [_label(m, {})[0] for m in shown]
         batch_need = _widest(labels, 10)
-        drift_need = _widest([drift_text(m.by_weight_version, 200) for m in shown], 10)
+        drift_need = _widest([drift_text(m.by_weight_version, WHOLE_WIDTH) for m in shown], 10)
+        if whole:  # piped: every column as wide as its widest cell, nothing cut
+            self.tasks = _tasks_width(shown, WHOLE_WIDTH)
+            self.positions = _positions_width(shown, WHOLE_WIDTH, drift_need)
+            self.batch, self.drift = batch_need, drift_need
+            return
         self.tasks = _tasks_width(shown, room - batch_need - drift_need - _GAP)
         room -= _taken(self.tasks)
         self.positions = _positions_width(shown, room - batch_need - _GAP, drift_need)
         room -= _taken(self.positions)
         self.batch, self.drift = _label_and_drift_widths(shown, labels, room, batch_need, drift_need)
+        if ids:  # piped: the run/batch ids whole, the table wider by what they need
+            self.batch = batch_need
 
     def caption(self) -> str:
         return (
@@ -397,12 +409,21 @@ def _cells(m: BatchMetrics) -> dict[str, str]:
 LEGEND = "c/i/l conflicting/invalid/late · ! incomplete · cov: lower of accept/verify coverage (a/v: which)"
 
 
-def metrics_table(latest: dict[Any, BatchMetrics], rows: int = 20, width: int = 80, title: str | None = None) -> Any:
+def metrics_table(
+    latest: dict[Any, BatchMetrics],
+    rows: int = 20,
+    width: int = 80,
+    title: str | None = None,
+    *,
+    whole: bool = False,
+    ids: bool = False,
+) -> Any:
     """The ``rows`` most recently updated batches of ``latest`` (in the order they were
     updated), as a rich Table no wider than ``width``, sorted by run and batch
-    (``batch_order``)."""
+    (``batch_order``). For a pipe (print it on ``output_console``): ``ids``, the run/batch
+    ids never cut (the table wider by what they need); ``whole``, no cell cut at all."""
     shown = _shown(latest, rows)
-    layout = _Layout(width, shown)
+    layout = _Layout(width, shown, whole=whole, ids=ids)
     table = _table(title or f"specmeter: latest {len(shown)} batches", layout.caption())
     layout.add_columns(table)
     for m, label in zip(shown, fit_labels(shown, layout.batch), strict=True):
@@ -512,17 +533,30 @@ def _share(v: Any) -> str:
     return "-" if v is None else f"{v * 100:.0f}%"
 
 
+def output_console(**kwargs: Any) -> Any:
+    """A rich Console for a command's output: the terminal's width on a terminal; piped or
+    redirected, ``WHOLE_WIDTH``, so a table is as wide as its cells and nothing is wrapped
+    or cut (a table laid out ``whole``)."""
+    from rich.console import Console
+
+    console = Console(**kwargs)
+    return console if console.is_terminal else Console(width=WHOLE_WIDTH, **kwargs)
+
+
 class RowPrinter:
     """Rows for a pipe, one line per message as it arrives (``tail … | head``, ``| grep``):
     a header line first, then the fixed cells of ``metrics_table`` in columns of a
-    width fixed up front (so rows line up without knowing the rows to come), the
-    ``run/batch`` label elided to its column and the drift view in what is left."""
+    width fixed up front (so rows line up without knowing the rows to come), then the
+    drift view. The ``run/batch`` id is never cut (issue 39.2: `| grep` found
+    ``audit-rep…/step-00004`` for two runs): one longer than its column pushes the row's
+    cells to the right and the drift view keeps the newest versions that fit what is left
+    of ``width``; ``whole``: the drift view too, however long the line."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, *, whole: bool = False) -> None:
         self.fixed = [*_fixed(width), ("c/i/l", 8), ("close", 8)]
-        cells = sum(w for _, w in self.fixed) + _GAP * (len(self.fixed) + 1)
-        self.label = max(10, min(32, (width - cells) * 2 // 3))
-        self.drift = max(10, width - cells - self.label)
+        self.cells = sum(w for _, w in self.fixed) + _GAP * (len(self.fixed) + 1)
+        self.label = max(10, min(32, (width - self.cells) * 2 // 3))
+        self.width, self.whole = width, whole
 
     def _line(self, label: str, cells: dict[str, str], drift: str) -> str:
         fixed = "  ".join(cells[name].rjust(w) for name, w in self.fixed)
@@ -532,4 +566,6 @@ class RowPrinter:
         return self._line("batch", {name: name for name, _ in self.fixed}, "drift")
 
     def row(self, m: BatchMetrics) -> str:
-        return self._line(batch_label(m, self.label), _cells(m), drift_text(m.by_weight_version, self.drift))
+        label = _label(m, {})[0]
+        drift = WHOLE_WIDTH if self.whole else max(10, self.width - self.cells - max(self.label, len(label)))
+        return self._line(label, _cells(m), drift_text(m.by_weight_version, drift))

@@ -24,8 +24,8 @@ from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
 
 from ..readers.topic_lookup import subscribe_existing
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, one_line_errors
-from .tables import RowPrinter, metrics_table
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, one_line_errors
+from .tables import RowPrinter, metrics_table, output_console
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
 
@@ -37,21 +37,27 @@ __all__ = ["follow_metrics", "run_tail", "tail"]
 @click.option("--from-beginning", is_flag=True, help="Start at the topic's first message.")
 @click.option(
     "--last",
-    type=click.IntRange(0),
+    type=Number(0, integer=True),
     default=10,
     show_default=True,
     metavar="N",
     help="Start N messages before the end of each partition, as `tail` shows the last lines (0: only new ones).",
 )
-@click.option("--rows", type=click.IntRange(1), default=20, show_default=True, help="Batches in the table.")
+@click.option("--rows", type=Number(1, integer=True), default=20, show_default=True, help="Batches in the table.")
 @click.option(
     "--max-messages",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=None,
     metavar="N",
     help="Stop after this many messages (those read back at start count).",
 )
-@click.option("--timeout", type=click.FloatRange(0), default=None, metavar="SECONDS", help="Stop after this long.")
+@click.option("--timeout", type=Number(0), default=None, metavar="SECONDS", help="Stop after this long.")
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Piped: no column cut, the drift view whole, however long the lines (default: the terminal's width or "
+    "$COLUMNS, 80 for a pipe; ids are never cut).",
+)
 @one_line_errors
 def tail(
     broker: str,
@@ -62,16 +68,20 @@ def tail(
     rows: int,
     max_messages: int | None,
     timeout: float | None,
+    wide: bool,
 ) -> None:
     """Follow the metrics topic: a live table of the latest batches, or JSON lines.
 
     The table fits the terminal: per batch (run/batch when it names a run) the
     accept rate, tokens per verify step, coverage (the lower of accept and verify
     coverage; 50%v: the verify pair is the lower), unique generations,
-    conflicting/invalid/late counts, how it closed, and the drift view: the
-    accept rate of each weight version (v7 .75 v8 .71), newest kept when they
-    do not all fit. Piped, it prints a line per message as it arrives, then the
-    final table when it ends (a limit, Ctrl-C or SIGTERM).
+    conflicting/invalid/late counts, how it closed (! when incomplete), where
+    there is room the accept rate by draft position (.81 .62 .40) and per task
+    (gsm8k .88 chat .71), and the drift view: the accept rate of each weight
+    version (v7 .75 v8 .71), newest kept when they do not all fit. Piped, it
+    prints a line per message as it arrives, then the final table when it ends
+    (a limit, Ctrl-C or SIGTERM); run/batch ids are never cut (a long one widens
+    the line), and with --wide no other column either.
     """
     security = preflight.security_from_env()
     preflight.check_before_start(broker, security)
@@ -85,6 +95,7 @@ def tail(
         max_messages=max_messages,
         timeout_s=timeout,
         kafka=security.aiokafka_kwargs(),
+        wide=wide,
     )
 
 
@@ -204,6 +215,7 @@ def run_tail(
     max_messages: int | None,
     timeout_s: float | None,
     kafka: dict | None = None,
+    wide: bool = False,
 ) -> int:
     """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
     a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
@@ -254,18 +266,22 @@ def run_tail(
 
             follow(emit)
             return seen
-        return _follow_table(follow, topic, rows)
+        return _follow_table(follow, topic, rows, wide)
     except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
         return seen
 
 
-def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int) -> int:
+def _follow_table(
+    follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int, wide: bool = False
+) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
+    console = output_console()  # piped: no line wrapped (ids never cut; --wide: no cell)
+    piped = not console.is_terminal
+    layout_width = Console().width if piped else console.width  # piped: the columns of COLUMNS (80)
     latest: dict[tuple[str | None, str], BatchMetrics] = {}
     seen = 0
 
@@ -278,11 +294,16 @@ def _follow_table(follow: Callable[[Callable[[BatchMetrics], None]], None], topi
 
     def table() -> Any:
         return metrics_table(
-            latest, rows, console.width, title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches"
+            latest,
+            rows,
+            layout_width,
+            title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches",
+            whole=piped and wide,
+            ids=piped,
         )
 
-    if not console.is_terminal:  # piped: a line per message as it comes, then the final table
-        printer = RowPrinter(console.width)
+    if piped:  # a line per message as it comes, then the final table; a long id or drift view never cut
+        printer = RowPrinter(layout_width, whole=wide)
 
         def line(m: BatchMetrics) -> None:
             if not seen:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, broker_option, one_line_errors
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, one_line_errors
 
 
 def _topic_options(func):
@@ -30,14 +30,14 @@ def _topic_options(func):
 )
 @click.option(
     "--partitions",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=DEFAULTS.partitions,
     show_default=True,
     help="Partitions of the records topic (state topics use the same).",
 )
 @click.option(
     "--replication-factor",
-    type=click.IntRange(1, 32767),
+    type=Number(1, 32767, integer=True),
     default=DEFAULTS.replication_factor,
     show_default="the cluster's default.replication.factor",
     metavar="N",
@@ -46,7 +46,7 @@ def _topic_options(func):
 )
 @click.option(
     "--batch-timeout",
-    type=click.FloatRange(0.1),
+    type=Number(0.1),
     default=DEFAULTS.batch_timeout_s,
     show_default=True,
     metavar="SECONDS",
@@ -54,7 +54,7 @@ def _topic_options(func):
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0),
+    type=Number(0),
     default=DEFAULTS.grace_s,
     show_default=True,
     metavar="SECONDS",
@@ -62,7 +62,7 @@ def _topic_options(func):
 )
 @click.option(
     "--expired-retention",
-    type=click.FloatRange(1),
+    type=Number(1),
     default=DEFAULTS.expired_retention_s,
     show_default=True,
     metavar="SECONDS",
@@ -71,7 +71,7 @@ def _topic_options(func):
 )
 @click.option(
     "--session-timeout",
-    type=click.FloatRange(1),
+    type=Number(1),
     default=DEFAULTS.session_timeout_s,
     show_default=True,
     metavar="SECONDS",
@@ -79,7 +79,7 @@ def _topic_options(func):
 )
 @click.option(
     "--ready-write-timeout",
-    type=click.FloatRange(1),
+    type=Number(1),
     default=DEFAULTS.ready_write_timeout_s,
     show_default=True,
     metavar="SECONDS",
@@ -88,7 +88,7 @@ def _topic_options(func):
 )
 @click.option(
     "--max-poll-interval",
-    type=click.FloatRange(1),
+    type=Number(1),
     default=DEFAULTS.max_poll_interval_s,
     show_default=True,
     metavar="SECONDS",
@@ -97,7 +97,7 @@ def _topic_options(func):
 )
 @click.option(
     "--delivery-timeout",
-    type=click.FloatRange(1),
+    type=Number(1),
     default=None,
     show_default=f"{DEFAULTS.delivery_timeout_s:g}, or 4/5 of --max-poll-interval when that is lower",
     metavar="SECONDS",
@@ -107,7 +107,7 @@ def _topic_options(func):
 )
 @click.option(
     "--max-open-generations",
-    type=click.IntRange(1),
+    type=Number(1, integer=True),
     default=DEFAULTS.max_open_generations,
     show_default=True,
     metavar="N",
@@ -117,7 +117,7 @@ def _topic_options(func):
 )
 @click.option(
     "--max-message-bytes",
-    type=click.IntRange(1024),
+    type=Number(1024, integer=True),
     default=DEFAULTS.max_message_bytes,
     show_default=True,
     metavar="BYTES",
@@ -125,7 +125,7 @@ def _topic_options(func):
 )
 @click.option(
     "--max-queued-output-bytes",
-    type=click.IntRange(65_536),
+    type=Number(65_536, integer=True),
     default=DEFAULTS.max_queued_output_bytes,
     show_default=True,
     metavar="BYTES",
@@ -134,7 +134,7 @@ def _topic_options(func):
 )
 @click.option(
     "--chunk-bytes",
-    type=click.IntRange(1024),
+    type=Number(1024, integer=True),
     default=DEFAULTS.chunk_bytes,
     show_default=True,
     metavar="BYTES",
@@ -144,7 +144,7 @@ def _topic_options(func):
 )
 @click.option(
     "--fetch-wait-ms",
-    type=click.IntRange(0, 10_000),
+    type=Number(0, 10_000, integer=True),
     default=DEFAULTS.fetch_wait_ms,
     show_default=True,
     metavar="MS",
@@ -152,16 +152,23 @@ def _topic_options(func):
 )
 @click.option(
     "--web-port",
-    type=click.IntRange(0, 65535),
+    type=Number(0, 65535, integer=True),
     default=DEFAULTS.web_port,
     show_default=True,
     help="HTTP port for health, stats and Prometheus metrics (0: any free port; the log names it).",
 )
-@click.option("--web-host", default=DEFAULTS.web_host, show_default=True, help="HTTP bind address.")
+@click.option(
+    "--web-host",
+    default=DEFAULTS.web_host,
+    show_default=True,
+    metavar="ADDRESS",
+    help="HTTP bind address: this machine only by default; 0.0.0.0 opens it on every interface (a container, "
+    "a Prometheus on another host). /metrics and /specmeter/stats need no credentials.",
+)
 @click.option("--no-web", is_flag=True, help="Do not start the HTTP server.")
 @click.option(
     "--max-exported-tasks",
-    type=click.IntRange(0, 1024),
+    type=Number(0, 1024, integer=True),
     default=DEFAULTS.max_exported_tasks,
     show_default=True,
     metavar="N",
@@ -169,7 +176,12 @@ def _topic_options(func):
     'first come; later ones are summed under task="(other)", unknown ones under task="(unknown)". '
     "Each task costs 8 series per run and algorithm.",
 )
-@click.option("--data-dir", default=DEFAULTS.data_dir, show_default=True, help="Faust's local data folder.")
+@click.option(
+    "--data-dir",
+    default=DEFAULTS.data_dir,
+    show_default=True,
+    help="Faust's local data folder; created readable by its owner alone (0700).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),

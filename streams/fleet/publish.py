@@ -44,10 +44,12 @@ async def publish_fleet(
     *,
     rate: float | None = None,
     on_event: Callable[[FleetEvent], None] | None = None,
+    summary: LoadSummary | None = None,
 ) -> LoadSummary:
-    """Publish every event; ``rate`` paces records per second (None: as fast as possible)."""
+    """Publish every event; ``rate`` paces records per second (None: as fast as possible).
+    ``summary``: counted into as events are sent, so an interrupted run says what it sent."""
     publishers: dict[str, Publisher] = {}
-    summary = LoadSummary()
+    summary = LoadSummary() if summary is None else summary
     started = time.monotonic()
     try:
         for event in events:
@@ -58,6 +60,7 @@ async def publish_fleet(
             if rate:
                 await _pace(summary, rate, started)
     finally:
+        summary.seconds = time.monotonic() - started
         for publisher in publishers.values():
             await publisher.stop()
     summary.seconds = time.monotonic() - started

@@ -274,6 +274,7 @@ class _Fleet:
         self.tasks = random.Random(f"{spec.seed}/tasks")
         self.pools = _Pools(spec)
         self.producers = [f"worker-{i}" for i in range(spec.producers)]
+        self._reported_values: dict[str, tuple] = {}
 
     def batch(self, b: int) -> Iterator[FleetEvent]:
         """One batch: its sessions spread over the producers, the producers' streams
@@ -325,6 +326,7 @@ class _Fleet:
         samples = rng.randint(1, spec.max_samples_per_session)
         shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
         ancestors = [(f"{session.session_id}/gen-{j}", rng.choice(pool)) for j in range(shared)]
+        self._reported_values = {}  # a generation's counters as its producer reports them, drawn once
         for t in range(samples):
             sample_id = f"traj-{t}" if samples > 1 else None
             for generation_id, value in ancestors + self._own_generations(session, t, shared, pool):
@@ -361,7 +363,16 @@ class _Fleet:
 
     def _reported(self, generation_id: str, value: tuple) -> tuple:
         """The counters as the producer reports them: some maybe missing, the histogram
-        maybe contradicting the rest."""
+        maybe contradicting the rest. Drawn once per generation: a shared ancestor is
+        reported alike in every trajectory that holds it (one reported with and once
+        without counters would conflict: conflicts come from ``conflict_rate`` alone)."""
+        known = self._reported_values.get(generation_id)
+        if known is None:
+            known = self._reported_values[generation_id] = self._drawn_report(generation_id, value)
+        return known
+
+    def _drawn_report(self, generation_id: str, value: tuple) -> tuple:
+        """One generation's reported counters, drawn."""
         spec = self.spec
         if self.rng.random() < spec.missing_rate:
             value = _with_missing(self.rng, value)

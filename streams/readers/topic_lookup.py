@@ -36,15 +36,21 @@ class TopicNotFound(SpecmeterError, LookupError):
     """The topic a reader was given does not exist; nothing was created.
 
     ``similar``: existing topics with a name like it; ``of_role``: other existing
-    topics named like a metrics topic (either may be empty)."""
+    topics named like one of its ``role`` (metrics, records; either may be empty)."""
 
     def __init__(
-        self, topic: str, broker: str, existing: Iterable[str], waited_s: float, fix: Callable[..., str]
+        self,
+        topic: str,
+        broker: str,
+        existing: Iterable[str],
+        waited_s: float,
+        fix: Callable[..., str],
+        role: str = "metrics",
     ) -> None:
         names = set(existing)
-        self.topic, self.broker, self.waited_s = topic, broker, waited_s
+        self.topic, self.broker, self.waited_s, self.role = topic, broker, waited_s, role
         self.similar = similar_topics(topic, names)
-        self.of_role = [t for t in topics_of_role(names) if t not in self.similar]
+        self.of_role = [t for t in topics_of_role(names, role) if t not in self.similar]
         waited = f" after {waited_s:.0f}s" if waited_s >= 1 else ""
         super().__init__(
             f"topic {topic!r} does not exist at {broker}{waited} (a reader never creates it): "

@@ -32,7 +32,15 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Outages", "OutageLogFilter", "classify", "fold_outage_logs", "folded_outages"]
+__all__ = [
+    "Outages",
+    "OutageLogFilter",
+    "classify",
+    "classify_write_retry",
+    "fold_command_logs",
+    "fold_outage_logs",
+    "folded_outages",
+]
 
 log = logging.getLogger("specmeter.outages")
 
@@ -52,6 +60,14 @@ _NODE = re.compile(
 )
 _ADDRESS = re.compile(r"\('([^']+)', (\d+)|Connection at ([^\s:]+):(\d+)|\"([^\"\s]+):(\d+)\"")
 _DISCOVERED = re.compile(r"Discovered coordinator (\d+) for group")
+#: what a command's producer logs at every retry while the cluster takes no write: two brokers
+#: of three away leave partitions with no leader or too few in-sync replicas, and each retry of
+#: each partition is a line (issue 37.5: ``replay`` printed 2,385 in a 75 s outage of two of
+#: three brokers); folded by the commands (``folded_outages``) as an outage of the cluster
+_WRITES_REFUSED = re.compile(
+    r"NotEnoughReplicas|NotLeaderForPartition|NotLeaderOrFollower|LeaderNotAvailable"
+    r"|not available during auto-create|KafkaTimeoutError|RequestTimedOut|Error fetching metadata for topic"
+)
 #: lines about the group's coordinator, not about a broker: a coordinator that moves
 #: (a broker restarted, a partition of __consumer_offsets moved) is "marked dead" too
 _COORDINATOR = re.compile(r"coordinator dead|GroupCoordinatorNotAvailable|NotCoordinatorForGroup")
@@ -84,6 +100,15 @@ def classify(message: str) -> tuple[str, str | None] | None:
     if _COORDINATOR.search(message):
         return COORDINATOR, None
     return _endpoint(message)
+
+
+def classify_write_retry(message: str) -> tuple[str, str | None] | None:
+    """``classify``, and a producer's retry of a write the cluster refused (no leader, too few
+    in-sync replicas, a timeout) as an outage of the cluster; None for any other line (pure)."""
+    kind = classify(message)
+    if kind is None and _WRITES_REFUSED.search(message):
+        return CLUSTER, None
+    return kind
 
 
 def _endpoint(message: str) -> tuple[str, str | None]:
@@ -198,7 +223,7 @@ class Outages:
     def _name(self, outage: Outage) -> str:
         if outage.target.startswith("broker ") and outage.address and outage.address not in outage.target:
             return f"Kafka {outage.target} ({outage.address})"
-        return f"Kafka {outage.target}"
+        return outage.target if outage.target.startswith("Kafka") else f"Kafka {outage.target}"
 
     def error(self, target: str, detail: str, now: float, address: str | None = None) -> None:
         """One failed attempt at ``target``: the first opens an outage and says so."""
@@ -259,7 +284,7 @@ class Outages:
             "%s %s: %s; %s keeps retrying, and further errors about it are folded into one line a "
             "minute until it is back",
             self._name(outage),
-            "unavailable" if outage.target == COORDINATOR else "unreachable",
+            "unavailable" if outage.target in (COORDINATOR, CLUSTER) else "unreachable",
             outage.first_error,
             self.who,
         )
@@ -336,7 +361,7 @@ class Outages:
         self._log.warning(
             "%s still %s after %.0f s: %d errors folded since the last line (latest: %s)",
             self._name(o),
-            "unavailable" if o.target == COORDINATOR else "unreachable",
+            "unavailable" if o.target in (COORDINATOR, CLUSTER) else "unreachable",
             now - o.since_s,
             folded,
             last,
@@ -411,12 +436,19 @@ class OutageLogFilter(logging.Filter):
     """
 
     def __init__(
-        self, outages: Outages, clock: Callable[[], float] = time.monotonic, retries: tuple[str, ...] | None = None
+        self,
+        outages: Outages,
+        clock: Callable[[], float] = time.monotonic,
+        retries: tuple[str, ...] | None = None,
+        *,
+        writes: bool = False,
     ) -> None:
         super().__init__()
         self.outages = outages
         self._clock = clock
         self._retries = retries
+        #: also fold a producer's retries of writes the cluster refused (``classify_write_retry``)
+        self._classify = classify_write_retry if writes else classify
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -432,7 +464,7 @@ class OutageLogFilter(logging.Filter):
         """A WARNING or worse: one that says an endpoint cannot be reached goes to
         ``Outages`` and is dropped (False); any other passes (True)."""
         message = _with_exception(record)
-        kind = classify(message)
+        kind = self._classify(message)
         if kind is None:
             return True
         target, address = kind
@@ -466,6 +498,11 @@ WORKER_RETRIES = (
     "committing the input offsets failed",
     "connecting the output producer failed",
 )
+#: the producer library's line at every retry of a delivery (producers/_publisher.py), folded
+#: by the commands that publish (``replay``, ``loadgen``)
+PUBLISHER_RETRIES = ("publisher: delivery to partition",)
+#: the producer library's logger
+PUBLISHER_LOGGER = "specmeter.producers"
 #: the logger of aiokafka's "Discovered coordinator" line (INFO), the sign the
 #: group's coordinator is back
 COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
@@ -537,15 +574,8 @@ async def folded_outages(command: str, *, interval_s: float = 1.0) -> AsyncItera
     aiokafka's lines about an endpoint it cannot reach folded as the worker folds them, one
     warning when it goes, a reminder a minute, one when it is back, instead of a line per
     retry (an 88 s outage gave ``replay`` 2,652 lines). Its other lines pass unchanged."""
-    import aiokafka.admin
-    import aiokafka.consumer
-    import aiokafka.producer  # noqa: F401 - imported for their loggers
-
     outages = Outages(who=f"specmeter {command}", back_level=logging.WARNING)
-    folding = OutageLogFilter(outages)
-    loggers = _loggers(FOLDED_PREFIXES)
-    for logger in loggers:
-        logger.addFilter(folding)
+    installed = fold_command_logs(outages)
 
     async def watch() -> None:
         while True:
@@ -559,5 +589,26 @@ async def folded_outages(command: str, *, interval_s: float = 1.0) -> AsyncItera
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        for logger in loggers:
+        for logger, folding in installed:
             logger.removeFilter(folding)
+
+
+def fold_command_logs(
+    outages: Outages, clock: Callable[[], float] = time.monotonic
+) -> list[tuple[logging.Logger, logging.Filter]]:
+    """A command's client lines folded into ``outages``: aiokafka's about an endpoint it cannot
+    reach, and its producer's retries of writes the cluster refused (aiokafka's and the
+    producer library's, ``PUBLISHER_RETRIES``), as an outage of the cluster. Returns the
+    (logger, filter) pairs installed, for the caller to remove."""
+    import aiokafka.admin
+    import aiokafka.consumer
+    import aiokafka.producer  # noqa: F401 - imported for their loggers
+
+    folding = OutageLogFilter(outages, clock, writes=True)
+    installed: list[tuple[logging.Logger, logging.Filter]] = [(logger, folding) for logger in _loggers(FOLDED_PREFIXES)]
+    installed.append(
+        (logging.getLogger(PUBLISHER_LOGGER), OutageLogFilter(outages, clock, PUBLISHER_RETRIES, writes=True))
+    )
+    for logger, log_filter in installed:
+        logger.addFilter(log_filter)
+    return installed

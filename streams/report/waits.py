@@ -20,6 +20,10 @@ __all__ = ["BatchWait", "WaitReporter", "merge_waits", "stage1_waits"]
 
 #: a merge that waited this long for other partitions' partials is said in the log
 MERGE_REPORT_AFTER_MS = 5_000
+#: a batch with some producers' markers is said once its input stopped this long: most close
+#: within milliseconds, as the other markers arrive (issue 39.4: nearly every batch logged
+#: "waiting for 3 more ... 60 s" and closed 40 ms later)
+MARKERS_REPORT_AFTER_MS = 1_000
 
 
 @dataclass(slots=True)
@@ -111,9 +115,10 @@ def _name(run_id: str | None, batch_id: str) -> str:
 
 @dataclass
 class WaitReporter:
-    """Says each wait once: a batch when some markers arrived but not all (or when no marker
-    came and its input stopped for half the timeout), a merge when it waited
-    ``MERGE_REPORT_AFTER_MS`` for other partitions' partials."""
+    """Says each wait once: a batch when some markers arrived but not all and its input
+    stopped for ``MARKERS_REPORT_AFTER_MS`` (or when no marker came and its input stopped
+    for half the timeout), a merge when it waited ``MERGE_REPORT_AFTER_MS`` for other
+    partitions' partials."""
 
     batch_timeout_ms: int
     _said: set[tuple[str, str | None, str]] = field(default_factory=set)
@@ -140,7 +145,7 @@ class WaitReporter:
     def _kind(self, b: BatchWait) -> str | None:
         """What a batch waits for: ``markers`` (some arrived, not all), ``stalled`` (none
         came and its input stopped for half the timeout), or None (nothing to say)."""
-        incomplete = 0 < len(b.marker_producers) < b.expected_producers
+        incomplete = 0 < len(b.marker_producers) < b.expected_producers and b.idle_ms >= MARKERS_REPORT_AFTER_MS
         stalled = b.expected_producers == 0 and b.idle_ms >= self.batch_timeout_ms // 2
         return "markers" if incomplete else "stalled" if stalled else None
 

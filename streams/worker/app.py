@@ -419,6 +419,7 @@ class StreamShell:
     async def close(self) -> None:
         """Stop what the shell owns besides Faust (the routes, the restorer, the producer)."""
         await self.delivery.close()
+        log.info("left its consumer groups %s", ", ".join(self.settings.consumer_groups))
         if self.output.started:
             await self.output.stop()
         self.dead_letter_log.flush(time.monotonic())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 import sys
 
 import msgspec
@@ -19,22 +20,43 @@ __all__ = ["run_worker"]
 
 log = logging.getLogger("specmeter.worker")
 
+#: the worker's one log format: its own lines, Faust's, mode's and aiokafka's alike
+LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+
 
 def run_worker(settings: WorkerSettings) -> None:
     """Create missing topics, then run the worker until SIGINT/SIGTERM."""
     import faust
 
     class Worker(faust.Worker):
+        #: the signal that stopped the worker (None: it stopped on its own, or failed)
+        stopped_by: str | None = None
+
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
             """Faust's, mode's and aiokafka's INFO lines (≈300 at start-up, boxed tables of
-            topics among them) only at --log-level debug: the worker says what matters."""
+            topics among them) only at --log-level debug: the worker says what matters. mode
+            installs handlers of its own format: they get the worker's (one format in the log)."""
             super().on_setup_root_logger(logger, level)
+            one_log_format(logger)
             if level > logging.DEBUG:
                 for name in ("faust", "mode", "aiokafka"):
                     logging.getLogger(name).setLevel(logging.WARNING)
 
+        def _schedule_shutdown(self, signum: signal.Signals) -> None:
+            """SIGINT or SIGTERM: say that the worker stops and why, once, before mode stops it."""
+            if self.stopped_by is None:
+                self.stopped_by = signal.Signals(signum).name
+                log.info(
+                    "stopping on %s: leaving its consumer groups %s, flushing its writes",
+                    self.stopped_by,
+                    ", ".join(settings.consumer_groups),
+                )
+            super()._schedule_shutdown(signum)
+
     bound_log_lines()
-    logging.basicConfig(level=settings.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    quiet_rebalance_chatter()
+    _private_data_dir(settings.data_dir)
     if settings.web_enabled and settings.web_port == 0:  # any free port: say which
         settings = msgspec.structs.replace(settings, web_port=_free_port(settings.web_host))
     cluster = asyncio.run(ensure_topics(settings))
@@ -49,18 +71,75 @@ def run_worker(settings: WorkerSettings) -> None:
     try:
         worker.execute_from_commandline()
     finally:
+        log.info("stopped%s", f" (on {worker.stopped_by})" if worker.stopped_by else "")
         if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
             print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
             raise SystemExit(1)
 
 
+def one_log_format(logger: logging.Logger) -> None:
+    """Every handler of ``logger`` (the root: mode's, installed when Faust starts) writes
+    ``LOG_FORMAT``: one format in the worker's log, not mode's ``[pid] [INFO]`` beside it."""
+    formatter = logging.Formatter(LOG_FORMAT)
+    for handler in logger.handlers:
+        handler.setFormatter(formatter)
+
+
+class RebalanceChatter(logging.Filter):
+    """aiokafka's WARNINGs about an ordinary rebalance ("Heartbeat failed for group ...
+    because it is rebalancing", "... generation id is not current"), lowered to INFO: a rebalance
+    is how workers share partitions, not a problem; the worker's own lines say it."""
+
+    NEEDLES = ("because it is rebalancing", "generation id is not", "re-joining group")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and any(n in str(record.msg) for n in self.NEEDLES):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger("aiokafka").isEnabledFor(logging.INFO)
+        return True
+
+
+def quiet_rebalance_chatter() -> None:
+    """``RebalanceChatter`` on aiokafka's group coordinator's logger (a filter: aiokafka is unchanged)."""
+    import aiokafka.consumer.group_coordinator  # noqa: F401 - imported for its logger
+
+    coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
+    if not any(isinstance(f, RebalanceChatter) for f in coordinator.filters):
+        coordinator.addFilter(RebalanceChatter())
+
+
+def _private_data_dir(path: str) -> None:
+    """The data folder, created readable by its owner alone (0700; it was world-readable);
+    one that exists is left as it is, with a warning when it is this user's and others can
+    read it (a folder of an earlier version; not a mounted volume of another owner)."""
+    import os
+    import stat
+
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)  # whatever the umask left
+        return
+    status = os.stat(path)
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & 0o077 and status.st_uid == os.getuid():
+        log.warning(
+            "data dir %s is readable by other users (mode %o): `chmod 700 %s`, or pass --data-dir a private folder",
+            path,
+            mode,
+            path,
+        )
+
+
 def _say_web_server(settings: WorkerSettings) -> None:
-    """Where the web server answers (a wildcard host shown as the loopback one)."""
-    shown = "127.0.0.1" if settings.web_host in ("0.0.0.0", "::", "") else settings.web_host
+    """Where the web server answers: the address it binds, and for a wildcard how to reach it here."""
+    wildcard = settings.web_host in ("0.0.0.0", "::", "")
+    host = settings.web_host or "0.0.0.0"
+    shown = f"[{host}]" if ":" in host else host
     log.info(
-        "web server on http://%s:%d: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
+        "web server on http://%s:%d%s: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
         shown,
         settings.web_port,
+        f" (every interface; from this machine http://127.0.0.1:{settings.web_port})" if wildcard else "",
     )
 
 
