@@ -203,3 +203,18 @@ def test_the_spreads_quartiles_name_their_bucket():
     counts = [0, 2, 0, 0, 0, 0, 1] + [0] * 57
     assert [spread_quantile(counts, q) for q in (0.25, 0.5, 0.75, 1.0)] == [1.25, 1.25, 2.5, 2.5]
     assert spread_quantile([0] * 63 + [4], 0.5) == 16.75
+
+
+def test_staleness_text_is_the_curve_lag_0_first():
+    """The demo's staleness column: accept rate per draft lag in the breakdown's (numeric)
+    order, the unknown lag as ``?``, cut with "…" to its width."""
+    from specmeter.schemas import DraftLagMetrics
+    from specmeter.streams.cli.tables import staleness_text
+
+    entries = [
+        DraftLagMetrics(draft_lag=lag, metrics={"spec/accept_rate": rate}, accept_histogram=None)
+        for lag, rate in ((0, 0.75), (2, 0.5), (10, 0.25), (None, 0.5))
+    ]
+    assert staleness_text(entries, 80) == "0:.75 2:.50 10:.25 ?:.50"
+    assert staleness_text(entries, 14) == "0:.75 2:.50 …"
+    assert staleness_text(None, 20) == "-"

@@ -106,7 +106,8 @@ def _table(results: list, offline: dict):
 
     table = Table(
         title="specmeter: per-batch speculative decoding metrics (from the stream)",
-        caption="drift: accept rate per weight version (policy drift away from the draft model)",
+        caption="drift: accept rate per weight version (policy drift away from the draft model) · "
+        "staleness: accept rate per draft lag (policy updates the draft is behind)",
     )
     for column in (
         "batch",
@@ -121,11 +122,12 @@ def _table(results: list, offline: dict):
         "complete",
         "= offline",
         "drift",
+        "staleness",
     ):
         table.add_column(
             column,
-            justify="left" if column in ("batch", "drift") else "right",
-            no_wrap=column in ("batch", "drift"),
+            justify="left" if column in ("batch", "drift", "staleness") else "right",
+            no_wrap=column in ("batch", "drift", "staleness"),
             overflow="ellipsis",
         )
     for m in results:
@@ -135,7 +137,7 @@ def _table(results: list, offline: dict):
 
 def _row(m, offline: dict) -> list[str]:
     """A batch's row: its numbers, whether it matches the offline result, its drift."""
-    from .tables import drift_text
+    from .tables import drift_text, staleness_text
 
     x = m.metrics
     return [
@@ -156,6 +158,7 @@ def _row(m, offline: dict) -> list[str]:
         "yes" if m.complete else "no",
         "yes" if offline.get(m.batch_id) == m.metrics else "NO",
         drift_text(m.by_weight_version, 32),
+        staleness_text(m.by_draft_lag, 24),
     ]
 
 

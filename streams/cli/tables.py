@@ -25,6 +25,7 @@ from specmeter.schemas import BatchMetrics, DraftLagMetrics, TaskMetrics, Weight
 __all__ = [
     "metrics_table",
     "drift_text",
+    "staleness_text",
     "tasks_text",
     "task_table",
     "draft_lag_table",
@@ -95,6 +96,17 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
         for e in sorted(entries, key=lambda e: _natural(e.weight_version))
     ]
     return _fit_left(_newest_fitting(parts, width), width)
+
+
+def staleness_text(entries: list[DraftLagMetrics] | None, width: int) -> str:
+    """(revision 5) Accept rate per draft lag, lag 0 first, as many as fit: ``0:.75 1:.71 2:.64 …``
+    (``?``: the unknown lag), the staleness curve of one batch."""
+    if not entries:
+        return "-"
+    parts = [
+        f"{'?' if e.draft_lag is None else e.draft_lag}:{_rate(e.metrics.get('spec/accept_rate'))}" for e in entries
+    ]
+    return _fitted(parts, width, keep=1)
 
 
 def _newest_fitting(parts: list[str], width: int) -> str:
