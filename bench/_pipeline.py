@@ -43,7 +43,7 @@ def fleet(records_target: int, batches: int | None = None, *, tasks: bool = True
     if batches is None:
         batches = 100 if records_target >= 200_000 else max(2, records_target // 2_000)
     sessions = max(1, round(records_target / batches / 101))
-    without = {} if tasks else {"tasks": (), "inconsistent_rate": 0.0}
+    without = {} if tasks else {"tasks": (), "inconsistent_rate": 0.0, "draft_lags": False}
     return FleetSpec(
         batches=batches, sessions_per_batch=sessions, seed=1, batch_prefix="bench-", **FLEET_SHAPE, **without
     )

@@ -4,7 +4,8 @@
 
 The throughput bench's fleet (20 % redeliveries, shared ancestors, 1 % conflicts,
 unknown counters; each session of one of three tasks, a few histograms contradicting
-their counters; ``--no-tasks``: the fleet before revision 4, no record naming a task),
+their counters; ``--no-tasks``: the fleet before revision 4, no record naming a task
+or a draft lag),
 packed as the producer packs it (one RecordBatch of up to 500
 records per producer run, markers between), is fed to one PartitionProcessor in
 chunks of about 10k records, as the worker feeds it: decoding, dedup, the journal

@@ -7,7 +7,9 @@ shared ancestors, 20 % redeliveries, a few conflicts, missing counters and
 invalid records, and each worker's end-of-batch marker. Each step mixes the
 current policy version with up to three older ones (weight_version v<N>),
 and acceptance falls 10 % per version the policy is ahead of the draft model,
-so the per-version breakdown shows drift.
+so the per-version breakdown shows drift; each record names its draft lag (how
+many versions the policy is ahead of the draft), so by_draft_lag shows the
+staleness curve.
 """
 
 from __future__ import annotations

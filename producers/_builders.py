@@ -24,10 +24,11 @@ def record_from_counters(
     weight_version: str | None = None,
     run_id: str | None = None,
     task: str | None = None,
+    draft_lag: int | None = None,
 ) -> GenerationRecord:
     """A validated record; raises ``msgspec.ValidationError`` on an empty id or one
-    past the 1024-character limit (``task`` included). ``weight_version`` overrides the
-    counters' own."""
+    past the 1024-character limit (``task`` included), or on a ``draft_lag`` that is not
+    an int from 0 to 2**32 - 1. ``weight_version`` overrides the counters' own."""
     import msgspec
 
     return msgspec.convert(
@@ -46,6 +47,7 @@ def record_from_counters(
             "weight_version": weight_version if weight_version is not None else counters.weight_version,
             "run_id": run_id,
             "task": task,
+            "draft_lag": draft_lag,
         },
         type=GenerationRecord,
     )
@@ -79,6 +81,7 @@ def record_from_meta_info(
     weight_version: str | None = None,
     run_id: str | None = None,
     task: str | None = None,
+    draft_lag: int | None = None,
 ) -> GenerationRecord:
     """The record of one committed generation from its SGLang ``meta_info``.
 
@@ -87,7 +90,10 @@ def record_from_meta_info(
     neither ``generation_id`` nor a non-empty ``meta_info["id"]`` is there. ``producer_id`` and
     ``run_id`` may stay None: a ``Publisher`` counts the record as its own, in its run.
     ``task`` is the prompt's dataset or task family (``gsm8k``, ``swe-bench``, ``chat``):
-    SGLang does not know it, the rollout does (docs/contract.md §3.4).
+    SGLang does not know it, the rollout does (docs/contract.md §3.4). ``draft_lag`` is
+    how many policy weight updates the draft model is behind the policy that generated
+    this (0: refreshed or trained for it): SGLang does not know it either, the rollout
+    framework that updates both does (docs/contract.md §3.6).
     """
     return record_from_counters(
         counters_from_meta_info(meta_info),
@@ -100,6 +106,7 @@ def record_from_meta_info(
         weight_version=weight_version,
         run_id=run_id,
         task=task,
+        draft_lag=draft_lag,
     )
 
 
@@ -115,11 +122,13 @@ def record_from_attempts(
     weight_version: str | None = None,
     run_id: str | None = None,
     task: str | None = None,
+    draft_lag: int | None = None,
 ) -> GenerationRecord:
     """One generation resumed over several attempts, folded (docs/contract.md §2).
 
     ``generation_id`` defaults to the first attempt's request id; ``task`` is the
-    prompt's, the same for every attempt.
+    prompt's, the same for every attempt; ``draft_lag`` is the generation's (its attempts
+    ran on one policy).
     """
     if not attempts:
         raise ValueError("record_from_attempts() needs at least one meta_info")
@@ -134,4 +143,5 @@ def record_from_attempts(
         weight_version=weight_version,
         run_id=run_id,
         task=task,
+        draft_lag=draft_lag,
     )

@@ -8,7 +8,10 @@ also work on outputs fetched over HTTP by a process without sglang installed.
 
     engine = sglang.Engine(model_path=..., speculative_algorithm="EAGLE3", ...)
     out = await engine.async_generate(prompts, sampling_params)
-    await publish_outputs(publisher, out, batch_id=f"step-{step}", session_ids=sessions, tasks=datasets)
+    await publish_outputs(
+        publisher, out, batch_id=f"step-{step}", session_ids=sessions, tasks=datasets,
+        draft_lags=policy_step - draft_refreshed_at_step,  # the draft's lag: the caller knows both
+    )
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def records_from_outputs(
     producer_id: str | None = None,
     run_id: str | None = None,
     tasks: str | Sequence[str | None] | None = None,
+    draft_lags: int | Sequence[int | None] | None = None,
 ) -> list[GenerationRecord]:
     """One record per output dict, in order.
 
@@ -64,6 +68,11 @@ def records_from_outputs(
         tasks: the prompts' dataset or task family (``gsm8k``, ``swe-bench``): one for
             all outputs, or one per output (a batch of prompts from several datasets);
             None: unknown (``by_task`` breaks a batch down by it).
+        draft_lags: how many policy weight updates the draft model is behind the policy
+            that generated each output (0: refreshed or trained for it): one for all
+            outputs, or one per output. SGLang knows neither version's age; the caller
+            (the rollout framework that updates the policy and the draft) does. None:
+            unknown (``by_draft_lag`` breaks a batch down by it: the staleness curve).
 
     Raises:
         ValueError: lengths do not match, or an output lacks ``meta_info``/its ``id``.
@@ -73,13 +82,15 @@ def records_from_outputs(
     samples = list(sample_ids) if sample_ids is not None else [None] * len(items)
     hashes = list(state_hashes) if state_hashes is not None else [None] * len(items)
     task_list = [tasks] * len(items) if tasks is None or isinstance(tasks, str) else list(tasks)
-    if not len(sessions) == len(samples) == len(hashes) == len(task_list) == len(items):
+    lags = _one_or_each(draft_lags, len(items))
+    if not len(sessions) == len(samples) == len(hashes) == len(task_list) == len(lags) == len(items):
         raise ValueError(
             f"{len(items)} outputs but {len(sessions)} session ids, {len(samples)} sample ids, "
-            f"{len(hashes)} state hashes, {len(task_list)} tasks"
+            f"{len(hashes)} state hashes, {len(task_list)} tasks, {len(lags)} draft lags"
         )
     records = []
-    for item, session, sample, state_hash, task in zip(items, sessions, samples, hashes, task_list, strict=True):
+    columns = zip(items, sessions, samples, hashes, task_list, lags, strict=True)
+    for item, session, sample, state_hash, task, lag in columns:
         meta_info = item.get("meta_info")
         if not isinstance(meta_info, Mapping):
             raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
@@ -93,9 +104,17 @@ def records_from_outputs(
                 producer_id=producer_id,
                 run_id=run_id,
                 task=task,
+                draft_lag=lag,
             )
         )
     return records
+
+
+def _one_or_each(draft_lags: int | Sequence[int | None] | None, n: int) -> list[int | None]:
+    """``draft_lags`` as one per output: a single lag (or None) for all of them."""
+    if draft_lags is None or isinstance(draft_lags, int):
+        return [draft_lags] * n
+    return list(draft_lags)
 
 
 async def publish_outputs(
@@ -107,10 +126,11 @@ async def publish_outputs(
     sample_ids: Sequence[str | None] | None = None,
     state_hashes: Sequence[str | None] | None = None,
     tasks: str | Sequence[str | None] | None = None,
+    draft_lags: int | Sequence[int | None] | None = None,
 ) -> int:
     """Publish the records of committed outputs, in the publisher's run; returns how
     many. Only publish what your rollout keeps: discarded branches and aborted
-    requests are not metrics. ``tasks`` as for ``records_from_outputs``."""
+    requests are not metrics. ``tasks`` and ``draft_lags`` as for ``records_from_outputs``."""
     records = records_from_outputs(
         outputs,
         batch_id=batch_id,
@@ -118,6 +138,7 @@ async def publish_outputs(
         sample_ids=sample_ids,
         state_hashes=state_hashes,
         tasks=tasks,
+        draft_lags=draft_lags,
         producer_id=publisher.settings.producer_id,
         run_id=publisher.settings.run_id,
     )

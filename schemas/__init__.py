@@ -4,7 +4,15 @@ This package is the only thing both sides import. A change here is a wire
 format change: fields are only ever appended, with defaults.
 """
 
-from ._aggregates import MAX_BREAKDOWN_KEYS, MAX_TASKS, MAX_WEIGHT_VERSIONS, BreakdownSums, PartialAggregate
+from ._aggregates import (
+    DISTRIBUTION_BUCKETS,
+    MAX_BREAKDOWN_KEYS,
+    MAX_DRAFT_LAGS,
+    MAX_TASKS,
+    MAX_WEIGHT_VERSIONS,
+    BreakdownSums,
+    PartialAggregate,
+)
 from ._codec import (
     DecodedMessage,
     InvalidRecord,
@@ -35,6 +43,8 @@ __all__ = [
     "MAX_ID",
     "MAX_WEIGHT_VERSIONS",
     "MAX_TASKS",
+    "MAX_DRAFT_LAGS",
+    "DISTRIBUTION_BUCKETS",
     "MAX_BREAKDOWN_KEYS",
     "RECORDS_TOPIC",
     "PARTIALS_TOPIC",

@@ -4,24 +4,35 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["PartialAggregate", "BreakdownSums", "MAX_BREAKDOWN_KEYS", "MAX_WEIGHT_VERSIONS", "MAX_TASKS"]
+__all__ = [
+    "PartialAggregate",
+    "BreakdownSums",
+    "MAX_BREAKDOWN_KEYS",
+    "MAX_WEIGHT_VERSIONS",
+    "MAX_TASKS",
+    "MAX_DRAFT_LAGS",
+    "DISTRIBUTION_BUCKETS",
+]
 
 #: More distinct known keys than this in one batch is no breakdown: ``by_weight_version``
-#: (past 64 versions: no drift picture) and ``by_task`` are then null.
+#: (past 64 versions: no drift picture), ``by_task`` and ``by_draft_lag`` are then null.
 MAX_BREAKDOWN_KEYS = 64
-MAX_WEIGHT_VERSIONS = MAX_TASKS = MAX_BREAKDOWN_KEYS
+MAX_WEIGHT_VERSIONS = MAX_TASKS = MAX_DRAFT_LAGS = MAX_BREAKDOWN_KEYS
+#: (revision 5) the quarter-token buckets of ``tokens_per_verify_distribution`` (§3.7)
+DISTRIBUTION_BUCKETS = 64
 
 
 class BreakdownSums(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     """Sums over one partition's non-conflicting generations of one breakdown key: a
-    weight_version (``PartialAggregate.weight_versions``) or a task (``tasks``).
+    weight_version (``PartialAggregate.weight_versions``), a task (``tasks``) or a draft
+    lag (``draft_lags``, revision 5: an int key).
 
     Array-like: the key's name is not on the wire, so the per-version lists written
     before tasks existed (as ``WeightVersionSums``, whose first field was named
     ``weight_version``) are these same bytes."""
 
-    #: the weight_version or task; None: the generations that do not know it
-    key: str | None
+    #: the weight_version, task or draft lag; None: the generations that do not know it
+    key: str | int | None
     unique_generation_count: int = 0
     accepted_total: int = 0
     proposed_total: int = 0
@@ -104,3 +115,13 @@ class PartialAggregate(msgspec.Struct, frozen=True, kw_only=True):
     #: A partial from a worker before tasks has none: all its generations' task is unknown
     tasks: list[BreakdownSums] = []
     too_many_tasks: bool = False
+    #: (revision 5) per draft lag sums, like ``tasks`` (an int key, sorted numerically, null
+    #: last); at most ``MAX_DRAFT_LAGS`` known lags, else empty and ``too_many_draft_lags``.
+    #: A partial from a worker before revision 5 has none: all its generations' lag is unknown
+    draft_lags: list[BreakdownSums] = []
+    too_many_draft_lags: bool = False
+    #: (revision 5) ``DISTRIBUTION_BUCKETS`` counts of non-conflicting generations with
+    #: completion and verify known and verify > 0, by ``min(63, max(0, 4 * completion //
+    #: verify - 4))`` (docs/contract.md §3.7); None when none qualifies (or a partial from a
+    #: worker before revision 5). Added element-wise
+    tokens_per_verify_distribution: list[int] | None = None

@@ -130,9 +130,34 @@ def test_table_view(tmp_path):
     task_header = lines[by_task + 1]
     for column in ("batch", "task", "accept", "tok/v", "cov", "gens", "tok/v by budget"):
         assert column in task_header, task_header
-    task_rows = [line.split() for line in lines[by_task + 3 :] if line.strip() and not line.startswith(" ?")]
+    by_lag = next(i for i, line in enumerate(lines) if line.strip() == "by draft lag")
+    task_rows = [line.split() for line in lines[by_task + 3 : by_lag] if line.strip() and not line.startswith(" ?")]
     assert len(task_rows) == 9 and [r[0] for r in task_rows if r[0].startswith("step-")] == rows
     assert {r[1] if r[0].startswith("step-") else r[0] for r in task_rows} == {"chat", "gsm8k", "swe-bench"}
+    # the by-draft-lag view (revision 5): a row per batch and lag, in numeric order
+    spread = next(i for i, line in enumerate(lines) if line.strip() == "spread of tokens per verify step")
+    for column in ("batch", "lag", "accept", "tok/v", "cov", "gens"):
+        assert column in lines[by_lag + 1], lines[by_lag + 1]
+    lag_rows = [line.split() for line in lines[by_lag + 3 : spread] if line[:1] in ("s", " ") and "·" not in line]
+    lag_rows = [r for r in lag_rows if r and (r[0].startswith("step-") or r[0].isdigit())]
+    assert [r[0] for r in lag_rows if r[0].startswith("step-")] == rows
+    lags = [r[1] if r[0].startswith("step-") else r[0] for r in lag_rows]
+    assert lags == ["0", "1", "0", "1", "2", "0", "1", "2", "3"]
+    # the spread (§3.7): a row per batch, its quartiles' buckets and the share under 1.25
+    assert all(column in lines[spread + 1] for column in ("gens", "p25", "p50", "p75", "<1.25"))
+    assert [line.split()[0] for line in lines[spread + 3 :] if line.startswith("step-")] == rows
+
+
+def test_the_json_lines_carry_revision_5s_fields():
+    """by_draft_lag (numeric order) and tokens_per_verify_distribution (64 counts, one per
+    generation with completion and verify > 0) in every speculative batch of the sample."""
+    result = aggregate("--format", "jsonl", str(SAMPLE))
+    for line in result.stdout.splitlines():
+        m = json.loads(line)
+        lags = [e["draft_lag"] for e in m["by_draft_lag"]]
+        assert lags and lags == sorted(lags)
+        spread = m["tokens_per_verify_distribution"]
+        assert len(spread) == 64 and 0 < sum(spread) <= m["metrics"]["spec/verify_covered_count"]
 
 
 def test_table_rows_are_in_natural_order(tmp_path):
@@ -168,3 +193,28 @@ def test_a_terminal_gets_the_table(tmp_path):
     shown = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, proc.stderr
     assert "accept" in shown and "step-10" in shown and '"batch_id"' not in shown, shown
+
+
+def test_the_spreads_quartiles_name_their_bucket():
+    """The spread view's quantile is the lower edge of the bucket that holds the ranked
+    generation (SPEC §3.7's example: buckets 1, 1 and 6 -> 1.25, 1.25, 2.5)."""
+    from specmeter.streams.cli.tables import spread_quantile
+
+    counts = [0, 2, 0, 0, 0, 0, 1] + [0] * 57
+    assert [spread_quantile(counts, q) for q in (0.25, 0.5, 0.75, 1.0)] == [1.25, 1.25, 2.5, 2.5]
+    assert spread_quantile([0] * 63 + [4], 0.5) == 16.75
+
+
+def test_staleness_text_is_the_curve_lag_0_first():
+    """The demo's staleness column: accept rate per draft lag in the breakdown's (numeric)
+    order, the unknown lag as ``?``, cut with "…" to its width."""
+    from specmeter.schemas import DraftLagMetrics
+    from specmeter.streams.cli.tables import staleness_text
+
+    entries = [
+        DraftLagMetrics(draft_lag=lag, metrics={"spec/accept_rate": rate}, accept_histogram=None)
+        for lag, rate in ((0, 0.75), (2, 0.5), (10, 0.25), (None, 0.5))
+    ]
+    assert staleness_text(entries, 80) == "0:.75 2:.50 10:.25 ?:.50"
+    assert staleness_text(entries, 14) == "0:.75 2:.50 …"
+    assert staleness_text(None, 20) == "-"

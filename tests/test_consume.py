@@ -362,3 +362,37 @@ def test_the_examples_draw_acceptance_by_position_as_a_curve_per_step():
     assert kwargs["num"] == 1.125, "the mean number of drafts accepted per verify step"
     scalars = {a[0]: a[1] for name, a, k in writer.calls if name == "add_scalar" and k["global_step"] == 4}
     assert scalars["specmeter/by_weight_version/v2/accept_rate_by_position/2"] == 0.5
+
+
+def test_metrics_scalars_name_draft_lags_and_the_spread():
+    """Revision 5: per draft lag under ``by_draft_lag/<lag>/`` (``unknown`` for the null
+    lag), as per task; the spread as ``tokens_per_verify_distribution/<bucket>``."""
+    from specmeter.schemas import DraftLagMetrics
+
+    spread = [0] * 64
+    spread[6] = 3
+    m = msgspec.structs.replace(
+        metrics("step-7", 0),
+        by_draft_lag=[
+            DraftLagMetrics(draft_lag=0, metrics={"spec/accept_rate": 0.8}, accept_histogram=None),
+            DraftLagMetrics(
+                draft_lag=12,
+                metrics={"spec/accept_rate": 0.5, "spec/unique_generation_count": 3},
+                accept_histogram=[1, 1],
+                accept_rate_by_position=[0.5],
+            ),
+            DraftLagMetrics(draft_lag=None, metrics={"spec/tokens_per_verify": 2.0}, accept_histogram=None),
+        ],
+        tokens_per_verify_distribution=spread,
+    )
+    scalars = metrics_scalars(m)
+    assert {k: v for k, v in scalars.items() if "/by_draft_lag/" in k} == {
+        "specmeter/by_draft_lag/0/accept_rate": 0.8,
+        "specmeter/by_draft_lag/12/accept_rate": 0.5,
+        "specmeter/by_draft_lag/12/unique_generation_count": 3.0,
+        "specmeter/by_draft_lag/12/accept_rate_by_position/1": 0.5,
+        "specmeter/by_draft_lag/unknown/tokens_per_verify": 2.0,
+    }
+    distribution = {k: v for k, v in scalars.items() if "tokens_per_verify_distribution/" in k}
+    assert len(distribution) == 64 and distribution["specmeter/tokens_per_verify_distribution/6"] == 3.0
+    assert not any("distribution" in k or "draft_lag" in k for k in metrics_scalars(metrics("step-8", 0)))

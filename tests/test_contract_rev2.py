@@ -316,9 +316,10 @@ def test_log_lines_are_bounded(caplog):
 
 
 def test_the_largest_batch_metrics_the_limits_allow_fits_the_worker_topics():
-    """64 weight versions and 64 tasks of 1024-character names, each with a 1024-bin
-    histogram whose sums are as large as a million generations at MAX_COUNTER make them
-    (and so both curves of 1023 positions in every entry, revision 4): the message the
+    """64 weight versions and 64 tasks of 1024-character names and 64 draft lags (revision
+    5), each with a 1024-bin histogram whose sums are as large as a million generations
+    at MAX_COUNTER make them (and so both curves of 1023 positions in every entry,
+    revision 4), and the spread's 64 counts: the message the
     worker must publish passes Kafka's 1 MiB default but stays under what the topics it
     creates accept (2 x --max-message-bytes, 16 MiB by default)."""
     from specmeter.schemas import BreakdownSums, PartialAggregate, encode_metrics
@@ -346,8 +347,11 @@ def test_the_largest_batch_metrics_the_limits_allow_fits_the_worker_topics():
         accept_histogram=[64 * big] * MAX_BINS,
         weight_versions=versions,
         tasks=[msgspec.structs.replace(v, key="t" + v.key[:-1]) for v in versions],
+        draft_lags=[msgspec.structs.replace(v, key=MAX_COUNTER - i) for i, v in enumerate(versions)],
+        tokens_per_verify_distribution=[1_000_000] * 64,
     )
     metrics = build_batch_metrics([partial], revision=0, close_reason="markers", closed_at=0.0, partitions_expected=1)
-    assert len(metrics.by_weight_version) == 64 and len(metrics.by_task) == 64
+    assert len(metrics.by_weight_version) == 64 and len(metrics.by_task) == 64 and len(metrics.by_draft_lag) == 64
     assert len(metrics.by_task[0].tokens_per_verify_by_budget) == MAX_BINS - 1
+    assert len(metrics.by_draft_lag[0].tokens_per_verify_by_budget) == MAX_BINS - 1
     assert 1_048_576 < len(encode_metrics(metrics)) < 2 * 8 * 1024 * 1024

@@ -4,10 +4,11 @@ reference and the native one: the ``core`` fixture).
 The result must not change under reordering, under redelivery of any subset,
 or when records are split by session into k partitions and the partials merged;
 and it must equal a naive reading of the metric definitions (tests/support/reference.py),
-by_weight_version, by_task, accept_rate_by_position and tokens_per_verify_by_budget
-(batch and per entry) and the inconsistent count included: the entries of each
-breakdown add up to the batch. Records carry tasks, and histograms that agree with
-their counters or deliberately contradict them.
+by_weight_version, by_task, by_draft_lag, accept_rate_by_position and
+tokens_per_verify_by_budget (batch and per entry), the inconsistent count and the spread
+of tokens per verify step included: the entries of each breakdown add up to the batch.
+Records carry tasks and draft lags, and histograms that agree with their counters or
+deliberately contradict them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specmeter.schemas import GenerationRecord
 from specmeter.streams import batch_metrics_dict, build_batch_metrics, merge_partials
 
 from .support.golden_cases import (
+    assert_by_draft_lag_equal,
     assert_by_task_equal,
     assert_by_weight_version_equal,
     assert_metrics_equal,
@@ -31,11 +33,13 @@ from .support.golden_cases import (
 )
 from .support.reference import (
     reference_accept_rate_by_position,
+    reference_by_draft_lag,
     reference_by_task,
     reference_by_weight_version,
     reference_histogram,
     reference_metrics,
     reference_tokens_per_verify_by_budget,
+    reference_tokens_per_verify_distribution,
 )
 
 # small values collide often (redeliveries, conflicts); the edges of the native core's
@@ -59,6 +63,8 @@ record_dicts = st.fixed_dictionaries(
         "producer_id": st.sampled_from(["p0", "p1"]),
         "weight_version": st.one_of(st.none(), st.sampled_from(["v1", "v2", "v10"])),
         "task": st.one_of(st.none(), st.sampled_from(["gsm8k", "chat", "swe-bench"])),
+        # (revision 5) 2 before 10 numerically, not as strings; the largest lag the wire takes
+        "draft_lag": st.one_of(st.none(), st.sampled_from([0, 1, 2, 10, 2**32 - 1])),
     }
 )
 
@@ -97,6 +103,8 @@ class Result(NamedTuple):
     positions: list[float] | None
     tasks: list | None
     budget: list[float] | None
+    lags: list | None
+    distribution: list[int] | None
 
 
 def _metrics(core, records, algorithm=None, invalid=0, partitions=1) -> Result:
@@ -125,6 +133,8 @@ def _metrics(core, records, algorithm=None, invalid=0, partitions=1) -> Result:
         out.accept_rate_by_position,
         msgspec.to_builtins(out.by_task),
         out.tokens_per_verify_by_budget,
+        msgspec.to_builtins(out.by_draft_lag),
+        out.tokens_per_verify_distribution,
     )
 
 
@@ -168,6 +178,8 @@ def test_core_agrees_with_naive_reading_of_spec(core, dicts, algorithm, invalid,
     # each entry's curves too (the reference's entries carry them)
     assert_by_weight_version_equal(got.versions, reference_by_weight_version(dicts, algorithm), "random batch")
     assert_by_task_equal(got.tasks, reference_by_task(dicts, algorithm), "random batch")
+    assert_by_draft_lag_equal(got.lags, reference_by_draft_lag(dicts, algorithm), "random batch")
+    assert got.distribution == reference_tokens_per_verify_distribution(dicts, algorithm)
     assert got.histogram == reference_histogram(dicts, algorithm)
     assert_positions_equal(got.positions, reference_accept_rate_by_position(got.histogram), "random batch")
     assert_positions_equal(
@@ -216,15 +228,26 @@ def test_breakdown_entries_add_up_to_the_batch(core, dicts, k, algorithm):
     got = _metrics(core, _records(dicts), algorithm, partitions=k)
     assert entries_add_up_to_the_batch(got.metrics, got.versions, got.histogram)
     assert entries_add_up_to_the_batch(got.metrics, got.tasks, got.histogram)
+    assert entries_add_up_to_the_batch(got.metrics, got.lags, got.histogram)
+    if got.distribution is not None:  # §3.7: the covered keys less those with verify 0
+        assert len(got.distribution) == 64
+        assert sum(got.distribution) <= got.metrics["spec/verify_covered_count"]
 
 
-@pytest.mark.parametrize("field", ["weight_version", "task"])
+@pytest.mark.parametrize("field", ["weight_version", "task", "draft_lag"])
 def test_more_than_64_known_keys_give_no_breakdown(core, field):
     dicts = [
-        {"batch_id": "b", "session_id": f"s{i}", "generation_id": "g", "accepted": 1, "proposed": 2, field: f"k{i}"}
+        {
+            "batch_id": "b",
+            "session_id": f"s{i}",
+            "generation_id": "g",
+            "accepted": 1,
+            "proposed": 2,
+            field: i if field == "draft_lag" else f"k{i}",
+        }
         for i in range(65)
     ]
-    entries = "versions" if field == "weight_version" else "tasks"
+    entries = {"weight_version": "versions", "task": "tasks", "draft_lag": "lags"}[field]
     for k in (1, 3):  # also when no single partition holds more than 64
         got = _metrics(core, [GenerationRecord(**d) for d in dicts], "EAGLE", partitions=k)
         assert getattr(got, entries) is None and got.metrics["spec/accepted_total"] == 65
@@ -301,7 +324,7 @@ def test_deltas_written_before_weight_versions_still_restore(core, dicts, chunk)
     restores: a worker upgraded mid-run keeps its state."""
     from specmeter.streams.core.layout import decode_delta
 
-    records = [msgspec.structs.replace(r, weight_version=None, task=None) for r in _records(dicts)]
+    records = [msgspec.structs.replace(r, weight_version=None, task=None, draft_lag=None) for r in _records(dicts)]
     live = core.BatchState("b")
     live.start_journal()
     rebuilt = core.BatchState("b")
@@ -328,7 +351,7 @@ def test_a_worker_upgraded_to_tasks_restores_what_the_older_one_wrote(core, befo
     ten items (its bytes are what they were), one with a task in eleven."""
     from specmeter.streams.core.layout import decode_delta, encode_state
 
-    older = [msgspec.structs.replace(r, task=None) for r in _records(before)]
+    older = [msgspec.structs.replace(r, task=None, draft_lag=None) for r in _records(before)]
     live = core.BatchState("b")
     live.start_journal()
     deltas = []
@@ -341,7 +364,8 @@ def test_a_worker_upgraded_to_tasks_restores_what_the_older_one_wrote(core, befo
     for delta in deltas:
         for entry in delta.entries:
             task = entry[10] if len(entry) > 10 else None
-            assert len(entry) == (11 if task is not None else 10), entry
+            lag = entry[11] if len(entry) > 11 else None
+            assert len(entry) == (12 if lag is not None else 11 if task is not None else 10), entry
     rebuilt = core.BatchState("b")
     for delta in deltas:
         rebuilt.apply_delta(delta)
@@ -372,6 +396,35 @@ def test_compacting_a_state_anywhere_changes_nothing(core, dicts, chunk, data):
     assert compacted.generation_count == live.generation_count
     assert _canonical(compacted.partial()) == _canonical(live.partial())
     assert compacted.record_count == live.record_count and compacted.late_record_count == live.late_record_count
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, batches, st.integers(1, 6))
+def test_a_worker_upgraded_to_draft_lags_restores_what_the_older_one_wrote(core, before, after, chunk):
+    """Before revision 5, a worker read no draft lag and wrote wide entries of ten or
+    eleven items; the upgraded worker goes on with ``after``'s records, lags and all.
+    What both wrote restores the state that saw the same, in either core: a value without
+    a lag is still written as before (its bytes are what they were), one with a lag in
+    twelve items (its task null when it has none)."""
+    from specmeter.streams.core import cores
+    from specmeter.streams.core.layout import decode_delta, encode_state
+
+    older = [msgspec.structs.replace(r, draft_lag=None) for r in _records(before)]
+    live = core.BatchState("b")
+    live.start_journal()
+    deltas = []
+    for records in (older, _records(after)):
+        for i in range(0, len(records), chunk):
+            live.add_many(records[i : i + chunk])
+            delta = live.take_delta(first_offset=len(deltas), last_offset=len(deltas), last_input_ms=0)
+            if delta is not None:
+                deltas.append(decode_delta(encode_state(delta)))
+    built = [cores.PYTHON] + ([cores.NATIVE] if cores.NATIVE is not None else [])
+    for reader in built:
+        rebuilt = reader.BatchState("b")
+        for delta in deltas:
+            rebuilt.apply_delta(delta)
+        assert _canonical(rebuilt.partial()) == _canonical(live.partial()), reader.name
 
 
 def test_compact_waits_for_changes_to_be_taken_as_a_delta():

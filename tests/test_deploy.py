@@ -307,6 +307,8 @@ def test_every_dashboard_query_names_an_exported_metric():
         "specmeter_task_paired_accepted_tokens_total",
         "specmeter_inconsistent_generations_total",
         "run_algorithm:specmeter_budget_accepted_steps:rate1h",
+        "specmeter_draft_lag_paired_accepted_tokens_total",  # revision 5: the staleness curve
+        "specmeter_generation_tokens_per_verify_bucket",  # and the spread
     ):
         assert shown in queried, f"the dashboard shows no {shown}"
     assert "batch_id" not in queried and "weight_version)" not in queried, "no label that grows with the run"

@@ -1,4 +1,6 @@
-"""Every golden aggregate case, through each core and through the offline CLI."""
+"""Every golden aggregate case, through each core and through the offline CLI: the
+cases of cases.json and revision 5's cases_r5.json (a superset: draft lags, by_draft_lag
+and the spread of tokens per verify step)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,17 @@ from specmeter.streams import OfflineAggregator
 
 from .support.golden_cases import (
     GOLDEN,
+    GOLDEN_R5,
     SHARED,
+    SHARED_R5,
     aggregate_cases,
     assert_batch_equal,
     case_lines,
     expected_by_batch,
 )
 
-CASES = aggregate_cases()
-IDS = [case["name"] for case in CASES]
+CASES = aggregate_cases() + aggregate_cases(GOLDEN_R5)
+IDS = [case["name"] for case in aggregate_cases()] + [f"r5-{case['name']}" for case in aggregate_cases(GOLDEN_R5)]
 
 
 def test_golden_copy_matches_shared_when_present():
@@ -31,6 +35,24 @@ def test_golden_copy_matches_shared_when_present():
     assert json.loads(GOLDEN.read_text()) == json.loads(SHARED.read_text()), (
         f"{GOLDEN} differs from {SHARED}: copy the shared file over and re-run"
     )
+
+
+def test_golden_r5_copy_matches_shared_when_present():
+    """Revision 5's cases too: the repo's copy is the team's ../shared/cases_r5.json."""
+    if not SHARED_R5.exists():
+        pytest.skip("no ../shared/cases_r5.json beside this clone")
+    assert json.loads(GOLDEN_R5.read_text()) == json.loads(SHARED_R5.read_text()), (
+        f"{GOLDEN_R5} differs from {SHARED_R5}: copy the shared file over and re-run"
+    )
+
+
+def test_r5_cases_are_a_superset_that_checks_revision_5():
+    """cases_r5.json holds every case of cases.json, and its revision-5 cases give the
+    new fields (so the golden tests do check by_draft_lag and the spread)."""
+    r5 = {case["name"] for case in aggregate_cases(GOLDEN_R5)}
+    assert {case["name"] for case in aggregate_cases()} <= r5
+    new = [case for case in aggregate_cases(GOLDEN_R5) if case.get("revision") == 5]
+    assert new and all("by_draft_lag" in str(case) and "tokens_per_verify_distribution" in str(case) for case in new)
 
 
 def _check(results: dict, case: dict) -> None:

@@ -12,6 +12,7 @@ from specmeter.producers import (
     normalize_counter,
     normalize_weight_version,
     record_from_attempts,
+    record_from_counters,
     record_from_meta_info,
 )
 from specmeter.schemas import MAX_BINS, MAX_COUNTER, MAX_ID
@@ -248,4 +249,32 @@ def test_the_task_reaches_the_record_and_is_one_for_every_attempt():
     assert parse_dump_line(json.dumps(line)).task == "chat"
     assert parse_dump_line(json.dumps({"attempts": attempts, **line})).task == "chat"
     bad_line = parse_dump_line(json.dumps({**line, "task": 7}))
+    assert (bad_line.reason, bad_line.batch_id) == ("invalid", "b")
+
+
+def test_the_draft_lag_reaches_the_record_and_is_one_for_every_attempt():
+    """Revision 5: ``draft_lag=`` is the rollout's (not read from meta_info); a resumed
+    generation has one lag for all its attempts; a negative, fractional or too large one
+    is refused; a dump's SGLang output line may name it."""
+    import json
+
+    from specmeter.streams.fleet.dumps import parse_dump_line
+
+    meta = {"id": "req-1", "spec_verify_ct": 2, "draft_lag": 9}
+    assert record_from_meta_info(meta, batch_id="b", session_id="s").draft_lag is None
+    assert record_from_meta_info(meta, batch_id="b", session_id="s", draft_lag=0).draft_lag == 0
+    attempts = [meta, {**meta, "spec_verify_ct": 3}]
+    record = record_from_attempts(attempts, batch_id="b", session_id="s", draft_lag=3)
+    assert (record.draft_lag, record.verify) == (3, 5)
+    counters = record_from_counters(
+        SpecCounters(accepted=1), batch_id="b", session_id="s", generation_id="g", draft_lag=1
+    )
+    assert counters.draft_lag == 1
+    for bad in (-1, 1.5, 2**32, "1"):
+        with pytest.raises(msgspec.ValidationError):
+            record_from_meta_info(meta, batch_id="b", session_id="s", draft_lag=bad)
+    line = {"meta_info": meta, "batch_id": "b", "session_id": "s", "draft_lag": 4}
+    assert parse_dump_line(json.dumps(line)).draft_lag == 4
+    assert parse_dump_line(json.dumps({"attempts": attempts, **line})).draft_lag == 4
+    bad_line = parse_dump_line(json.dumps({**line, "draft_lag": -2}))
     assert (bad_line.reason, bad_line.batch_id) == ("invalid", "b")

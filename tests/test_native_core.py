@@ -34,6 +34,7 @@ counter = st.one_of(
 record = st.builds(
     GenerationRecord,
     task=st.one_of(st.none(), st.none(), st.sampled_from(["gsm8k", "chat"])),
+    draft_lag=st.one_of(st.none(), st.none(), st.sampled_from([0, 2, 10, 2**32 - 1])),
     batch_id=st.just("b"),
     session_id=st.sampled_from(["s1", "s2", "s3"]),
     generation_id=st.sampled_from(["g1", "g2", "g3", "g4"]),
@@ -251,6 +252,38 @@ def test_a_new_entry_with_a_task_is_written_wide_and_restores_in_python():
         ("gsm8k", 1),
         (None, 1),
     ]
+
+
+def test_a_new_entry_with_a_draft_lag_is_written_wide_in_twelve_items_and_restores_in_python():
+    """Revision 5: the packed forms hold no lag either: an entry that names one is written
+    wide, its lag the twelfth item (its task the eleventh, None when it has none); the two
+    cores agree on the partial, per-lag sums and spread included."""
+    state = NATIVE.BatchState("b")
+    state.start_journal()
+    add = state.add
+    add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=1, draft_lag=10))
+    add(GenerationRecord(batch_id="b", session_id="s", generation_id="h", accepted=1, weight_version="v1"))
+    add(
+        GenerationRecord(
+            batch_id="b", session_id="s", generation_id="i", verify=2, completion=5, task="chat", draft_lag=2
+        )
+    )
+    add(GenerationRecord(batch_id="b", session_id="s", generation_id="j", accepted=1, task="chat"))
+    delta = state.take_delta(first_offset=0, last_offset=0, last_input_ms=0)
+    assert sorted((e[1], len(e), e[9:]) for e in delta.entries) == [
+        ("g", 12, (None, None, 10)),
+        ("i", 12, (None, "chat", 2)),
+        ("j", 11, (None, "chat")),
+    ]
+    restored = PY.BatchState("b")
+    restored.apply_delta(delta)
+    _same(restored, state)
+    partial = restored.partial()
+    assert [(e.key, e.unique_generation_count) for e in partial.draft_lags] == [(2, 1), (10, 1), (None, 2)]
+    assert partial.tokens_per_verify_distribution == [0] * 6 + [1] + [0] * 57
+    add(GenerationRecord(batch_id="b", session_id="s", generation_id="g", accepted=1, draft_lag=11))  # a conflict
+    assert state.partial().conflicting_generation_count == 1
+    assert [e.key for e in state.partial().draft_lags] == [2, None]
 
 
 def test_journal_must_be_started():

@@ -52,6 +52,7 @@ records = st.builds(
     weight_version=st.one_of(st.none(), ids),
     run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
     task=st.one_of(st.none(), ids),
+    draft_lag=counters,
 )
 batches = st.builds(
     RecordBatch,
@@ -108,6 +109,13 @@ RECORD = [("type", "record"), ("batch_id", "b"), ("session_id", "s"), ("generati
         _map([*RECORD, ("task", "gsm8k"), ("task", "chat")]),
         _map([*RECORD, ("tasx", "gsm8k")]),  # the length of "task" and "type", neither
         _map([("type", "batch"), ("records", [dict(RECORD[1:], task="gsm8k")]), ("task", "gsm8k")]),
+        _map([*RECORD, ("draft_lag", -1)]),  # revision 5: draft_lag is a counter like the others
+        _map([*RECORD, ("draft_lag", 1.0)]),
+        _map([*RECORD, ("draft_lag", "1")]),
+        _map([*RECORD, ("draft_lag", MAX_COUNTER + 1)]),
+        _map([*RECORD, ("draft_lag", 1), ("draft_lag", 2)]),
+        _map([*RECORD, ("draft_lax", 1)]),  # the length of "draft_lag" and "sample_id", neither
+        _map([("type", "batch"), ("records", [dict(RECORD[1:], draft_lag=1)]), ("draft_lag", 1)]),
         _map(RECORD[:3]),  # no generation_id
         _map([("type", "marker"), ("batch_id", "b"), ("producer_id", "p")]),
         _map([("type", "nope"), *RECORD[1:]]),
@@ -147,9 +155,22 @@ def test_a_record_naming_its_task_is_taken_natively(order):
     read, in either order, in a plain record and inside a batch."""
     pairs = [("task", "gsm8k"), *RECORD] if order == "task first" else [*RECORD, ("task", "gsm8k")]
     data = _map(pairs)
-    assert native_agrees(data) and _native.decode(data)._fields(0)[-1] == "gsm8k"
+    assert native_agrees(data) and _native.decode(data)._fields(0)[-2] == "gsm8k"
     nested = dict(pairs)
     assert native_agrees(msgspec.msgpack.encode({"type": "batch", "records": [nested, dict(nested, task="chat")]}))
+
+
+@pytest.mark.parametrize("order", ["lag first", "sample first"])
+def test_a_record_naming_its_draft_lag_is_taken_natively(order):
+    """ "draft_lag" has the length of "sample_id" (the parser dispatches keys by length):
+    both are read, in either order, in a plain record and inside a batch."""
+    fields = [("draft_lag", 3), ("sample_id", "t1")]
+    pairs = [*(fields if order == "lag first" else fields[::-1]), *RECORD]
+    data = _map(pairs)
+    assert native_agrees(data) and _native.decode(data)._fields(0)[-1] == 3
+    assert _native.decode(data)._fields(0)[3] == "t1"
+    nested = dict(pairs)
+    assert native_agrees(msgspec.msgpack.encode({"type": "batch", "records": [nested, dict(nested, draft_lag=0)]}))
 
 
 def test_declared_lengths_are_not_trusted():

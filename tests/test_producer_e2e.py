@@ -80,6 +80,9 @@ def test_loadgen_expect_is_what_the_worker_publishes(kafka_bootstrap, tmp_path):
             # revision 4: the fleet's tasks and contradicting histograms, as --expect says
             assert msgspec.to_builtins(got.by_task) == want["by_task"] and want["by_task"], batch_id
             assert got.tokens_per_verify_by_budget == want["tokens_per_verify_by_budget"], batch_id
+            # revision 5: the fleet's draft lags and the spread, as --expect says
+            assert msgspec.to_builtins(got.by_draft_lag) == want["by_draft_lag"] and want["by_draft_lag"], batch_id
+            assert got.tokens_per_verify_distribution == want["tokens_per_verify_distribution"], batch_id
     finally:
         d.close()
 
@@ -97,6 +100,7 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
                 "sample_id": "t0",
                 "producer_id": "w0",
                 "task": ("gsm8k", "chat")[i % 2],  # the prompt's dataset, named by the dump line
+                "draft_lag": i % 3,  # revision 5: the draft's lag, named by the dump line too
             }
         )
     lines.append({"attempts": RESUMED[0], "batch_id": "replay-b1", "session_id": "sess-9", "producer_id": "w1"})
@@ -141,8 +145,13 @@ def test_replay_equals_aggregate_including_sglang_outputs(kafka_bootstrap, tmp_p
             assert latest[batch_id].invalid_record_count == want["invalid_record_count"]
             assert latest[batch_id].complete and latest[batch_id].missing_record_count == 0
             assert msgspec.to_builtins(latest[batch_id].by_task) == want["by_task"], batch_id
+            assert msgspec.to_builtins(latest[batch_id].by_draft_lag) == want["by_draft_lag"], batch_id
+            spread = latest[batch_id].tokens_per_verify_distribution
+            assert spread == want["tokens_per_verify_distribution"], batch_id
         assert latest["replay-b1"].metrics["spec/conflicting_generation_count"] == 1
         assert [e.task for e in latest["replay-b1"].by_task] == ["chat", "gsm8k", None]
+        lags = [e.draft_lag for e in latest["replay-b1"].by_draft_lag]
+        assert lags[-1] is None and lags[:-1] == sorted(lags[:-1]) and len(lags) >= 3, lags
     finally:
         d.close()
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
+from specmeter.schemas import BatchMetrics, DraftLagMetrics, TaskMetrics, WeightVersionMetrics
 from specmeter.streams.core.counts import WorkerCounters
 from specmeter.streams.core.merge import accept_rate_by_position
 from specmeter.streams.report.counters import (
@@ -50,6 +50,8 @@ def batch(
     complete: bool = True,
     by_task: list[TaskMetrics] | None = None,
     inconsistent: int = 0,
+    by_draft_lag: list[DraftLagMetrics] | None = None,
+    distribution: list[int] | None = None,
 ) -> BatchMetrics:
     histogram = [1, 2, 3] if histogram is None else histogram
     metrics = {
@@ -94,6 +96,8 @@ def batch(
         by_weight_version=by_weight_version,
         accept_rate_by_position=accept_rate_by_position(histogram or None),
         by_task=by_task,
+        by_draft_lag=by_draft_lag,
+        tokens_per_verify_distribution=distribution,
     )
 
 
@@ -190,10 +194,35 @@ def versions(*entries: tuple[str | None, int, int, list[int] | None]) -> list[We
 VERSION_NAMES = ["v1", "v2", "v9", "v10", "v11", "v100", None]
 
 
+def lags(*entries: tuple[int | None, int, int]) -> list[DraftLagMetrics]:
+    """by_draft_lag entries from (draft lag, paired accepted, paired proposed); paired
+    completion and verify made of them (accepted + proposed, proposed)."""
+    return [
+        DraftLagMetrics(
+            draft_lag=lag,
+            metrics={
+                "spec/unique_generation_count": 1,
+                "spec/paired_accepted_total": a,
+                "spec/paired_proposed_total": p,
+                "spec/paired_completion_total": a + p,
+                "spec/paired_verify_total": p,
+            },
+            accept_histogram=None,
+        )
+        for lag, a, p in entries
+    ]
+
+
+#: the spread histogram's upper bounds, bucket by bucket (docs/prometheus.md): 1.25 .. 16.75, +Inf
+SPREAD_LE = [f"{1 + (b + 1) / 4:g}" for b in range(63)] + ["+Inf"]
+
+
 def naive_slots(m: BatchMetrics) -> dict[tuple, int]:
     """What one batch adds to each series, read from docs/prometheus.md: steps that accepted
     at least k drafts for k = 1..min(len(H) - 1, 16); paired tokens by how many versions the
-    generation's version is behind the batch's newest (4 or more: "4+", null: "unknown")."""
+    generation's version is behind the batch's newest (4 or more: "4+", null: "unknown");
+    (revision 5) paired sums by draft lag (8 or more: "8+", null or no breakdown:
+    "unknown") and the spread's bucket counts, each under its le."""
     out: dict[tuple, int] = {}
     h = m.accept_histogram or []
     out[("position_verify_steps", None)] = sum(h)
@@ -208,6 +237,14 @@ def naive_slots(m: BatchMetrics) -> dict[tuple, int]:
         for stem, key in (("accepted", "spec/paired_accepted_total"), ("proposed", "spec/paired_proposed_total")):
             slot = (f"version_age_paired_{stem}_tokens", age)
             out[slot] = out.get(slot, 0) + e.metrics[key]
+    whole = DraftLagMetrics(draft_lag=None, metrics=m.metrics, accept_histogram=None)
+    for e in m.by_draft_lag or [whole]:
+        lag = "unknown" if e.draft_lag is None else "8+" if e.draft_lag >= 8 else str(e.draft_lag)
+        for stem in ("accepted_tokens", "proposed_tokens", "completion_tokens", "verify_steps"):
+            slot = (f"draft_lag_paired_{stem}", lag)
+            out[slot] = out.get(slot, 0) + e.metrics[f"spec/paired_{stem.split('_')[0]}_total"]
+    for le, n in zip(SPREAD_LE, m.tokens_per_verify_distribution or (), strict=False):
+        out[("generation_tokens_per_verify", le)] = n
     return out
 
 
@@ -226,6 +263,16 @@ def naive_slots(m: BatchMetrics) -> dict[tuple, int]:
                 max_size=6,
                 unique_by=lambda t: t[0],
             ),
+            st.one_of(
+                st.none(),
+                st.lists(
+                    st.tuples(st.sampled_from([0, 1, 7, 8, 30, None]), st.integers(0, 9), st.integers(0, 9)),
+                    min_size=1,
+                    max_size=5,
+                    unique_by=lambda t: t[0],
+                ),
+            ),
+            st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=64, max_size=64)),
         ),
         max_size=40,
     ),
@@ -234,10 +281,11 @@ def naive_slots(m: BatchMetrics) -> dict[tuple, int]:
 def test_net_counters_equal_the_sum_over_the_latest_revisions(publications, workers):
     """Whatever the order, repeats, decreases and the worker each batch lands on, the
     fleet's total - retracted is the sum over each batch's latest revision: the plain
-    counters, acceptance by draft position and paired tokens by version age alike."""
+    counters, acceptance by draft position, paired tokens by version age and by draft
+    lag, and the spread's buckets alike."""
     fleet = [PublishedTotals() for _ in range(workers)]
     latest: dict[tuple, BatchMetrics] = {}
-    for n, (b, revision, accepted, proposed, run_id, histogram, split) in enumerate(publications):
+    for n, (b, revision, accepted, proposed, run_id, histogram, split, lag_split, spread) in enumerate(publications):
         entries = versions(*((v, a, p, None) for v, a, p in split)) if split else None
         if entries:  # a breakdown adds up to the batch
             accepted, proposed = sum(a for _, a, _ in split), sum(p for _, _, p in split)
@@ -249,6 +297,8 @@ def test_net_counters_equal_the_sum_over_the_latest_revisions(publications, work
             proposed=proposed,
             histogram=histogram,
             by_weight_version=entries,
+            by_draft_lag=lags(*lag_split) if lag_split else None,
+            distribution=spread,
         )
         owner = fleet[hash((b, run_id)) % workers]  # one stage-2 owner per batch
         owner.observe(m, float(n))
@@ -682,3 +732,43 @@ def test_the_inconsistent_generation_counter_is_exported():
     families = _families(render(shell))
     assert _values(families, "specmeter_inconsistent_generations", "run_id") == {("run-a",): 6.0}
     assert _values(families, "specmeter_inconsistent_generations_retracted", "run_id") == {("run-a",): 1.0}
+
+
+def test_the_staleness_curve_and_the_spread_are_exported_with_bounded_labels():
+    """Revision 5: paired sums by draft lag under a fixed label set (0..7, 8+, unknown:
+    the lags a fleet reports never grow it; a batch without a breakdown counts under
+    unknown), and the spread of tokens per verify step as a histogram whose cumulative
+    buckets are the quarter-token counts, net of a later revision's retraction in the
+    twin; the exposition passes promtool."""
+    totals = PublishedTotals()
+    spread = [0] * 64
+    spread[1], spread[6], spread[63] = 2, 1, 1  # 1.25-1.5 twice, 2.5-2.75 once, 16.75 and up once
+    split = lags((0, 8, 10), (3, 4, 10), (9, 1, 10), (40, 1, 10), (None, 2, 10))
+    totals.observe(batch("b1", accepted=16, proposed=50, by_draft_lag=split, distribution=spread), 1.0)
+    totals.observe(batch("b2", accepted=5, proposed=6), 2.0)  # no breakdown, no spread
+    less = list(spread)
+    less[63] = 0  # a late conflict took that generation out
+    totals.observe(batch("b1", 1, accepted=15, proposed=40, by_draft_lag=split[:4], distribution=less), 3.0)
+    body = render(_shell(totals))
+    families = _families(body)
+    accepted = _values(families, "specmeter_draft_lag_paired_accepted_tokens", "draft_lag")
+    assert accepted == {("0",): 8.0, ("3",): 4.0, ("8+",): 2.0, ("unknown",): 2.0 + 5.0}
+    assert _values(families, "specmeter_draft_lag_paired_accepted_tokens_retracted", "draft_lag") == {
+        ("0",): 0.0,
+        ("3",): 0.0,
+        ("8+",): 0.0,
+        ("unknown",): 2.0,
+    }
+    assert set(_values(families, "specmeter_draft_lag_paired_verify_steps", "draft_lag")) <= {
+        (lag,) for lag in ("0", "1", "2", "3", "4", "5", "6", "7", "8+", "unknown")
+    }
+    buckets = _values(families, "specmeter_generation_tokens_per_verify", "le")
+    assert [buckets[(le,)] for le in ("1.25", "1.5", "2.5", "2.75", "16.75", "+Inf")] == [0, 2, 2, 3, 3, 4]
+    assert len(buckets) == 64
+    retracted = _values(families, "specmeter_generation_tokens_per_verify_retracted", "le")
+    assert retracted[("16.75",)] == 0 and retracted[("+Inf",)] == 1
+    promtool = find_tool("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (deploy/dev test unpacks it from Debian's prometheus package)")
+    check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()

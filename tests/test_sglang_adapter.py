@@ -116,3 +116,20 @@ def test_tasks_reach_every_record_one_for_all_or_one_per_output():
     assert all(r.task is None for r in records_from_outputs(outputs, batch_id="b", session_ids="s"))
     with pytest.raises(ValueError, match=r"3 outputs but .* 2 tasks"):
         records_from_outputs(outputs, batch_id="b", session_ids="s", tasks=["gsm8k", "chat"])
+
+
+def test_draft_lags_come_from_the_caller_one_for_all_or_one_per_output():
+    """Revision 5: the draft's lag is the caller's (SGLang knows neither the policy's nor
+    the draft's age): one for the whole call, or one per output; not an int >= 0 is refused."""
+    import msgspec
+
+    outputs = [_output("0.5.12", f"r{i}") for i in range(3)]
+    records = records_from_outputs(outputs, batch_id="b", session_ids="s", draft_lags=2)
+    assert [r.draft_lag for r in records] == [2] * 3
+    records = records_from_outputs(outputs, batch_id="b", session_ids="s", draft_lags=[0, None, 5], tasks="chat")
+    assert [(r.draft_lag, r.task) for r in records] == [(0, "chat"), (None, "chat"), (5, "chat")]
+    assert all(r.draft_lag is None for r in records_from_outputs(outputs, batch_id="b", session_ids="s"))
+    with pytest.raises(ValueError, match=r"3 outputs but .* 2 draft lags"):
+        records_from_outputs(outputs, batch_id="b", session_ids="s", draft_lags=[0, 1])
+    with pytest.raises(msgspec.ValidationError):
+        records_from_outputs(outputs, batch_id="b", session_ids="s", draft_lags=-1)

@@ -14,8 +14,8 @@ from specmeter.streams.core.stage1 import PartitionProcessor
 
 
 def _record(batch: str, i: int, producer: str = "p0") -> GenerationRecord:
-    """Records of two tasks and of none; every fifth with a histogram that contradicts
-    its verify count (2 steps, not 3: SPEC §3.5)."""
+    """Records of two tasks and of none, of two draft lags and of none; every fifth with
+    a histogram that contradicts its verify count (2 steps, not 3: SPEC §3.5)."""
     return GenerationRecord(
         batch_id=batch,
         session_id=f"s{i}",
@@ -27,6 +27,7 @@ def _record(batch: str, i: int, producer: str = "p0") -> GenerationRecord:
         accept_histogram=[1, 1] if i % 5 == 0 else None,
         producer_id=producer,
         task=("gsm8k", "chat", None)[i % 3],
+        draft_lag=(10, None, 2, 0)[i % 4],
     )
 
 
@@ -260,6 +261,7 @@ def test_a_crash_anywhere_in_a_changelog_flush_recovers_the_same_partial(core):
     closing = reference.process(messages[2:], now_ms=2)
     (want,) = closing.partials
     assert [t.key for t in want.tasks] == ["chat", "gsm8k", None] and want.inconsistent_generation_count == 6
+    assert [lag.key for lag in want.draft_lags] == [0, 2, 10, None] and sum(want.tokens_per_verify_distribution) == 30
     for cut in range(len(closing.changelog) + 1):
         log = _replay_log(durable, closing.changelog[:cut])
         p = PartitionProcessor(0, core=core, source_topic="t", batch_timeout_ms=60_000, grace_ms=60_000)

@@ -286,3 +286,42 @@ def test_a_partial_from_a_worker_before_tasks_still_merges():
         ("v1", 1),
         (None, 3),
     ]
+
+
+def test_a_partial_from_a_worker_before_draft_lags_still_merges(core):
+    """Upgraded mid-run, one records partition's partial comes from a worker before
+    revision 5: no per-lag sums, no spread (the fields appended since are absent from its
+    bytes). It merges: its generations are the unknown lag's, the batch's totals are
+    whole, and the spread is the newer partition's (the older one never counted it)."""
+    import msgspec
+
+    from specmeter.schemas import decode_partial
+
+    new = core.BatchState("b")
+    for generation, lag in (("g", 1), ("h", 0)):
+        new.add(
+            GenerationRecord(
+                batch_id="b",
+                session_id="s0",
+                generation_id=generation,
+                accepted=3,
+                proposed=4,
+                verify=2,
+                completion=5,
+                draft_lag=lag,
+            )
+        )
+    old = core.BatchState("b")
+    old.add(GenerationRecord(batch_id="b", session_id="s1", generation_id="g", accepted=1, proposed=4, task="chat"))
+    fields = msgspec.to_builtins(old.partial(partition=1))
+    for name in ("draft_lags", "too_many_draft_lags", "tokens_per_verify_distribution"):
+        del fields[name]
+    older = decode_partial(msgspec.msgpack.encode(fields))  # the partials topic's msgpack, as it wrote it
+    assert older.draft_lags == [] and older.tokens_per_verify_distribution is None
+    m = _merger()
+    m.process([(0, new.partial(partition=0))], now_ms=0)
+    (out,) = m.process([(1, older)], now_ms=1).published
+    assert out.metrics["spec/accepted_total"] == 7
+    assert [(e.draft_lag, e.metrics["spec/accepted_total"]) for e in out.by_draft_lag] == [(0, 3), (1, 3), (None, 1)]
+    assert [(e.task, e.metrics["spec/accepted_total"]) for e in out.by_task] == [("chat", 1), (None, 6)]
+    assert out.tokens_per_verify_distribution == [0] * 6 + [2] + [0] * 57  # 5 / 2 = 2.5: bucket 6, twice

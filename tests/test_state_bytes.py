@@ -4,10 +4,12 @@ starts with), and the plain deltas older workers wrote still restore."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import cramjam
 import msgspec
 
-from specmeter.schemas import RecordBatch, encode_records_message
+from specmeter.schemas import RecordBatch, decode_records_message, encode_records_message
 from specmeter.streams.core import cores
 from specmeter.streams.core.layout import (
     COMPRESSED,
@@ -20,9 +22,10 @@ from specmeter.streams.core.stage1 import PartitionProcessor, _digest
 from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
 
 
-def _fleet_messages(batches: int = 3, sessions: int = 40) -> list[tuple[int, bytes]]:
+def _fleet_messages(batches: int = 3, sessions: int = 40, spec: FleetSpec | None = None) -> list[tuple[int, bytes]]:
     """One partition's input: records packed 100 a message, each batch's markers after them."""
-    spec = FleetSpec(batches=batches, sessions_per_batch=sessions, producers=2, max_turns=6, seed=21)
+    if spec is None:
+        spec = FleetSpec(batches=batches, sessions_per_batch=sessions, producers=2, max_turns=6, seed=21)
     out: list[bytes] = []
     pending: list = []
     for event in synthetic_fleet(spec):
@@ -130,3 +133,44 @@ def test_either_core_keeps_a_delta_compressed_only_when_smaller(core):
         assert (encoded[0] == COMPRESSED and len(encoded) < len(plain)) or encoded == plain, n
         if n in (1, 300):  # a single record's delta does not shrink, 300 records' does
             assert (encoded[0] == COMPRESSED) is (n == 300), n
+
+
+#: the benchmarks' fleet (bench/_pipeline.py FLEET_SHAPE), smaller: agentic sessions of up
+#: to 8 trajectories and 24 turns, 20 % redeliveries, 1 % conflicts, 5 % missing counters
+_BENCH_SHAPE = {
+    "producers": 4,
+    "max_samples_per_session": 8,
+    "max_turns": 24,
+    "redelivery_rate": 0.2,
+    "conflict_rate": 0.01,
+    "missing_rate": 0.05,
+    "invalid_rate": 0.0,
+    "seed": 1,
+}
+
+
+def _bytes_per_record(core, spec: FleetSpec) -> tuple[float, int]:
+    """What the processor writes to its changelog (keys and values, tombstones as their
+    key: bench/stage1_core.py's measure) per record, and the records."""
+    messages = _fleet_messages(spec=spec)
+    records = sum(len(m.records) for _, data in messages if (m := decode_records_message(data)).marker is None)
+    p = _processor(core)
+    written = 0
+    for i in range(0, len(messages), 8):
+        for key, value in p.process(messages[i : i + 8], now_ms=i).changelog:
+            written += len(key) + len(value or b"")
+    return written / records, records
+
+
+def test_state_bytes_per_record_stay_under_21_with_draft_lags_and_tasks(core):
+    """Issue 21's target (<= 21 B of state per record) holds at revision 5, on records that
+    name their task and their draft lag (a wide entry's eleventh and twelfth items): what a
+    lag adds is a small int per generation, and compressed, close to nothing."""
+    spec = FleetSpec(batches=4, sessions_per_batch=30, **_BENCH_SHAPE)
+    first = next(e.payload for e in synthetic_fleet(spec) if e.kind == "record")
+    assert first.task is not None and first.draft_lag is not None
+    with_lags, records = _bytes_per_record(core, spec)
+    without, _ = _bytes_per_record(core, dataclasses.replace(spec, draft_lags=False))
+    assert records > 10_000
+    assert with_lags <= 21, f"{with_lags:.2f} B per record"
+    assert with_lags - without < 1, (with_lags, without)

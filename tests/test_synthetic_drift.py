@@ -4,12 +4,14 @@ each draft refresh; seeded and deterministic; the bundled sample is its output."
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from specmeter.schemas import BatchMarker, GenerationRecord
@@ -146,6 +148,7 @@ def test_the_bundled_sample_is_what_its_generator_writes_and_shows_drift():
         "regenerate: python examples/make_sample_rollout.py > streams/data/sample_rollout.jsonl"
     )
     assert b'"weight_version":"v' in out
+    assert b'"draft_lag":' in out  # revision 5: the demo's batches have a staleness curve
 
 
 def test_sessions_name_their_task_and_the_draft_accepts_as_the_task_says(records):
@@ -177,3 +180,25 @@ def test_sessions_name_their_task_and_the_draft_accepts_as_the_task_says(records
 def test_a_fleet_without_tasks_names_none():
     spec = FleetSpec(batches=2, sessions_per_batch=20, seed=4, tasks=(), inconsistent_rate=0.0)
     assert all(r.task is None for r in _records(spec))
+
+
+def test_records_name_their_draft_lag_and_acceptance_falls_with_it(records):
+    """Revision 5: every record names how many versions its policy is ahead of the draft
+    (the staleness its acceptance drifts by), one lag per session; acceptance falls as
+    the lag grows (the staleness curve by_draft_lag shows). Without ``draft_lags`` no
+    record names one, and the counters are the same draws."""
+    assert all(r.draft_lag == SPEC.staleness(_number(r.weight_version), int(r.batch_id[5:])) for r in records)
+    seen = {(r.session_id, r.generation_id): r for r in records}
+    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for r in seen.values():
+        if r.accepted is not None and r.proposed:
+            sums[r.draft_lag][0] += r.accepted
+            sums[r.draft_lag][1] += r.proposed
+    lags = sorted(sums)
+    assert len(lags) >= 4
+    rates = [sums[lag][0] / sums[lag][1] for lag in lags]
+    assert rates == sorted(rates, reverse=True), dict(zip(lags, rates, strict=True))
+    spec = FleetSpec(batches=2, sessions_per_batch=20, seed=4)
+    without = _records(dataclasses.replace(spec, draft_lags=False))
+    assert all(r.draft_lag is None for r in without)
+    assert [msgspec.structs.replace(r, draft_lag=None) for r in _records(spec)] == without

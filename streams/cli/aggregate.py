@@ -43,12 +43,13 @@ def aggregate(
 
     Each line is a record (batch_id, session_id, generation_id, sample_id,
     state_hash, accepted, proposed, verify, completion, accept_histogram,
-    producer_id; missing fields are unknown), a batch marker
+    producer_id, weight_version, run_id, task, draft_lag; missing fields are unknown), a batch marker
     ({"type": "marker", "batch_id", "producer_id", "records_sent",
     "speculative_algorithm", "expected_producers"}), or an SGLang output
     ({"meta_info": {...}, "batch_id", "session_id", "sample_id", ...}). Prints the
     BatchMetrics of each batch, in order of first appearance (the table sorts by
-    run and batch). A bad line is reported on stderr with its line number and
+    run and batch, then shows them by task, by draft lag and the spread of their
+    generations' tokens per verify step). A bad line is reported on stderr with its line number and
     reason, counted in its batch when the batch is readable, and never stops the
     run; the exit status is 1 when no line at all could be read (an empty file
     included), or with --strict when any line is bad. A UTF-8 byte-order mark is
@@ -121,14 +122,21 @@ def _json_document(results: list[Any]) -> bytes:
 
 
 def _print_tables(results: list[Any], title: str) -> None:
-    """The batches' table, and the by-task view when a batch has tasks."""
+    """The batches' table, then the by-task view when a batch has tasks, the by-draft-lag
+    view when one has lags and the spread of tokens per verify step when one has it."""
     from rich.console import Console
 
-    from .tables import metrics_table, task_table
+    from .tables import draft_lag_table, metrics_table, spread_table, task_table
 
     console = Console()
     latest = {(m.run_id, m.batch_id): m for m in results}
     console.print(metrics_table(latest, len(latest), console.width, title=title))
-    by_task = task_table(list(latest.values()), console.width, title="by task")
-    if by_task is not None:
-        console.print(by_task)
+    batches = list(latest.values())
+    views = (
+        task_table(batches, console.width, title="by task"),
+        draft_lag_table(batches, console.width, title="by draft lag"),
+        spread_table(batches),
+    )
+    for view in views:
+        if view is not None:
+            console.print(view)

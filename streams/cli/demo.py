@@ -108,7 +108,8 @@ def _table(results: list, offline: dict):
 
     table = Table(
         title="specmeter: per-batch speculative decoding metrics (from the stream)",
-        caption="drift: accept rate per weight version (policy drift away from the draft model)",
+        caption="drift: accept rate per weight version (policy drift away from the draft model) · "
+        "staleness: accept rate per draft lag (policy updates the draft is behind)",
     )
     for column in (
         "batch",
@@ -123,11 +124,12 @@ def _table(results: list, offline: dict):
         "complete",
         "= offline",
         "drift",
+        "staleness",
     ):
         table.add_column(
             column,
-            justify="left" if column in ("batch", "drift") else "right",
-            no_wrap=column in ("batch", "drift"),
+            justify="left" if column in ("batch", "drift", "staleness") else "right",
+            no_wrap=column in ("batch", "drift", "staleness"),
             overflow="ellipsis",
             min_width=len(column) if column not in ("batch", "drift") else None,
         )
@@ -138,7 +140,7 @@ def _table(results: list, offline: dict):
 
 def _row(m, offline: dict) -> list[str]:
     """A batch's row: its numbers, whether it matches the offline result, its drift."""
-    from .tables import WHOLE_WIDTH, drift_text
+    from .tables import WHOLE_WIDTH, drift_text, staleness_text
 
     x = m.metrics
     return [
@@ -159,6 +161,7 @@ def _row(m, offline: dict) -> list[str]:
         "yes" if m.complete else "no",
         "yes" if offline.get(m.batch_id) == m.metrics else "NO",
         drift_text(m.by_weight_version, 32 if sys.stdout.isatty() else WHOLE_WIDTH),
+        staleness_text(m.by_draft_lag, 24 if sys.stdout.isatty() else WHOLE_WIDTH),
     ]
 
 

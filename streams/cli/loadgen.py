@@ -148,6 +148,13 @@ def _task(item: str) -> tuple[str, float]:
     "Share of generations whose histogram contradicts their own counters (spec/inconsistent_generation_count).",
 )
 @click.option(
+    "--draft-lags/--no-draft-lags",
+    default=True,
+    show_default=True,
+    help="Records name their draft lag (how many policy versions the draft model is behind, "
+    "by_draft_lag); --no-draft-lags: they name none.",
+)
+@click.option(
     "--rate",
     type=Number(min=0, min_open=True),
     default=None,
@@ -190,6 +197,7 @@ def loadgen(
     invalid_rate: float,
     tasks: tuple[tuple[str, float], ...],
     inconsistent_rate: float,
+    draft_lags: bool,
     rate: float | None,
     seed: int,
     expect: IO[bytes] | None,
@@ -204,9 +212,9 @@ def loadgen(
     generations reports a histogram that contradicts its counters. Each batch mixes
     the current policy version with older ones (weight_version v<N>), and
     acceptance falls as the policy drifts away from the draft model's version,
-    back up at each draft refresh; each session's prompt comes from one task, on
-    which the draft accepts more or less. Each simulated worker closes its batches
-    with markers. With --expect, the metrics the worker must publish are
+    back up at each draft refresh (each record names its draft lag); each
+    session's prompt comes from one task, on which the draft accepts more or
+    less. Each simulated worker closes its batches with markers. With --expect, the metrics the worker must publish are
     written first, so a run can be checked end to end.
     """
     from ..fleet.publish import LoadSummary
@@ -230,6 +238,7 @@ def loadgen(
         run_id=run_id,
         tasks=tasks,
         inconsistent_rate=inconsistent_rate,
+        draft_lags=draft_lags,
     )
     security = None
     if dump is None:  # fail before writing --expect when the broker is not there

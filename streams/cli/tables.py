@@ -8,22 +8,28 @@ position (``.81 .62 .40``, dropped first when short), the accept rate per task
 view leave room) and a compact drift view, the accept rate per weight version
 (``v7 .75 v8 .71``). ``RowPrinter`` prints the same cells a line at a time, for a
 pipe. ``task_table`` is the by-task view of ``specmeter aggregate``: a row per batch
-and task.
+and task; ``draft_lag_table`` its by-draft-lag view (revision 5, the staleness curve), a
+row per batch and lag; ``spread_table`` the spread of each batch's generations' own
+tokens per verify step (its quartiles and the share that barely speculates).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from specmeter.schemas import BatchMetrics, TaskMetrics, WeightVersionMetrics
+from specmeter.schemas import BatchMetrics, DraftLagMetrics, TaskMetrics, WeightVersionMetrics
 
 __all__ = [
     "metrics_table",
     "drift_text",
+    "staleness_text",
     "tasks_text",
     "task_table",
+    "draft_lag_table",
+    "spread_table",
     "positions_text",
     "batch_label",
     "fit_labels",
@@ -95,6 +101,17 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
         for e in sorted(entries, key=lambda e: _natural(e.weight_version))
     ]
     return _fit_left(_newest_fitting(parts, width), width)
+
+
+def staleness_text(entries: list[DraftLagMetrics] | None, width: int) -> str:
+    """(revision 5) Accept rate per draft lag, lag 0 first, as many as fit: ``0:.75 1:.71 2:.64 …``
+    (``?``: the unknown lag), the staleness curve of one batch."""
+    if not entries:
+        return "-"
+    parts = [
+        f"{'?' if e.draft_lag is None else e.draft_lag}:{_rate(e.metrics.get('spec/accept_rate'))}" for e in entries
+    ]
+    return _fitted(parts, width, keep=1)
 
 
 def _newest_fitting(parts: list[str], width: int) -> str:
@@ -474,11 +491,73 @@ def _task_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, TaskMetr
     return [(m, e) for m in sorted(results, key=batch_order) for e in _by_size(m.by_task or [])]
 
 
-def _whole_widths(rows: list[tuple[BatchMetrics, TaskMetrics]]) -> tuple[int, int, int]:
-    """How wide the batch, task and by-budget columns of the by-task view are, nothing cut."""
+def draft_lag_table(results: list[BatchMetrics], width: int = 80, title: str | None = None) -> Any:
+    """The by-draft-lag view (``specmeter aggregate``'s table, revision 5): a row per
+    batch and draft lag (in numeric order, the unknown lag last, ``?``), its columns the
+    by-task view's: read down a batch, acceptance against how far the draft is behind.
+    None when no batch has a lag breakdown."""
+    rows: list[tuple[BatchMetrics, Entry]] = [
+        (m, e) for m in sorted(results, key=batch_order) for e in (m.by_draft_lag or [])
+    ]
+    if not rows:
+        return None
+    layout = _TaskLayout(width, rows, header="lag")
+    budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
+    table = _table(title or "by draft lag", "lag: policy updates the draft is behind · ? unknown" + budgets)
+    layout.add_columns(table)
+    layout.add_rows(table, rows)
+    return table
+
+
+def spread_quantile(counts: list[int], q: float) -> float:
+    """The lower edge of the quarter-token bucket (docs/contract.md §3.7: bucket b holds
+    [1 + b/4, 1 + (b+1)/4)) that holds the generation at quantile ``q`` of the spread."""
+    total = sum(counts)
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for b, n in enumerate(counts):
+        seen += n
+        if seen >= rank:
+            return 1 + b / 4
+    return 1 + (len(counts) - 1) / 4
+
+
+def spread_table(results: list[BatchMetrics], title: str | None = None) -> Any:
+    """The spread of tokens per verify step (``specmeter aggregate``'s table, revision 5):
+    a row per batch with a ``tokens_per_verify_distribution``: the generations it counts,
+    the bucket of its first quartile, median and third quartile (``>=`` their lower edge,
+    quarter tokens), and the share under 1.25 tokens per step (bucket 0: barely
+    speculating). None when no batch has one."""
+    rows = [m for m in sorted(results, key=batch_order) if m.tokens_per_verify_distribution]
+    if not rows:
+        return None
+    table = _table(title or "spread of tokens per verify step", "p25/p50/p75: lower edge of the quarter-token bucket")
+    table.add_column("batch", no_wrap=True, overflow="ellipsis")
+    for name in ("gens", "p25", "p50", "p75", "<1.25"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for m in rows:
+        counts = m.tokens_per_verify_distribution or []
+        total = sum(counts)
+        quartiles = [f"{spread_quantile(counts, q):.2f}" for q in (0.25, 0.5, 0.75)]
+        table.add_row(_label(m, {})[0], _count(total), *quartiles, _share(counts[0] / total if total else None))
+    return table
+
+
+#: a breakdown entry of the by-task and by-draft-lag views
+Entry = TaskMetrics | DraftLagMetrics
+
+
+def _entry_name(e: Entry) -> str:
+    """A view's key cell: the task or the lag, ``?`` when unknown."""
+    key = e.task if isinstance(e, TaskMetrics) else e.draft_lag
+    return "?" if key is None else str(key)
+
+
+def _whole_widths(rows: Sequence[tuple[BatchMetrics, Entry]]) -> tuple[int, int, int]:
+    """How wide the batch, key and by-budget columns of a by-task or by-lag view are, nothing cut."""
     return (
         max(len(_label(m, {})[0]) for m, _ in rows),
-        max(len(e.task or "?") for _, e in rows),
+        max(len(_entry_name(e)) for _, e in rows),
         max(len(positions_text(e.tokens_per_verify_by_budget)) for _, e in rows),
     )
 
@@ -489,9 +568,11 @@ class _TaskLayout:
 
     FIXED = (("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
 
-    def __init__(self, width: int, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+    def __init__(self, width: int, rows: Sequence[tuple[BatchMetrics, Entry]], header: str = "task") -> None:
+        self.header = header
         room = max(20, width - sum(w for _, w in self.FIXED) - _GAP * (len(self.FIXED) + 3))
         label_w, name_w, budget_w = _whole_widths(rows)
+        name_w = max(name_w, len(header))  # a lag's "0" under its whole header
         self.batch = min(label_w, max(10, room // 3))
         self.task = min(name_w, max(8, room // 3))
         self.budget = min(budget_w, room - self.batch - self.task - _GAP)
@@ -501,24 +582,24 @@ class _TaskLayout:
 
     def add_columns(self, table: Any) -> None:
         table.add_column("batch", width=self.batch, no_wrap=True, overflow="ellipsis")
-        table.add_column("task", width=self.task, no_wrap=True, overflow="ellipsis")
+        table.add_column(self.header, width=self.task, no_wrap=True, overflow="ellipsis")
         for name, w in self.FIXED:
             table.add_column(name, width=w, justify="right", no_wrap=True, overflow="ellipsis")
         if self.budget:
             table.add_column("tok/v by budget", width=self.budget, no_wrap=True, overflow="ellipsis")
 
-    def add_rows(self, table: Any, rows: list[tuple[BatchMetrics, TaskMetrics]]) -> None:
+    def add_rows(self, table: Any, rows: Sequence[tuple[BatchMetrics, Entry]]) -> None:
         """A row per batch and task, the batch's label on its first row only."""
         previous = None
         for (m, e), label in zip(rows, fit_labels([m for m, _ in rows], self.batch), strict=True):
             table.add_row("" if m is previous else label, *self.cells(e))
             previous = m
 
-    def cells(self, e: TaskMetrics) -> list[str]:
-        """A task's cells beside its batch's label: its name, rates, coverage, size and curve."""
+    def cells(self, e: Entry) -> list[str]:
+        """A task's (lag's) cells beside its batch's label: its name, rates, coverage, size and curve."""
         x = e.metrics
         cells = [
-            _fit_right(e.task or "?", self.task),
+            _fit_right(_entry_name(e), self.task),
             _ratio(x.get("spec/accept_rate")),
             _ratio(x.get("spec/tokens_per_verify")),
             _share(x.get("spec/accept_count_coverage")),

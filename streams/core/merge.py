@@ -9,19 +9,20 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from specmeter.schemas import (
     MAX_BREAKDOWN_KEYS,
     BatchMetrics,
     BreakdownSums,
+    DraftLagMetrics,
     PartialAggregate,
     TaskMetrics,
     WeightVersionMetrics,
 )
 
 from .exact import expansion_value, merge_expansions
-from .state import add_histograms
+from .state import add_histograms, breakdown_order
 
 __all__ = [
     "merge_partials",
@@ -33,8 +34,12 @@ __all__ = [
     "Breakdown",
     "BY_WEIGHT_VERSION",
     "BY_TASK",
+    "BY_DRAFT_LAG",
     "by_weight_version",
     "by_task",
+    "by_draft_lag",
+    "merge_distributions",
+    "tokens_per_verify_distribution",
     "accept_rate_by_position",
     "tokens_per_verify_by_budget",
 ]
@@ -71,20 +76,21 @@ assert _BREAKDOWN_SUMMED[0] == "unique_generation_count"  # _unbroken computes i
 
 class Breakdown(NamedTuple):
     """One breakdown of a batch's non-conflicting generations (docs/contract.md §3.1,
-    §3.4): where a partial holds its sums and flag, and the message's entries. Weight
-    versions and tasks are the same rule on another key."""
+    §3.4, §3.6): where a partial holds its sums and flag, and the message's entries. Weight
+    versions, tasks and draft lags are the same rule on another key."""
 
     #: the ``PartialAggregate`` fields: the entries, and "past MAX_BREAKDOWN_KEYS known keys"
     entries: str
     too_many: str
     #: the message's entry type and the name of its key field
-    metrics_type: type[WeightVersionMetrics] | type[TaskMetrics]
+    metrics_type: type[WeightVersionMetrics] | type[TaskMetrics] | type[DraftLagMetrics]
     key: str
 
 
 BY_WEIGHT_VERSION = Breakdown("weight_versions", "too_many_versions", WeightVersionMetrics, "weight_version")
 BY_TASK = Breakdown("tasks", "too_many_tasks", TaskMetrics, "task")
-BREAKDOWNS = (BY_WEIGHT_VERSION, BY_TASK)
+BY_DRAFT_LAG = Breakdown("draft_lags", "too_many_draft_lags", DraftLagMetrics, "draft_lag")
+BREAKDOWNS = (BY_WEIGHT_VERSION, BY_TASK, BY_DRAFT_LAG)
 
 
 def _unbroken(p: PartialAggregate) -> list[BreakdownSums]:
@@ -107,21 +113,21 @@ def merge_breakdown(partials: Sequence[PartialAggregate], breakdown: Breakdown) 
     by_key = _entries_by_key(partials, lists)
     if sum(key is not None for key in by_key) > MAX_BREAKDOWN_KEYS:
         return None
-    return [_added(key, by_key[key]) for key in sorted(by_key, key=lambda k: (k is None, k or ""))]
+    return [_added(key, by_key[key]) for key in sorted(by_key, key=breakdown_order)]
 
 
 def _entries_by_key(
     partials: Sequence[PartialAggregate], lists: list[list[BreakdownSums]]
-) -> dict[str | None, list[BreakdownSums]]:
+) -> dict[str | int | None, list[BreakdownSums]]:
     """Each key's entries over the partials (a partial without entries: all unknown)."""
-    by_key: dict[str | None, list[BreakdownSums]] = {}
+    by_key: dict[str | int | None, list[BreakdownSums]] = {}
     for p, entries in zip(partials, lists, strict=True):
         for entry in entries or _unbroken(p):
             by_key.setdefault(entry.key, []).append(entry)
     return by_key
 
 
-def _added(key: str | None, entries: list[BreakdownSums]) -> BreakdownSums:
+def _added(key: str | int | None, entries: list[BreakdownSums]) -> BreakdownSums:
     """One key's entries from disjoint partitions, added up."""
     return BreakdownSums(
         key=key,
@@ -153,6 +159,7 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         accept_histogram=add_histograms(p.accept_histogram for p in partials),
         accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
         length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
+        tokens_per_verify_distribution=merge_distributions(p.tokens_per_verify_distribution for p in partials),
         **_merged_breakdowns(partials),
         **{name: sum(getattr(p, name) for p in partials) for name in _SUMMED},
     )
@@ -190,6 +197,12 @@ def _merged_breakdowns(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
             getattr(p, breakdown.entries) or getattr(p, breakdown.too_many) for p in partials
         )
     return fields
+
+
+def merge_distributions(distributions: Iterable[list[int] | None]) -> list[int] | None:
+    """Spreads of tokens per verify step (docs/contract.md §3.7) from disjoint partitions,
+    added element-wise (exact); None when none is known."""
+    return add_histograms(distributions)
 
 
 def missing_records(partials: Iterable[PartialAggregate]) -> int:
@@ -309,15 +322,16 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
 
 
 def breakdown_entries(merged: PartialAggregate, breakdown: Breakdown) -> list | None:
-    """A breakdown's entries in the message (``by_weight_version``, ``by_task``) from a
-    batch's merged sums: null unless speculative and some non-conflicting generation
-    knows its key. Each entry's metrics, histogram and curves as the batch's."""
+    """A breakdown's entries in the message (``by_weight_version``, ``by_task``,
+    ``by_draft_lag``) from a batch's merged sums: null unless speculative and some
+    non-conflicting generation knows its key. Each entry's metrics, histogram and
+    curves as the batch's."""
     entries: list[BreakdownSums] = getattr(merged, breakdown.entries)
     if not is_speculative(merged) or not entries:
         return None
     return [
         breakdown.metrics_type(
-            **{breakdown.key: entry.key},
+            **{breakdown.key: cast(Any, entry.key)},  # a str, or an int for a draft lag
             metrics={
                 "spec/unique_generation_count": entry.unique_generation_count,
                 **_sums_metrics(entry, entry.unique_generation_count),
@@ -338,6 +352,19 @@ def by_weight_version(merged: PartialAggregate) -> list[WeightVersionMetrics] | 
 def by_task(merged: PartialAggregate) -> list[TaskMetrics] | None:
     """``BatchMetrics.by_task`` of one batch from its merged sums (docs/contract.md §3.4)."""
     return breakdown_entries(merged, BY_TASK)
+
+
+def by_draft_lag(merged: PartialAggregate) -> list[DraftLagMetrics] | None:
+    """``BatchMetrics.by_draft_lag`` of one batch from its merged sums (docs/contract.md §3.6)."""
+    return breakdown_entries(merged, BY_DRAFT_LAG)
+
+
+def tokens_per_verify_distribution(merged: PartialAggregate) -> list[int] | None:
+    """``BatchMetrics.tokens_per_verify_distribution`` (docs/contract.md §3.7): the merged
+    counts, null unless speculative and some generation qualifies."""
+    if not is_speculative(merged):
+        return None
+    return merged.tokens_per_verify_distribution
 
 
 def build_batch_metrics(
@@ -379,4 +406,6 @@ def build_batch_metrics(
         accept_rate_by_position=accept_rate_by_position(histogram),
         tokens_per_verify_by_budget=tokens_per_verify_by_budget(histogram),
         by_task=by_task(merged),
+        by_draft_lag=by_draft_lag(merged),
+        tokens_per_verify_distribution=tokens_per_verify_distribution(merged),
     )

@@ -21,6 +21,7 @@ from typing import Any, Final
 import msgspec
 
 from specmeter.schemas import (
+    DISTRIBUTION_BUCKETS,
     MAX_BREAKDOWN_KEYS,
     BatchMarker,
     BreakdownSums,
@@ -34,7 +35,16 @@ from specmeter.schemas import (
 from .exact import grow
 from .layout import BatchDelta, encode_delta
 
-__all__ = ["BatchState", "Decoded", "Outcome", "add_histograms", "decode_message", "inconsistent"]
+__all__ = [
+    "BatchState",
+    "Decoded",
+    "Outcome",
+    "add_histograms",
+    "decode_message",
+    "inconsistent",
+    "distribution_bucket",
+    "breakdown_order",
+]
 
 #: a generation's key: (session_id, generation_id)
 Key = tuple[str, str]
@@ -55,11 +65,14 @@ class Value(msgspec.Struct, frozen=True, gc=False):
     accept_histogram: tuple[int, ...] | None
     weight_version: str | None = None  # entries written before weight versions lack it
     task: str | None = None  # (revision 4) entries written before tasks lack it
+    draft_lag: int | None = None  # (revision 5) entries written before draft lags lack it
 
     @classmethod
     def of(cls, r: GenerationRecord) -> Value:
         hist = None if r.accept_histogram is None else tuple(r.accept_histogram)
-        return cls(r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version, r.task)
+        return cls(
+            r.state_hash, r.accepted, r.proposed, r.verify, r.completion, hist, r.weight_version, r.task, r.draft_lag
+        )
 
 
 class _Conflict:
@@ -93,6 +106,12 @@ def inconsistent(accepted: int | None, verify: int | None, histogram: Sequence[i
     if verify is not None and verify != sum(histogram):
         return True
     return accepted is not None and accepted != sum(map(operator.mul, range(len(histogram)), histogram))
+
+
+def distribution_bucket(completion: int, verify: int) -> int:
+    """A generation's quarter-token bucket of its own tokens per verify step (docs/contract.md
+    §3.7): ``min(63, max(0, floor(4 * completion / verify) - 4))``, for verify > 0."""
+    return min(DISTRIBUTION_BUCKETS - 1, max(0, 4 * completion // verify - 4))
 
 
 def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int] | None:
@@ -347,8 +366,10 @@ class BatchState:
             value = self._values[key]
             if isinstance(value, Value):
                 fields = msgspec.structs.astuple(value)
-                # a value without a task in ten items, as before tasks (the native core too)
-                entries.append((*key, False, *(fields if value.task is not None else fields[:-1])))
+                # a value without a lag in eleven items, without a task either in ten, as
+                # before lags and tasks (the native core too)
+                width = len(fields) if value.draft_lag is not None else len(fields) - 1 - (value.task is None)
+                entries.append((*key, False, *fields[:width]))
             else:
                 entries.append((*key, True, None, None, None, None, None, None, None))
         return entries
@@ -435,17 +456,18 @@ class BatchState:
     def partial(
         self, *, partition: int = 0, revision: int = 0, close_reason: str = "markers", closed_at_ms: int = 0
     ) -> PartialAggregate:
-        """This partition's sums for the batch (docs/contract.md §3, §3.1, §3.4, §3.5):
-        over the non-conflicting keys, for the batch, per weight version and per task,
-        and the inconsistent ones counted; the legacy per-sample ratios over the
-        occurrences."""
+        """This partition's sums for the batch (docs/contract.md §3, §3.1, §3.4 - §3.7):
+        over the non-conflicting keys, for the batch, per weight version, per task and per
+        draft lag, the inconsistent ones counted and the spread of their tokens per verify
+        step; the legacy per-sample ratios over the occurrences."""
         self._thaw()
-        by_label, inconsistent_count = _sums_by_label(self._values.values())
+        by_label, inconsistent_count, distribution = _sums_by_label(self._values.values())
         totals = _Sums.of(by_label.values())
         conflicts = len(self._values) - totals.unique_generation_count
         legacy = _LegacyRatios(self._values, self._occurrences, fold=not (conflicts or self.invalid_record_count))
         weight_versions, too_many_versions = _breakdown(by_label, 0)
         tasks, too_many_tasks = _breakdown(by_label, 1)
+        draft_lags, too_many_draft_lags = _breakdown(by_label, 2)
         markers = self._markers
         return PartialAggregate(
             batch_id=self.batch_id,
@@ -475,6 +497,9 @@ class BatchState:
             inconsistent_generation_count=inconsistent_count,
             tasks=tasks,
             too_many_tasks=too_many_tasks,
+            draft_lags=draft_lags,
+            too_many_draft_lags=too_many_draft_lags,
+            tokens_per_verify_distribution=distribution,
             **totals.fields(unique_generation_count=len(self._values)),
         )
 
@@ -493,31 +518,42 @@ def _changed_counts(base: tuple, now: tuple) -> dict[str, Any]:
     }
 
 
-def _sums_by_label(values: Iterable[Value | _Conflict]) -> tuple[dict[tuple[str | None, str | None], _Sums], int]:
-    """One pass over the non-conflicting values: their sums per (weight_version, task)
-    label (the batch's, each version's and each task's are added up from those), and
-    how many are inconsistent (docs/contract.md §3.5)."""
-    by_label: dict[tuple[str | None, str | None], _Sums] = {}
+#: a value's breakdown keys: (weight_version, task, draft_lag)
+Label = tuple[str | None, str | None, int | None]
+
+
+def _sums_by_label(values: Iterable[Value | _Conflict]) -> tuple[dict[Label, _Sums], int, list[int] | None]:
+    """One pass over the non-conflicting values: their sums per (weight_version, task,
+    draft_lag) label (the batch's and each breakdown key's are added up from those), how
+    many are inconsistent (docs/contract.md §3.5), and the spread of their tokens per
+    verify step (§3.7: None when no value has completion and verify > 0)."""
+    by_label: dict[Label, _Sums] = {}
     inconsistent_count = 0
+    distribution: list[int] | None = None
     for value in values:
         if isinstance(value, Value):
-            label = (value.weight_version, value.task)
+            label = (value.weight_version, value.task, value.draft_lag)
             sums = by_label.get(label)
             if sums is None:
                 sums = by_label[label] = _Sums()
             sums.add(value)
             if value.accept_histogram is not None:
                 inconsistent_count += inconsistent(value.accepted, value.verify, value.accept_histogram)
-    return by_label, inconsistent_count
+            if value.verify and value.completion is not None:
+                if distribution is None:
+                    distribution = [0] * DISTRIBUTION_BUCKETS
+                distribution[distribution_bucket(value.completion, value.verify)] += 1
+    return by_label, inconsistent_count, distribution
 
 
-def _breakdown(by_label: dict[tuple[str | None, str | None], _Sums], part: int) -> tuple[list[BreakdownSums], bool]:
-    """One breakdown of the non-conflicting values (per weight version: ``part`` 0 of
-    their (weight_version, task) label; per task: ``part`` 1 -- the same rule for both,
-    docs/contract.md §3.1 and §3.4): the sums of each key, sorted with the unknown
-    (None) last, and whether more than ``MAX_BREAKDOWN_KEYS`` known keys appeared (then
-    no entries). No entries either when no value knows its key."""
-    groups: dict[str | None, list[_Sums]] = {}
+def _breakdown(by_label: dict[Label, _Sums], part: int) -> tuple[list[BreakdownSums], bool]:
+    """One breakdown of the non-conflicting values (``part`` of their (weight_version,
+    task, draft_lag) label: 0 per weight version, 1 per task, 2 per draft lag -- the same
+    rule for all, docs/contract.md §3.1, §3.4 and §3.6): the sums of each key, sorted
+    (lags numerically) with the unknown (None) last, and whether more than
+    ``MAX_BREAKDOWN_KEYS`` known keys appeared (then no entries). No entries either when
+    no value knows its key."""
+    groups: dict[str | int | None, list[_Sums]] = {}
     for label, sums in by_label.items():
         groups.setdefault(label[part], []).append(sums)
     known = len(groups) - (None in groups)
@@ -525,8 +561,14 @@ def _breakdown(by_label: dict[tuple[str | None, str | None], _Sums], part: int) 
         return [], True
     if not known:
         return [], False
-    names = sorted(groups, key=lambda name: (name is None, name or ""))
+    names = sorted(groups, key=breakdown_order)
     return [_Sums.of(groups[name]).entry(name) for name in names], False
+
+
+def breakdown_order(key: str | int | None) -> tuple[bool, str | int]:
+    """A breakdown's order: by key (a task or version by its string, a draft lag by its
+    number), the unknown (None) last."""
+    return (key is None, 0 if key is None else key)
 
 
 class _Sums:
@@ -575,7 +617,7 @@ class _Sums:
         out = {name: value for name, value in vars(self).items() if name != "histograms"}
         return out | {"accept_histogram": add_histograms(self.histograms)} | override
 
-    def entry(self, key: str | None) -> BreakdownSums:
+    def entry(self, key: str | int | None) -> BreakdownSums:
         return BreakdownSums(key=key, **self.fields())
 
 
@@ -633,7 +675,8 @@ def _fold(known: list[int | None] | None, counters: list[int | None]) -> list[in
 
 def _restored_value(*fields: Any) -> Value:
     """A wide entry's value as a delta holds it: six fields (before weight versions),
-    seven (before tasks) or eight, the histogram a list."""
+    seven (before tasks), eight (before draft lags, or without one) or nine, the
+    histogram a list."""
     state_hash, accepted, proposed, verify, completion, hist, *version = fields
     return Value(state_hash, accepted, proposed, verify, completion, None if hist is None else tuple(hist), *version)
 

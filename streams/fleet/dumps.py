@@ -2,7 +2,8 @@
 
 A line is a record (docs/contract.md §1 fields), a marker (``"type": "marker"``),
 or an SGLang output: ``{"meta_info": {...}, "batch_id", "session_id", "sample_id"?,
-"state_hash"?, "producer_id"?, "generation_id"?, "weight_version"?, "run_id"?, "task"?}``,
+"state_hash"?, "producer_id"?, "generation_id"?, "weight_version"?, "run_id"?, "task"?,
+"draft_lag"?}``,
 turned into a record with the rules of docs/contract.md §2 (``"attempts":
 [meta_info, ...]`` for a resumed generation).
 """
@@ -57,6 +58,10 @@ _IDENTITY = (
 )
 
 
+#: what an SGLang output line says beside its identity: the draft's lag (revision 5)
+_OTHERS = ("draft_lag",)
+
+
 def _id_or_none(obj: dict, key: str) -> Any:
     value = obj.get(key)
     return value if isinstance(value, str) and 0 < len(value) <= MAX_ID else None
@@ -92,7 +97,7 @@ def _is_output(obj: Any) -> bool:
 
 def _record_from_output(obj: dict, raw: bytes) -> GenerationRecord | InvalidRecord:
     """An SGLang output turned into a record by the rules of docs/contract.md §2."""
-    identity: dict[str, Any] = {k: obj.get(k) for k in _IDENTITY}
+    identity: dict[str, Any] = {k: obj.get(k) for k in _IDENTITY + _OTHERS}
     try:
         if "attempts" in obj:
             return record_from_attempts(obj["attempts"], **identity)

@@ -21,6 +21,11 @@ of the fleet's draws are those of a spec without them. A share
 ``inconsistent_rate`` of the generations reports a histogram that contradicts its
 own counters (one verify step too many, or the histogram indexed by accept
 length), as a broken engine or adapter would.
+
+Draft lags (revision 5): with ``draft_lags``, each record names how many policy
+versions its session's policy is ahead of the draft model (``staleness``, the very
+number its acceptance drifts by), as a rollout framework that knows both would; no
+draw is added, so the fleet's counters are those of a spec without lags.
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ class FleetSpec:
     tasks: tuple[tuple[str, float], ...] = (("chat", 0.9), ("gsm8k", 1.0), ("swe-bench", 0.8))
     #: (revision 4) share of generations whose histogram contradicts their counters
     inconsistent_rate: float = 0.005
+    #: (revision 5) records name their draft lag (``staleness``); False: they name none
+    draft_lags: bool = True
 
     def __post_init__(self) -> None:
         self._check_fleet()
@@ -229,6 +236,7 @@ class _Session:
     weight_version: str
     task: str | None
     run_id: str | None
+    draft_lag: int | None = None
 
     def record(self, generation_id: str, sample_id: str | None, value: tuple) -> GenerationRecord:
         accepted, proposed, verify, completion, histogram = value
@@ -246,6 +254,7 @@ class _Session:
             weight_version=self.weight_version,
             run_id=self.run_id,
             task=self.task,
+            draft_lag=self.draft_lag,
         )
 
     def invalid(self, generation_id: str, sample_id: str | None) -> dict[str, Any]:
@@ -261,6 +270,7 @@ class _Session:
             "weight_version": self.weight_version,
             "run_id": self.run_id,
             "task": self.task,
+            "draft_lag": self.draft_lag,
         }
 
 
@@ -337,8 +347,10 @@ class _Fleet:
         spec = self.spec
         version = _session_version(self.rng, spec, b)
         task, factor = self.tasks.choice(spec.tasks) if spec.tasks else (None, 1.0)
-        session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id)
-        return session, self.pools(spec.staleness(version, b), factor)
+        staleness = spec.staleness(version, b)
+        lag = staleness if spec.draft_lags else None
+        session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id, lag)
+        return session, self.pools(staleness, factor)
 
     def _own_generations(self, session: _Session, t: int, shared: int, pool: list[tuple]) -> list[tuple[str, tuple]]:
         """Trajectory ``t``'s generations after the ``shared`` ones."""

@@ -35,7 +35,14 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from types import EllipsisType
 from typing import Any, TypeGuard
 
-from specmeter.schemas import METRICS_TOPIC, BatchMetrics, TaskMetrics, WeightVersionMetrics, decode_metrics
+from specmeter.schemas import (
+    METRICS_TOPIC,
+    BatchMetrics,
+    DraftLagMetrics,
+    TaskMetrics,
+    WeightVersionMetrics,
+    decode_metrics,
+)
 
 from .topic_lookup import TopicNotFound, subscribe_existing
 
@@ -291,11 +298,17 @@ def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, fl
     ``tokens_per_verify_by_budget/<k>`` (§3.5), and each policy version's and each task's
     accept rate, tokens per verify, generation count and both curves under
     ``by_weight_version/<version>/`` and ``by_task/<task>/`` (``unknown`` for the null
-    version or task)."""
+    version or task); (revision 5) each draft lag's under ``by_draft_lag/<lag>/`` (the
+    staleness curve), and the spread of tokens per verify step as
+    ``tokens_per_verify_distribution/<b>``, the generations in quarter-token bucket b
+    (§3.7)."""
     out = _envelope_scalars(m, prefix)
     out.update(_curves(m, prefix))
     out.update(_weight_version_scalars(m, prefix))
     out.update(_task_scalars(m, prefix))
+    out.update(_draft_lag_scalars(m, prefix))
+    for b, n in enumerate(m.tokens_per_verify_distribution or ()):
+        out[f"{prefix}tokens_per_verify_distribution/{b}"] = float(n)
     return out
 
 
@@ -324,8 +337,17 @@ def _task_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
     return out
 
 
-def _entry_scalars(entry: WeightVersionMetrics | TaskMetrics, prefix: str) -> dict[str, float]:
-    """One breakdown entry's scalars under ``prefix`` (a weight version's, a task's)."""
+def _draft_lag_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
+    """Each draft lag's scalars under ``by_draft_lag/<lag>/``."""
+    out: dict[str, float] = {}
+    for entry in m.by_draft_lag or ():
+        lag = "unknown" if entry.draft_lag is None else str(entry.draft_lag)
+        out.update(_entry_scalars(entry, f"{prefix}by_draft_lag/{lag}/"))
+    return out
+
+
+def _entry_scalars(entry: WeightVersionMetrics | TaskMetrics | DraftLagMetrics, prefix: str) -> dict[str, float]:
+    """One breakdown entry's scalars under ``prefix`` (a weight version's, a task's, a lag's)."""
     out = {
         f"{prefix}{key.removeprefix('spec/')}": float(entry.metrics[key])
         for key in ("spec/accept_rate", "spec/tokens_per_verify", "spec/unique_generation_count")
@@ -334,7 +356,7 @@ def _entry_scalars(entry: WeightVersionMetrics | TaskMetrics, prefix: str) -> di
     return out | _curves(entry, prefix)
 
 
-def _curves(m: BatchMetrics | WeightVersionMetrics | TaskMetrics, prefix: str) -> dict[str, float]:
+def _curves(m: BatchMetrics | WeightVersionMetrics | TaskMetrics | DraftLagMetrics, prefix: str) -> dict[str, float]:
     """A batch's or an entry's two per-position curves as ``<name>/<k>`` scalars."""
     return _positions(m.accept_rate_by_position, f"{prefix}accept_rate_by_position/") | _positions(
         m.tokens_per_verify_by_budget, f"{prefix}tokens_per_verify_by_budget/"

@@ -18,6 +18,9 @@ __all__ = [
     "MORE_COUNTERS",
     "MAX_EXPORTED_POSITION",
     "VERSION_AGES",
+    "DRAFT_LAGS",
+    "SPREAD_STEM",
+    "SPREAD_BOUNDS",
     "TASK_COUNTERS",
     "UNKNOWN_TASK",
     "OTHER_TASKS",
@@ -25,6 +28,7 @@ __all__ = [
     "Slot",
     "published_labels",
     "version_ages",
+    "draft_lag_label",
 ]
 
 #: (counter stem, where in BatchMetrics, help): sums over a batch's distinct generations
@@ -97,8 +101,23 @@ MAX_EXPORTED_POSITION = 16
 #: are never labels: they are unbounded over a run (one per training step).
 VERSION_AGES = ("0", "1", "2", "3", "4+", "unknown")
 
+#: (revision 5) the ``draft_lag`` label: how many policy updates the draft model was
+#: behind for a generation (``BatchMetrics.by_draft_lag``): ``"0"`` .. ``"7"`` each, lags
+#: from 8 on folded into ``"8+"``, ``"unknown"`` for generations whose lag is unknown and
+#: for batches without a breakdown (``by_draft_lag`` null). A fixed set: the lags a fleet
+#: reports never grow the series, whatever producers send.
+DRAFT_LAGS = ("0", "1", "2", "3", "4", "5", "6", "7", "8+", "unknown")
+
+#: (revision 5) the spread of tokens per verify step (``tokens_per_verify_distribution``)
+#: as a Prometheus histogram, ``specmeter_<SPREAD_STEM>_bucket``: its ``le`` bounds are
+#: the quarter-token buckets' upper edges 1.25, 1.5, ... 16.75 (bucket 63, 16.75 and up,
+#: is ``+Inf``), so every bucket is exact (a generation's bucket is computed exactly
+#: from its integers, never from a float near an edge)
+SPREAD_STEM = "generation_tokens_per_verify"
+SPREAD_BOUNDS = (*(f"{1 + (b + 1) / 4:g}" for b in range(63)), "+Inf")
+
 #: counter families of published batches beside PUBLISHED_QUANTITIES: acceptance by draft
-#: position and paired tokens by version age; (stem, help, the extra label or None)
+#: position, paired tokens by version age and by draft lag; (stem, help, the extra label or None)
 MORE_COUNTERS: tuple[tuple[str, str, str | None], ...] = (
     (
         "position_verify_steps",
@@ -125,6 +144,35 @@ MORE_COUNTERS: tuple[tuple[str, str, str | None], ...] = (
         "specmeter_version_age_paired_accepted_tokens_total).",
         "version_age",
     ),
+    (
+        "draft_lag_paired_accepted_tokens",
+        "specmeter_paired_accepted_tokens_total split by draft_lag: how many policy updates the draft model "
+        "was behind for the generation (0 = refreshed for its policy; 8+ folded; unknown). The staleness curve.",
+        "draft_lag",
+    ),
+    (
+        "draft_lag_paired_proposed_tokens",
+        "specmeter_paired_proposed_tokens_total split by draft_lag.",
+        "draft_lag",
+    ),
+    (
+        "draft_lag_paired_completion_tokens",
+        "specmeter_paired_completion_tokens_total split by draft_lag.",
+        "draft_lag",
+    ),
+    (
+        "draft_lag_paired_verify_steps",
+        "specmeter_paired_verify_steps_total split by draft_lag.",
+        "draft_lag",
+    ),
+)
+
+#: the by-lag families' keys of a ``by_draft_lag`` entry's metrics, in MORE_COUNTERS' order
+_LAG_SUMS = (
+    "spec/paired_accepted_total",
+    "spec/paired_proposed_total",
+    "spec/paired_completion_total",
+    "spec/paired_verify_total",
 )
 
 
@@ -180,12 +228,18 @@ SLOTS: tuple[Slot, ...] = (
     *(Slot("position_accepted_steps", "position", str(k)) for k in range(1, MAX_EXPORTED_POSITION + 1)),
     *(Slot("version_age_paired_accepted_tokens", "version_age", age) for age in VERSION_AGES),
     *(Slot("version_age_paired_proposed_tokens", "version_age", age) for age in VERSION_AGES),
+    *(Slot(stem, "draft_lag", lag) for stem, _, label in MORE_COUNTERS if label == "draft_lag" for lag in DRAFT_LAGS),
+    # the spread's buckets (not cumulative): exported as the histogram SPREAD_STEM
+    *(Slot(SPREAD_STEM, "le", bound) for bound in SPREAD_BOUNDS),
 )
 _QUANTITIES = len(PUBLISHED_QUANTITIES)
 _STEPS = _QUANTITIES
 _POSITIONS = _STEPS + 1
 _AGES_ACCEPTED = _POSITIONS + MAX_EXPORTED_POSITION
 _AGES_PROPOSED = _AGES_ACCEPTED + len(VERSION_AGES)
+_LAGS = _AGES_PROPOSED + len(VERSION_AGES)
+_SPREAD = _LAGS + len(_LAG_SUMS) * len(DRAFT_LAGS)
+assert SLOTS[_SPREAD] == Slot(SPREAD_STEM, "le", "1.25") and len(SLOTS) == _SPREAD + len(SPREAD_BOUNDS)
 #: slots every label set exports; the others once a batch has them
 _ALWAYS = frozenset(range(_POSITIONS))
 
@@ -241,7 +295,45 @@ def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
         _add_positions(out, present, histogram)
     if metrics.speculative:
         _add_ages(out, present, _age_shares(metrics))
+        _add_lags(out, present, _lag_shares(metrics))
+        _add_spread(out, present, metrics.tokens_per_verify_distribution)
     return tuple(out), frozenset(present)
+
+
+def draft_lag_label(lag: int | None) -> str:
+    """The ``draft_lag`` label of a lag (``DRAFT_LAGS``)."""
+    if lag is None:
+        return "unknown"
+    return str(lag) if lag < 8 else "8+"
+
+
+def _lag_shares(metrics: Any) -> list[tuple[str, Any]]:
+    """(draft_lag label, metrics) of each share of a speculative batch: its
+    ``by_draft_lag`` entries, or the whole batch as the unknown lag."""
+    entries = metrics.by_draft_lag
+    if entries is None:
+        return [("unknown", metrics.metrics)]
+    return [(draft_lag_label(e.draft_lag), e.metrics) for e in entries]
+
+
+def _add_lags(out: list[int], present: set[int], shares: list[tuple[str, Any]]) -> None:
+    """The paired sums of each draft lag label (lags past 7 summed under 8+)."""
+    for lag, m in shares:
+        a = DRAFT_LAGS.index(lag)
+        for family, key in enumerate(_LAG_SUMS):
+            slot = _LAGS + family * len(DRAFT_LAGS) + a
+            out[slot] += int(m.get(key, 0))
+            present.add(slot)
+
+
+def _add_spread(out: list[int], present: set[int], distribution: list[int] | None) -> None:
+    """The spread's bucket counts (a batch without one adds nothing; its buckets show
+    once any batch of the label set had one)."""
+    if not distribution:
+        return
+    for b, n in enumerate(distribution[: len(SPREAD_BOUNDS)]):
+        out[_SPREAD + b] = n
+    present.update(range(_SPREAD, _SPREAD + len(SPREAD_BOUNDS)))
 
 
 def _add_positions(out: list[int], present: set[int], histogram: list[int]) -> None:

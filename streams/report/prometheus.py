@@ -12,7 +12,10 @@ publishes batches. Three kinds of series:
   ``position`` = 1..``MAX_EXPORTED_POSITION`` (16), paired tokens by policy staleness
   add ``version_age`` = 0..3, 4+, unknown, paired sums by task add ``task``: the first
   ``PublishedTotals.max_tasks`` task names of a pair, ``(other)`` past them,
-  ``(unknown)``): every BatchMetrics revision this worker
+  ``(unknown)``; paired sums by draft lag add ``draft_lag`` = 0..7, 8+, unknown, and the
+  spread of the generations' tokens per verify step is the histogram
+  ``specmeter_generation_tokens_per_verify`` over its exact quarter-token buckets, ``le``
+  = 1.25 .. 16.75, +Inf; revision 5): every BatchMetrics revision this worker
   published adds its difference from the batch's previous revision, so sums and
   rates add up across batches, revisions and workers. What a revision takes back
   (a late record that turns a key conflicting) goes to the ``_retracted_total``
@@ -44,6 +47,7 @@ publishes batches. Three kinds of series:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -58,6 +62,8 @@ from .counters import (
     MORE_COUNTERS,
     PUBLISHED_QUANTITIES,
     SLOTS,
+    SPREAD_BOUNDS,
+    SPREAD_STEM,
     TASK_COUNTERS,
     VERSION_AGES,
     LabelTotals,
@@ -203,8 +209,12 @@ _SPLIT_GAUGES = (
     "specmeter_weight_version_position_accept_rate_ratio",
 )
 
+#: (revision 5) the spread of tokens per verify step, a histogram, and its retracted twin
+_SPREAD_HISTOGRAMS = (f"specmeter_{SPREAD_STEM}", f"specmeter_{SPREAD_STEM}_retracted")
+
 EXPORTED_METRICS = (
     *_PUBLISHED_COUNTERS,
+    *_SPREAD_HISTOGRAMS,
     *_BATCH_GAUGES,
     *_BATCH_FIELDS,
     *_VERSION_GAUGES,
@@ -360,6 +370,7 @@ class WorkerCollector:
         for added, retracted in families.values():
             yield added
             yield retracted
+        yield from _spread(published)
 
     @staticmethod
     def _latest(latest: list[Any]) -> Iterator[Any]:
@@ -424,10 +435,42 @@ def _add_slots(
     """One (algorithm, run_id)'s totals of every slot it has (a slot: a family, and its extra label's value)."""
     for i in sorted(totals.present):
         slot = SLOTS[i]
+        if slot.stem == SPREAD_STEM:  # a histogram's bucket (``_spread``)
+            continue
         added, retracted = families[slot.stem]
         values = [*labels, *([slot.value] if slot.value is not None else [])]
         added.add_metric(values, totals.added[i])
         retracted.add_metric(values, totals.retracted[i])
+
+
+def _spread(published: PublishedTotals) -> Iterator[HistogramMetricFamily]:
+    """The spread of tokens per verify step (docs/contract.md §3.7) of each (algorithm,
+    run_id) whose batches had one, as a histogram of what revisions added and its
+    ``_retracted`` twin: cumulative over the quarter-token buckets, ``le`` their upper
+    edges. No ``_sum`` (a generation's own ratio is not kept, only its bucket), so no
+    ``_count`` either: the ``+Inf`` bucket counts the generations."""
+    names = ["algorithm", "run_id"]
+    added = HistogramMetricFamily(
+        _SPREAD_HISTOGRAMS[0],
+        "Generations with completion and verify known and verify > 0, by their own tokens per verify step, "
+        "in exact quarter-token buckets (le = 1.25 .. 16.75, +Inf; a bucket counts those below its le, one "
+        "exactly at an edge counts in the next). Sum over the revisions this worker published.",
+        labels=names,
+    )
+    retracted = HistogramMetricFamily(
+        _SPREAD_HISTOGRAMS[1],
+        f"What later revisions took back from {_SPREAD_HISTOGRAMS[0]} (subtract its buckets).",
+        labels=names,
+    )
+    first = SLOTS.index(next(slot for slot in SLOTS if slot.stem == SPREAD_STEM))
+    for labels, totals in published.totals.items():
+        if first not in totals.present:
+            continue
+        for family, counts in ((added, totals.added), (retracted, totals.retracted)):
+            cumulative = itertools.accumulate(counts[first : first + len(SPREAD_BOUNDS)])
+            family.add_metric(list(labels), list(zip(SPREAD_BOUNDS, cumulative, strict=True)), None)
+    yield added
+    yield retracted
 
 
 def _add_tasks(

@@ -1,4 +1,5 @@
-"""Loading and comparing the golden cases (tests/golden/cases.json, docs/contract.md §5)."""
+"""Loading and comparing the golden cases (tests/golden/cases.json and, revision 5's
+superset of it, tests/golden/cases_r5.json; docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ from typing import Any
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cases.json"
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "cases.json"
+#: (revision 5) the public cases of revision 5: a superset of cases.json (draft lags,
+#: by_draft_lag, the spread of tokens per verify step), kept beside it
+GOLDEN_R5 = GOLDEN.with_name("cases_r5.json")
+SHARED_R5 = SHARED.with_name("cases_r5.json")
 DEFAULT_BATCH = "batch-0"
 
 
-def load_cases() -> dict[str, Any]:
-    return json.loads(GOLDEN.read_text())
+def load_cases(path: Path = GOLDEN) -> dict[str, Any]:
+    return json.loads(path.read_text())
 
 
-def aggregate_cases() -> list[dict[str, Any]]:
-    return load_cases()["aggregate_cases"]
+def aggregate_cases(path: Path = GOLDEN) -> list[dict[str, Any]]:
+    return load_cases(path)["aggregate_cases"]
 
 
 def meta_info_cases() -> list[dict[str, Any]]:
@@ -54,8 +59,16 @@ def case_lines(case: dict[str, Any]) -> list[dict[str, Any]]:
 
 #: the expected fields of a batch beside speculative, metrics and accept_histogram, and
 #: where a single-batch case keeps them (revision 3: positions; revision 4: the budget
-#: curve and by_task); a case that lacks one (older cases) leaves it unchecked
-_OPTIONAL_FIELDS = ("by_weight_version", "accept_rate_by_position", "tokens_per_verify_by_budget", "by_task")
+#: curve and by_task; revision 5: by_draft_lag and the spread); a case that lacks one
+#: (older cases) leaves it unchecked
+_OPTIONAL_FIELDS = (
+    "by_weight_version",
+    "accept_rate_by_position",
+    "tokens_per_verify_by_budget",
+    "by_task",
+    "by_draft_lag",
+    "tokens_per_verify_distribution",
+)
 
 
 def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any]]:
@@ -77,7 +90,8 @@ def expected_by_batch(case: dict[str, Any]) -> dict[BatchIdentity, dict[str, Any
 def assert_batch_equal(got: dict[str, Any], want: dict[str, Any], where: str = "") -> None:
     """One published batch (``msgspec.to_builtins`` of a BatchMetrics) against its expected
     {speculative, metrics, accept_histogram} and whichever of by_weight_version,
-    accept_rate_by_position, tokens_per_verify_by_budget and by_task it gives."""
+    accept_rate_by_position, tokens_per_verify_by_budget, by_task, by_draft_lag and
+    tokens_per_verify_distribution it gives."""
     assert got["speculative"] is want["speculative"], where
     assert got["accept_histogram"] == want["accept_histogram"], f"{where}: histogram"
     assert_metrics_equal(got["metrics"], want["metrics"], where)
@@ -86,6 +100,11 @@ def assert_batch_equal(got: dict[str, Any], want: dict[str, Any], where: str = "
         assert_by_weight_version_equal(got["by_weight_version"], want["by_weight_version"], where)
     if "by_task" in want:
         assert_by_task_equal(got["by_task"], want["by_task"], where)
+    if "by_draft_lag" in want:
+        assert_by_draft_lag_equal(got.get("by_draft_lag"), want["by_draft_lag"], where)
+    if "tokens_per_verify_distribution" in want:
+        got_spread = got.get("tokens_per_verify_distribution")
+        assert got_spread == want["tokens_per_verify_distribution"], f"{where}: tokens_per_verify_distribution"
 
 
 def _assert_curves_equal(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
@@ -117,7 +136,7 @@ def assert_positions_equal(
 def assert_breakdown_equal(
     actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, key: str, where: str = ""
 ) -> None:
-    """A breakdown (``by_weight_version``, ``by_task``; ``key`` names its entries' field):
+    """A breakdown (``by_weight_version``, ``by_task``, ``by_draft_lag``; ``key`` names its entries' field):
     same entries in the same order; each entry's metrics compare like metrics, its
     histogram exactly, its curves like the batch's."""
     if expected is None or actual is None:
@@ -143,6 +162,12 @@ def assert_by_task_equal(
     actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, where: str = ""
 ) -> None:
     assert_breakdown_equal(actual, expected, "task", where)
+
+
+def assert_by_draft_lag_equal(
+    actual: list[dict[str, Any]] | None, expected: list[dict[str, Any]] | None, where: str = ""
+) -> None:
+    assert_breakdown_equal(actual, expected, "draft_lag", where)
 
 
 def assert_metrics_equal(actual: dict[str, Any], expected: dict[str, Any], where: str = "") -> None:

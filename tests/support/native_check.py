@@ -31,6 +31,7 @@ FIELDS = (
     "weight_version",
     "run_id",
     "task",
+    "draft_lag",
 )
 
 

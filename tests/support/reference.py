@@ -1,9 +1,9 @@
 """A deliberately naive, slow implementation of the metrics (docs/contract.md §3,
-§3.1, §3.3, §3.4 and §3.5), written from the text alone, to check the core against on
+§3.1, §3.3 - §3.7), written from the text alone, to check the core against on
 random inputs.
 
 A value is the tuple (state_hash, accepted, proposed, verify, completion, histogram,
-weight_version, task)."""
+weight_version, task, draft_lag)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def _values_by_key(records: list[dict[str, Any]]) -> dict[tuple[str, str], set[t
                 tuple(r["accept_histogram"]) if r["accept_histogram"] is not None else None,
                 r.get("weight_version"),
                 r.get("task"),
+                r.get("draft_lag"),
             )
         )
     return keys
@@ -126,9 +127,10 @@ def _sums(values: list[tuple], generations: int | None = None) -> dict:
 
 def _reference_breakdown(records: list[dict[str, Any]], marker_algorithm: str | None, field: str) -> list | None:
     """A breakdown read naively: one entry per distinct ``field`` (weight_version: §3.1,
-    task: §3.4) over G \\ C, sorted with the unknown one last; null when not
-    speculative, when no key of G \\ C knows it, or past 64 known ones."""
-    index = {"weight_version": 6, "task": 7}[field]
+    task: §3.4, draft_lag: §3.6, in numeric order) over G \\ C, sorted with the unknown
+    one last; null when not speculative, when no key of G \\ C knows it, or past 64
+    known ones."""
+    index = {"weight_version": 6, "task": 7, "draft_lag": 8}[field]
     clean = [next(iter(v)) for v in _values_by_key(records).values() if len(v) == 1]
     speculative = _speculative(records, marker_algorithm)
     known = {v[index] for v in clean if v[index] is not None}
@@ -159,6 +161,34 @@ def reference_by_weight_version(records: list[dict[str, Any]], marker_algorithm:
 
 def reference_by_task(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
     return _reference_breakdown(records, marker_algorithm, "task")
+
+
+def reference_by_draft_lag(records: list[dict[str, Any]], marker_algorithm: str | None) -> list | None:
+    return _reference_breakdown(records, marker_algorithm, "draft_lag")
+
+
+def reference_tokens_per_verify_distribution(
+    records: list[dict[str, Any]], marker_algorithm: str | None
+) -> list[int] | None:
+    """§3.7 read literally: each key of G \\ C with completion and verify known and verify
+    > 0 counted in bucket b when its tokens per verify step is in [1 + b/4, 1 + (b+1)/4),
+    bucket 0 also below and bucket 63 also above; exact fractions, no integer formula."""
+    from fractions import Fraction
+
+    if not _speculative(records, marker_algorithm):
+        return None
+    clean = [next(iter(vs)) for vs in _values_by_key(records).values() if len(vs) == 1]
+    counts = [0] * 64
+    qualified = False
+    for v in clean:
+        verify, completion = v[3], v[4]
+        if verify is None or completion is None or verify == 0:
+            continue
+        qualified = True
+        ratio = Fraction(completion, verify)
+        bucket = next((b for b in range(63) if ratio < 1 + Fraction(b + 1, 4)), 63)
+        counts[bucket] += 1
+    return counts if qualified else None
 
 
 def reference_histogram(records: list[dict[str, Any]], marker_algorithm: str | None) -> list[int] | None:

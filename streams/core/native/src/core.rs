@@ -4,7 +4,8 @@
 //! Layout: every string but the generation ids is interned once per batch
 //! (sessions, samples, state hashes, weight versions, tasks); a generation's id lives
 //! in an arena and its entry is 40 bytes: the counters, its label (its weight
-//! version, or the pair of its weight version and task, interned: a batch holds few),
+//! version, or the triple of its weight version, task and draft lag, interned: a batch
+//! holds few),
 //! the first occurrence's sample, flags and the index of its state hash and histogram
 //! (whose bins live in one arena). Rarer parts -- more occurrences, counters past 32 bits
 //! (only from a changelog written before the limits) -- live in side tables.
@@ -16,8 +17,11 @@ use std::hash::BuildHasher;
 use crate::exact::{div, grow};
 use crate::msgpack::Writer;
 
-/// More distinct known weight versions (tasks) than this in one batch: no breakdown (§3.1, §3.4).
+/// More distinct known weight versions (tasks, draft lags) than this in one batch: no
+/// breakdown (§3.1, §3.4, §3.6).
 pub const MAX_BREAKDOWN_KEYS: usize = 64;
+/// The quarter-token buckets of the spread of tokens per verify step (§3.7).
+pub const DISTRIBUTION_BUCKETS: usize = 64;
 
 /// A record as the rule sees it (strings are valid UTF-8).
 pub struct Record<'a> {
@@ -30,6 +34,8 @@ pub struct Record<'a> {
     pub hist: Option<&'a [u64]>,
     pub version: Option<&'a [u8]>,
     pub task: Option<&'a [u8]>,
+    /// (revision 5) how many policy updates the draft is behind
+    pub draft_lag: Option<u64>,
 }
 
 /// What went wrong on input the rule cannot hold (never on wire-valid records).
@@ -106,7 +112,7 @@ struct Entry {
     session: u32,
     /// the first occurrence's sample (0: sample_id None)
     sample: u32,
-    /// the weight_version and task (`Labels`; 0: neither known)
+    /// the weight_version, task and draft lag (`Labels`; 0: none known)
     label: u32,
     counters: [u32; 4],
     /// index in `aux` of the state hash and histogram (0: neither)
@@ -168,64 +174,69 @@ pub struct Value<'a> {
     pub label: u32,
 }
 
-/// In a label: the rest is the index of a (weight_version, task) pair in `Labels`.
+/// In a label: the rest is the index of a (weight_version, task, draft lag) triple in `Labels`.
 const TASKED: u32 = 1 << 31;
 
-/// A value's weight version and task as one u32, its label: for a value that names no
-/// task, its weight_version's interned id itself (0: unknown), so a record without a task
-/// costs no lookup; for one that does, `TASKED` | the index of its (weight_version, task)
-/// pair of interned ids (a batch has few). Two values agree on both exactly when their
-/// labels are equal (interned ids stay below `TASKED`).
+/// A label's parts: interned weight_version and task ids (0: unknown) and the draft lag + 1
+/// (0: unknown; a lag is at most 2^32 - 1, so the + 1 fits).
+type Parts = (u32, u32, u64);
+
+/// A value's weight version, task and draft lag as one u32, its label: for a value that
+/// names neither a task nor a lag, its weight_version's interned id itself (0: unknown), so
+/// such a record costs no lookup; for one that does, `TASKED` | the index of its
+/// (weight_version, task, lag) triple (a batch has few). Two values agree on all three
+/// exactly when their labels are equal (interned ids stay below `TASKED`).
 #[derive(Default)]
 struct Labels {
-    pairs: Vec<(u32, u32)>,
-    index: HashMap<(u32, u32), u32>,
-    /// the last pair looked up and its label (records come in runs)
-    last: ((u32, u32), u32),
+    triples: Vec<Parts>,
+    index: HashMap<Parts, u32>,
+    /// the last triple looked up and its label (records come in runs)
+    last: (Parts, u32),
 }
 
 impl Labels {
     #[inline(always)]
-    fn label(&mut self, version: u32, task: u32) -> Result<u32, TooLarge> {
-        if task == 0 {
+    fn label(&mut self, version: u32, task: u32, lag: Option<u64>) -> Result<u32, TooLarge> {
+        let lag = lag.map_or(0, |l| l.saturating_add(1));
+        if task == 0 && lag == 0 {
             return Ok(version);
         }
-        if self.last.1 != 0 && self.last.0 == (version, task) {
+        if self.last.1 != 0 && self.last.0 == (version, task, lag) {
             return Ok(self.last.1);
         }
-        self.pair_label(version, task)
+        self.triple_label((version, task, lag))
     }
 
     #[inline(never)]
-    fn pair_label(&mut self, version: u32, task: u32) -> Result<u32, TooLarge> {
-        let label = match self.index.get(&(version, task)) {
+    fn triple_label(&mut self, parts: Parts) -> Result<u32, TooLarge> {
+        let label = match self.index.get(&parts) {
             Some(&label) => label,
             None => {
-                let label = u32::try_from(self.pairs.len())
+                let label = u32::try_from(self.triples.len())
                     .ok()
                     .filter(|&i| i < TASKED)
-                    .ok_or(TooLarge("too many pairs of weight version and task in one batch"))?
+                    .ok_or(TooLarge("too many (weight version, task, draft lag) labels in one batch"))?
                     | TASKED;
-                self.pairs.push((version, task));
-                self.index.insert((version, task), label);
+                self.triples.push(parts);
+                self.index.insert(parts, label);
                 label
             }
         };
-        self.last = ((version, task), label);
+        self.last = (parts, label);
         Ok(label)
     }
 
-    /// (weight_version, task) of a label.
+    /// (weight_version, task, draft lag + 1) of a label.
     #[inline]
-    fn pair(&self, label: u32) -> (u32, u32) {
+    fn parts(&self, label: u32) -> Parts {
         if label & TASKED == 0 {
-            return (label, 0);
+            return (label, 0, 0);
         }
-        self.pairs.get((label & !TASKED) as usize).copied().unwrap_or((0, 0))
+        self.triples.get((label & !TASKED) as usize).copied().unwrap_or((0, 0, 0))
     }
 
     fn heap_bytes(&self) -> usize {
-        self.pairs.capacity() * 8 + self.index.allocation_size()
+        self.triples.capacity() * 16 + self.index.allocation_size()
     }
 }
 
@@ -287,21 +298,26 @@ fn add_group(into: &mut Group, from: &Group) {
     }
 }
 
-/// One key's sums in a partial's breakdown: (weight_version or task, None when unknown; sums, histogram).
-pub type KeySums = (Option<Vec<u8>>, Sums, Option<Vec<u128>>);
+/// One key's sums in a partial's breakdown: (weight_version, task or draft lag, None when
+/// unknown; sums, histogram).
+pub type KeySums<K> = (Option<K>, Sums, Option<Vec<u128>>);
 
-/// One breakdown (`core.state._breakdown`): per key id (0: unknown) sorted by the key's string,
-/// unknown last; (empty, true) past `MAX_BREAKDOWN_KEYS` known keys; empty when none is known.
-fn breakdown(groups: HashMap<u32, Group>, strings: &Interner) -> (Vec<KeySums>, bool) {
-    let known = groups.keys().filter(|&&k| k != 0).count();
+/// One breakdown (`core.state._breakdown`): per key (0: unknown) sorted by `name` of the key
+/// (a string's bytes, a lag's number), unknown last; (empty, true) past `MAX_BREAKDOWN_KEYS`
+/// known keys; empty when none is known.
+fn breakdown<I: Copy + Eq + std::hash::Hash + Default, K: Ord>(
+    groups: HashMap<I, Group>,
+    name: impl Fn(I) -> K,
+) -> (Vec<KeySums<K>>, bool) {
+    let known = groups.keys().filter(|&&k| k != I::default()).count();
     if known > MAX_BREAKDOWN_KEYS {
         return (Vec::new(), true);
     }
     if known == 0 {
         return (Vec::new(), false);
     }
-    let mut list: Vec<KeySums> =
-        groups.into_iter().map(|(k, (s, h))| ((k != 0).then(|| strings.resolve(k).to_vec()), s, h)).collect();
+    let mut list: Vec<KeySums<K>> =
+        groups.into_iter().map(|(k, (s, h))| ((k != I::default()).then(|| name(k)), s, h)).collect();
     list.sort_by(|a, b| match (&a.0, &b.0) {
         (None, None) => std::cmp::Ordering::Equal,
         (None, Some(_)) => std::cmp::Ordering::Greater,
@@ -324,13 +340,18 @@ pub struct Partial {
     pub length_ratio_samples: u64,
     pub length_ratio_parts: Vec<f64>,
     /// (weight_version or None, sums, histogram), sorted, None last
-    pub versions: Vec<KeySums>,
+    pub versions: Vec<KeySums<Vec<u8>>>,
     pub too_many_versions: bool,
     /// non-conflicting generations whose histogram contradicts their counters (§3.5)
     pub inconsistent_generation_count: u64,
     /// (task or None, sums, histogram), sorted, None last
-    pub tasks: Vec<KeySums>,
+    pub tasks: Vec<KeySums<Vec<u8>>>,
     pub too_many_tasks: bool,
+    /// (revision 5) (draft lag or None, sums, histogram), in numeric order, None last
+    pub draft_lags: Vec<KeySums<u64>>,
+    pub too_many_draft_lags: bool,
+    /// (revision 5) the spread of tokens per verify step (§3.7); None when no generation qualifies
+    pub distribution: Option<Vec<u64>>,
 }
 
 /// The counters a delta compares against (`core.state.BatchState._counters`); markers
@@ -361,6 +382,7 @@ pub struct Restored<'a> {
     pub hist: Option<Vec<u64>>,
     pub version: Option<&'a [u8]>,
     pub task: Option<&'a [u8]>,
+    pub draft_lag: Option<u64>,
 }
 
 /// The fixed part of a delta: who it is for and the offsets it covers.
@@ -656,7 +678,7 @@ impl State {
         let version = self.intern_cached(1, r.version)?;
         let sample = self.intern_cached(2, r.sample)?;
         let task = self.intern_cached(3, r.task)?;
-        let label = self.labels.label(version, task)?;
+        let label = self.labels.label(version, task, r.draft_lag)?;
         let journaling = self.journal.is_some();
         let Some(idx) = self.find(session, r.generation) else {
             let idx = self.create(session, r.generation)?;
@@ -820,7 +842,7 @@ impl State {
 
     /// A counters value in the packed delta layout of `core.state` (each + 1, 0: unknown;
     /// 20/20/20/24 bits), when the entry has that form: created since the last delta,
-    /// one occurrence, no state hash, no histogram, no task, no conflict, small counters.
+    /// one occurrence, no state hash, no histogram, no task, no draft lag, no conflict, small counters.
     fn packed_counters(&self, idx: u32) -> Option<u128> {
         let e = &self.entries[idx as usize];
         if e.flags & (CONFLICT | BIG | MULTI | NO_OCC) != 0 || e.aux != 0 || e.label & TASKED != 0 {
@@ -839,12 +861,19 @@ impl State {
         Some(out)
     }
 
-    /// A wide entry: ten items, eleven when the value names a task (as `core.state` writes it).
+    /// A wide entry: ten items, eleven when the value names a task, twelve when it names a
+    /// draft lag (as `core.state` writes it).
     fn write_value(&self, w: &mut Writer, idx: u32) {
         let e = &self.entries[idx as usize];
         let session = self.strings.resolve(e.session);
-        let (version, task) = self.labels.pair(e.label);
-        w.array(if task != 0 && e.flags & CONFLICT == 0 { 11 } else { 10 });
+        let (version, task, lag) = self.labels.parts(e.label);
+        let items = match (e.flags & CONFLICT != 0, task, lag) {
+            (true, _, _) => 10,
+            (false, _, 1..) => 12,
+            (false, 1.., 0) => 11,
+            _ => 10,
+        };
+        w.array(items);
         w.str(session);
         w.str(self.gen_bytes(e));
         if e.flags & CONFLICT != 0 {
@@ -873,8 +902,11 @@ impl State {
             None => w.nil(),
         }
         w.opt_str((version != 0).then(|| self.strings.resolve(version)));
-        if task != 0 {
-            w.str(self.strings.resolve(task));
+        if items > 10 {
+            w.opt_str((task != 0).then(|| self.strings.resolve(task)));
+        }
+        if items > 11 {
+            w.uint(lag - 1);
         }
     }
 
@@ -971,7 +1003,7 @@ impl State {
         w.array(versioned.len() * 6);
         for &(idx, c) in &versioned {
             self.write_packed(&mut w, idx, c);
-            w.str(self.strings.resolve(self.labels.pair(self.entries[idx as usize].label).0));
+            w.str(self.strings.resolve(self.labels.parts(self.entries[idx as usize].label).0));
         }
         // reset
         let new = std::mem::take(&mut self.journal.as_mut()?.new);
@@ -1013,7 +1045,7 @@ impl State {
         let (idx, new) = self.entry_for(session, generation)?;
         let sample = self.intern_opt(sample)?;
         let version = self.intern_opt(version)?;
-        let label = self.labels.label(version, 0)?;
+        let label = self.labels.label(version, 0, None)?;
         let mut values = [None; 4];
         for (i, (shift, bits)) in [(0u32, 20u32), (20, 20), (40, 20), (60, 24)].into_iter().enumerate() {
             let plus = (counters >> shift) & ((1 << bits) - 1);
@@ -1045,7 +1077,7 @@ impl State {
         let state_hash = self.intern_opt(v.state_hash)?;
         let version = self.intern_opt(v.version)?;
         let task = self.intern_opt(v.task)?;
-        let label = self.labels.label(version, task)?;
+        let label = self.labels.label(version, task, v.draft_lag)?;
         self.set_value(idx, &Value { state_hash, counters: v.counters, hist: v.hist.as_deref(), label })
     }
 
@@ -1077,7 +1109,8 @@ impl State {
     pub fn partial(&self) -> Partial {
         let mut totals: Group = ([0; 11], None);
         let mut inconsistent_count = 0u64;
-        // per label, then per version and per task from the labels' sums (a batch has few labels)
+        let mut distribution: Option<Vec<u64>> = None;
+        // per label, then per version, task and lag from the labels' sums (a batch has few labels)
         let mut by_label: HashMap<u32, Group> = HashMap::new();
         for (i, e) in self.entries.iter().enumerate() {
             if e.flags & CONFLICT != 0 {
@@ -1091,14 +1124,22 @@ impl State {
                 add_bins(&mut group.1, h.len(), h.values().map(u128::from));
                 inconsistent_count += inconsistent(counters, h) as u64;
             }
+            if let (Some(verify @ 1..), Some(completion)) = (counters[2], counters[3]) {
+                // floor(4 * completion / verify) - 4, clamped to the buckets (§3.7)
+                let bucket = (4 * completion as u128 / verify as u128).saturating_sub(4);
+                let bucket = bucket.min(DISTRIBUTION_BUCKETS as u128 - 1) as usize;
+                distribution.get_or_insert_with(|| vec![0; DISTRIBUTION_BUCKETS])[bucket] += 1;
+            }
         }
         let mut by_version: HashMap<u32, Group> = HashMap::new();
         let mut by_task: HashMap<u32, Group> = HashMap::new();
+        let mut by_lag: HashMap<u64, Group> = HashMap::new();
         for (&label, group) in &by_label {
-            let (version, task) = self.labels.pair(label);
+            let (version, task, lag) = self.labels.parts(label);
             add_group(&mut totals, group);
             add_group(by_version.entry(version).or_insert(([0; 11], None)), group);
             add_group(by_task.entry(task).or_insert(([0; 11], None)), group);
+            add_group(by_lag.entry(lag).or_insert(([0; 11], None)), group);
         }
         let (totals, hist) = totals;
         // samples: (session, sample) or, for sample_id None, the generation itself
@@ -1173,8 +1214,10 @@ impl State {
         }
         accept_parts.retain(|&p| p != 0.0);
         length_parts.retain(|&p| p != 0.0);
-        let (versions, too_many_versions) = breakdown(by_version, &self.strings);
-        let (tasks, too_many_tasks) = breakdown(by_task, &self.strings);
+        let string = |id: u32| self.strings.resolve(id).to_vec();
+        let (versions, too_many_versions) = breakdown(by_version, string);
+        let (tasks, too_many_tasks) = breakdown(by_task, string);
+        let (draft_lags, too_many_draft_lags) = breakdown(by_lag, |lag: u64| lag - 1);
         Partial {
             occurrence_count,
             unique_generation_count: self.entries.len() as u64,
@@ -1191,6 +1234,9 @@ impl State {
             inconsistent_generation_count: inconsistent_count,
             tasks,
             too_many_tasks,
+            draft_lags,
+            too_many_draft_lags,
+            distribution,
         }
     }
 }

@@ -137,7 +137,7 @@ impl Decoded {
     /// The fields of record ``index`` as the native core parsed them (for tests that
     /// hold them against msgspec's): ``(batch_id, session_id, generation_id, sample_id,
     /// state_hash, accepted, proposed, verify, completion, accept_histogram,
-    /// producer_id, weight_version, run_id, task)``.
+    /// producer_id, weight_version, run_id, task, draft_lag)``.
     fn _fields<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
         let r = self
             .parsed
@@ -158,6 +158,7 @@ impl Decoded {
             None => py.None().into_bound(py),
         });
         items.extend([s(r.producer), s(r.version), s(r.run), s(r.task)]);
+        items.push(r.draft_lag.into_pyobject(py)?.into_any());
         PyTuple::new(py, items)
     }
 }
@@ -224,6 +225,7 @@ struct OwnedRecord {
     producer: Option<String>,
     version: Option<String>,
     task: Option<String>,
+    draft_lag: Option<u64>,
 }
 
 impl OwnedRecord {
@@ -244,6 +246,7 @@ impl OwnedRecord {
             producer: opt_string(obj, "producer_id")?,
             version: opt_string(obj, "weight_version")?,
             task: opt_string(obj, "task")?,
+            draft_lag: counter_of(obj, "draft_lag")?,
         })
     }
 
@@ -257,6 +260,7 @@ impl OwnedRecord {
             hist: self.hist.as_deref(),
             version: self.version.as_deref().map(str::as_bytes),
             task: self.task.as_deref().map(str::as_bytes),
+            draft_lag: self.draft_lag,
         }
     }
 }
@@ -393,7 +397,8 @@ impl BatchState {
             }
             let hist = if items[8].is_none() { None } else { Some(items[8].extract::<Vec<u64>>()?) };
             // entries written before weight versions existed have no tenth item, those
-            // before tasks (and those of a value without one) no eleventh
+            // before tasks (and those of a value without one or a lag) no eleventh, those
+            // before draft lags (and those of a value without one) no twelfth
             let version = match items.get(9) {
                 Some(v) => opt_str(v)?,
                 None => None,
@@ -402,12 +407,17 @@ impl BatchState {
                 Some(t) => opt_str(t)?,
                 None => None,
             };
+            let draft_lag = match items.get(11) {
+                Some(l) if !l.is_none() => Some(l.extract::<u64>()?),
+                _ => None,
+            };
             let value = Restored {
                 state_hash: state_hash.as_deref().map(str::as_bytes),
                 counters,
                 hist,
                 version: version.as_deref().map(str::as_bytes),
                 task: task.as_deref().map(str::as_bytes),
+                draft_lag,
             };
             core.restore_entry(s.as_bytes(), g.as_bytes(), Some(value)).map_err(too_large)?;
         }
@@ -472,14 +482,22 @@ const SUM_FIELDS: [&str; 10] = [
     "verify_covered_count",
 ];
 
-/// A breakdown's entries as ``BreakdownSums`` (per weight version, per task).
-fn breakdown_list<'py>(schemas: &Bound<'py, PyModule>, entries: &[KeySums]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+/// A breakdown's entries as ``BreakdownSums`` (per weight version, per task, per draft
+/// lag); `key` makes a key's Python object.
+fn breakdown_list<'py, K>(
+    schemas: &Bound<'py, PyModule>,
+    entries: &[KeySums<K>],
+    key: impl Fn(&K) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let py = schemas.py();
     let cls = schemas.getattr("BreakdownSums")?;
     let mut out = Vec::with_capacity(entries.len());
-    for (key, sums, hist) in entries {
+    for (name, sums, hist) in entries {
         let kw = PyDict::new(py);
-        kw.set_item("key", opt_text(py, key.as_deref()))?;
+        match name {
+            Some(k) => kw.set_item("key", key(k)?)?,
+            None => kw.set_item("key", py.None())?,
+        }
         kw.set_item("unique_generation_count", sums[0])?;
         for (i, name) in SUM_FIELDS.iter().enumerate() {
             kw.set_item(*name, sums[i + 1])?;
@@ -623,6 +641,7 @@ impl BatchState {
                         hist: r.hist.map(|(f, n)| parsed.bins.get(f as usize..(f + n) as usize).unwrap_or(&[])),
                         version: r.version.map(|s| s.get(data)),
                         task: r.task.map(|s| s.get(data)),
+                        draft_lag: r.draft_lag.map(u64::from),
                     };
                     (record, r.producer.map(|s| s.get(data)).or(envelope))
                 })
@@ -753,11 +772,16 @@ impl BatchState {
             kw.set_item("accept_ratio_parts", p.accept_ratio_parts)?;
             kw.set_item("length_ratio_samples", p.length_ratio_samples)?;
             kw.set_item("length_ratio_parts", p.length_ratio_parts)?;
-            kw.set_item("weight_versions", breakdown_list(&schemas, &p.versions)?)?;
+            let string = |k: &Vec<u8>| Ok(opt_text(py, Some(k.as_slice())));
+            kw.set_item("weight_versions", breakdown_list(&schemas, &p.versions, string)?)?;
             kw.set_item("too_many_versions", p.too_many_versions)?;
             kw.set_item("inconsistent_generation_count", p.inconsistent_generation_count)?;
-            kw.set_item("tasks", breakdown_list(&schemas, &p.tasks)?)?;
+            kw.set_item("tasks", breakdown_list(&schemas, &p.tasks, string)?)?;
             kw.set_item("too_many_tasks", p.too_many_tasks)?;
+            let number = |k: &u64| Ok(k.into_pyobject(py)?.into_any());
+            kw.set_item("draft_lags", breakdown_list(&schemas, &p.draft_lags, number)?)?;
+            kw.set_item("too_many_draft_lags", p.too_many_draft_lags)?;
+            kw.set_item("tokens_per_verify_distribution", p.distribution)?;
             schemas.getattr("PartialAggregate")?.call((), Some(&kw))
         })
     }

@@ -32,6 +32,8 @@ pub struct Rec {
     pub version: Option<Span>,
     pub run: Option<Span>,
     pub task: Option<Span>,
+    /// (revision 5) how many policy updates the draft is behind
+    pub draft_lag: Option<u32>,
     /// where the record's own encoding lies in the message (to rebuild it for a dead letter)
     pub raw_start: u32,
     pub raw_end: u32,
@@ -70,9 +72,10 @@ const F_PRODUCER: u32 = 1 << 10;
 const F_VERSION: u32 = 1 << 11;
 const F_RUN: u32 = 1 << 12;
 const F_TASK: u32 = 1 << 13;
-const F_TYPE: u32 = 1 << 14;
-const F_RECORDS: u32 = 1 << 15;
-const RECORD_FIELDS: u32 = (1 << 14) - 1;
+const F_DRAFT_LAG: u32 = 1 << 14;
+const F_TYPE: u32 = 1 << 15;
+const F_RECORDS: u32 = 1 << 16;
+const RECORD_FIELDS: u32 = (1 << 15) - 1;
 const REQUIRED: u32 = F_BATCH_ID | F_SESSION | F_GENERATION;
 
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -96,6 +99,8 @@ fn field(key: &[u8]) -> Option<u32> {
             b'a' => (F_ACCEPTED, b"accepted"),
             _ => (F_PROPOSED, b"proposed"),
         },
+        // "sample_id" and "draft_lag" have one length: told apart by their first byte
+        9 if key[0] == b'd' => (F_DRAFT_LAG, b"draft_lag"),
         9 => (F_SAMPLE, b"sample_id"),
         10 if key[0] == b's' && key[1] == b'e' => (F_SESSION, b"session_id"),
         10 if key[0] == b's' => (F_HASH, b"state_hash"),
@@ -182,6 +187,7 @@ fn record_field(r: &mut Reader, f: u32, rec: &mut Rec, bins: &mut Vec<u64>) -> O
         F_VERSION => rec.version = opt_id(r)?,
         F_RUN => rec.run = opt_id(r)?,
         F_TASK => rec.task = opt_id(r)?,
+        F_DRAFT_LAG => rec.draft_lag = opt_counter(r)?,
         _ => return None,
     }
     Some(())
