@@ -309,6 +309,25 @@ def test_the_metrics_topic_is_created_compacted_and_an_existing_deleting_one_is_
     assert "--add-config cleanup.policy=compact" in warning
 
 
+@pytest.mark.kafka
+def test_a_state_changelog_that_deletes_by_retention_refuses_the_start(kafka_bootstrap):
+    """Issue 37.5: with ``compact,delete`` retention removes old takeover records while
+    their owners' records remain, which then stop counting: the worker used to warn and
+    run on; it now refuses to start, saying which topic and how to fix it."""
+    from specmeter.streams.core.layout import changelog_topics
+    from specmeter.streams.worker.topics import ChangelogDeletes
+
+    settings = _settings(kafka_bootstrap, partitions=2)
+    stage1_log, _ = changelog_topics(settings.app_id)
+    deleting = {"cleanup.policy": "compact,delete", "retention.ms": "604800000"}
+    asyncio.run(create_topic(kafka_bootstrap, stage1_log, 2, topic_configs=deleting))
+    assert _visible(kafka_bootstrap, [stage1_log])
+    with pytest.raises(ChangelogDeletes) as refused:
+        asyncio.run(ensure_topics(settings))
+    assert f"{stage1_log} (cleanup.policy=compact,delete)" in str(refused.value)
+    assert "--add-config cleanup.policy=compact" in (refused.value.fix or "")
+
+
 # -- against a three-broker cluster ---------------------------------------------------
 
 
