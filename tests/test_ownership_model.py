@@ -7,6 +7,7 @@ default, in about 40 s on two cores); ``bench/ownership_model.py`` runs many mor
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 
@@ -14,9 +15,17 @@ import pytest
 
 from specmeter.streams.core import ownership
 from specmeter.streams.core.layout import REWRITTEN_KINDS
-from specmeter.streams.core.ownership import ChangelogView, RewrittenKeys, Takeover, encode_takeover, takeover_key
+from specmeter.streams.core.ownership import (
+    ChangelogView,
+    RewrittenKeys,
+    Takeover,
+    encode_takeover,
+    is_takeover,
+    takeover_key,
+)
 from specmeter.streams.core.stage1 import PartitionProcessor
 from specmeter.streams.delivery import writes
+from specmeter.streams.delivery.writes import OwnedWrites
 
 from .support.ownership_model import Violation, input_messages, run_schedule
 
@@ -112,3 +121,47 @@ def test_a_group_that_started_again_counts_after_the_clock_skew_bound():
     before = Takeover(token="a", generation=40, at_ms=1_000)
     assert not ownership.counts_after(Takeover(token="b", generation=3, at_ms=1_000 + ownership.CLOCK_SKEW_MS), before)
     assert ownership.counts_after(Takeover(token="b", generation=3, at_ms=2_000 + ownership.CLOCK_SKEW_MS), before)
+
+
+def test_the_groups_after_a_restore_wait_until_its_deletions_are_handed_over():
+    """A restore deletes the deltas past its checkpoint only once its group is verified (a
+    stale reader's restore, never verified, deletes nothing), and they must land before a
+    newer checkpoint: the chunk submitted meanwhile waits behind them (the long mode of the
+    model found both schedules)."""
+    from .support.ownership_model import QueuedProducer
+
+    loop = asyncio.new_event_loop()
+    producer = QueuedProducer()
+
+    async def read_range(*_: object) -> list:
+        return []
+
+    owned = OwnedWrites(producer, read_range, lambda *_: None, owner="w")  # type: ignore[arg-type]
+
+    def land(expected_key: bytes) -> None:
+        key, _, on_ack = producer.queue.popleft()
+        assert key == expected_key
+        loop.call_soon(on_ack, len(landed))
+        landed.append(key)
+        loop.run_until_complete(asyncio.sleep(0.01))
+
+    landed: list[bytes] = []
+    take = loop.create_task(owned.take_over("log", 0, generation=1, confirmed_at_ms=1))
+    loop.run_until_complete(asyncio.sleep(0))
+    land(takeover := producer.queue[0][0])
+    assert take.done() and take.result() == 0 and is_takeover(takeover)
+
+    async def submit() -> None:
+        owned.submit("log", 0, [(b"0@0\x1fc", b"restored")], _nothing, [b"0@7\x1fd\x1fb\x1f9"], barrier=True)
+        owned.submit("log", 0, [(b"0@0\x1fd\x1fb\x1f12", b"delta"), (b"0@0\x1fc", b"newer")], _nothing)
+
+    loop.run_until_complete(submit())
+    assert [k for k, _, _ in producer.queue] == [b"0@0.0\x1fc"], "the chunk waits behind the restore"
+    land(b"0@0.0\x1fc")
+    assert [k for k, v, _ in producer.queue] == [b"0@7\x1fd\x1fb\x1f9", b"0@0\x1fd\x1fb\x1f12", b"0@0.1\x1fc"]
+    assert producer.queue[0][1] is None, "the stale delta's deletion first, then the chunk"
+    loop.close()
+
+
+async def _nothing() -> None:
+    pass

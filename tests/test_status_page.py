@@ -26,10 +26,12 @@ from specmeter.streams.report.svg import Mark, bar_chart, number, point_chart
 from .support.status_page import assert_page_shows, read_charts, read_page
 
 
-def fleet_metrics(batches: int = 6, seed: int = 3) -> list[BatchMetrics]:
-    """What the offline core publishes for a synthetic fleet (weight versions, histograms, tasks)."""
+def fleet_metrics(batches: int = 6, seed: int = 3, *, draft_lags: bool = True) -> list[BatchMetrics]:
+    """What the offline core publishes for a synthetic fleet (weight versions, histograms,
+    tasks and, unless told otherwise, draft lags)."""
     aggregator = OfflineAggregator()
-    for event in synthetic_fleet(FleetSpec(batches=batches, sessions_per_batch=20, seed=seed)):
+    spec = FleetSpec(batches=batches, sessions_per_batch=20, seed=seed, draft_lags=draft_lags)
+    for event in synthetic_fleet(spec):
         if event.kind in ("record", "marker"):
             aggregator.feed(event.payload)
     return sorted(aggregator.results(), key=lambda m: m.batch_id)
@@ -168,12 +170,19 @@ def test_the_page_draws_the_published_numbers_of_a_fleet():
     batches = fleet_metrics()
     html = render_page(batches, worker="w")
     charts = assert_page_shows(html, batches)
-    assert set(charts) == {"accept_rate", "tokens_per_verify", "coverage", "drift", "positions"}
+    assert set(charts) == {"accept_rate", "tokens_per_verify", "coverage", "drift", "positions", "staleness", "spread"}
     assert len(charts["accept_rate"].marks) == len(batches)
     assert len(charts["drift"].marks) >= 2 and len(charts["positions"].marks) >= 2
+    assert '<meta http-equiv="refresh" content="10">' in html
+
+
+def test_a_fleet_without_draft_lags_says_the_staleness_and_spread_panels_are_absent():
+    batches = [msgspec.structs.replace(m, tokens_per_verify_distribution=None) for m in fleet_metrics(draft_lags=False)]
+    html = render_page(batches, worker="w")
+    charts = assert_page_shows(html, batches)
+    assert set(charts) == {"accept_rate", "tokens_per_verify", "coverage", "drift", "positions"}
     page = read_page(html)
     assert {"panel-staleness", "panel-spread"} <= set(page.ids), "said absent, not left out silently"
-    assert '<meta http-equiv="refresh" content="10">' in html
 
 
 def test_the_page_draws_the_staleness_curve_and_the_spread_when_the_metrics_have_them():

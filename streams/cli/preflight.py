@@ -21,7 +21,7 @@ from specmeter.producers import KafkaSecurity
 
 from ..errors import SpecmeterError
 from ..settings import WorkerSettings
-from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec
+from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec, unauthorized_topics
 
 __all__ = [
     "BadSecurity",
@@ -187,6 +187,10 @@ async def check_broker(
             await _start_admin(admin, broker, messages)
             planned = None if settings is None else await _worker_plan(admin, settings)
             existing = None if records_topic is None else await admin.list_topics()
+            # not listed may mean not ours to see: the producer then says the authorization
+            # error itself, which names the right that is missing
+            if records_topic is not None and existing is not None and records_topic not in existing:
+                existing = None if records_topic in await unauthorized_topics(admin, [records_topic]) else existing
         finally:
             await admin.close()
     if planned is not None and planned[0].mismatched:

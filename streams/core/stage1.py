@@ -49,6 +49,7 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
+from ..errors import SpecmeterError
 from .cores import CORE, Core
 from .counts import WorkerCounters
 from .exact import exact_sum
@@ -175,7 +176,7 @@ def _digest(partial: PartialAggregate) -> bytes:
     return content_digest(body)
 
 
-class StateWithoutCheckpoint(RuntimeError):
+class StateWithoutCheckpoint(SpecmeterError, RuntimeError):
     """A changelog partition holds an owner's valid state but no valid checkpoint: restoring
     it would start from offset -1 and delete every delta. Cannot happen while the ownership
     rules hold (``docs/ownership.md``): the restore stops instead of wiping."""

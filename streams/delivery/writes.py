@@ -72,6 +72,8 @@ class _Group:
     release: Callable[[], Awaitable[None]]
     deletions: list[bytes]
     offsets: list[int] = field(default_factory=list)
+    #: later groups wait until this one's deletions are handed over (a restore's)
+    barrier: bool = False
 
 
 @dataclass(slots=True)
@@ -92,6 +94,12 @@ class Ownership:
     #: groups whose writes are all acknowledged, waiting for the check of an earlier one
     acknowledged: collections.deque[_Group] = field(default_factory=collections.deque)
     checking: bool = False
+    #: groups submitted behind a barrier group, not handed over yet, in order
+    held_back: collections.deque[tuple[_Group, list[tuple[bytes, bytes | None]]]] = field(
+        default_factory=collections.deque
+    )
+    #: a barrier group is in flight (its deletions not handed over yet)
+    behind_barrier: bool = False
     #: set while no group is in flight
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -166,6 +174,7 @@ class OwnedWrites:
         if owned is not None:
             owned.groups.clear()
             owned.acknowledged.clear()
+            owned.held_back.clear()
             owned.idle.set()
 
     # -- write groups ------------------------------------------------------------------
@@ -182,28 +191,41 @@ class OwnedWrites:
         writes: list[tuple[bytes, bytes | None]],
         release: Callable[[], Awaitable[None]],
         deletions: list[bytes] | None = None,
+        *,
+        barrier: bool = False,
     ) -> None:
         """Hand one group's changelog writes to Kafka; ``release`` (its outputs) runs, and
         ``deletions`` are handed over as a group of their own, once they are acknowledged
         in place. A partition this worker does not own (offline tools, tests without
         takeovers) releases once its writes are acknowledged.
 
-        A rewritten key is written under a version of its own (``RewrittenKeys``), and the
-        deletion of the version it supersedes waits with ``deletions`` (a restore's: the
-        records it wrote again under its own tag) until the group is verified: such a
-        deletion lands only once what makes it safe counts, so a late one takes nothing a
-        restore needs."""
+        Every deletion of a group that writes something waits, with ``deletions``, until
+        the group is verified: it lands only once what makes it safe counts, so a late one
+        (its owner fenced meanwhile) takes nothing a restore needs. A rewritten key is
+        written under a version of its own (``RewrittenKeys``) and the version it
+        supersedes is deleted so. A group of deletions alone (a horizon passed) goes at once.
+
+        ``barrier`` (a restore's group): the groups submitted after it wait until its
+        deletions are handed over. A restore deletes the deltas past its checkpoint, and
+        they must be gone before a newer checkpoint lands; a stale reader's restore (a
+        newer takeover landed meanwhile) is never verified, and deletes nothing."""
         owned = self._owned.get((topic, partition))
         if owned is None:  # not owned: released on the acknowledgements alone
             owned = Ownership(token="", epoch=-1, next_offset=-1)
         writes, held = _physical(owned.keys, writes, deletions or [])
-        group = _Group(expected=len(writes), release=release, deletions=held)
+        group = _Group(expected=len(writes), release=release, deletions=held, barrier=barrier and owned.epoch >= 0)
         self._submit_group(topic, partition, owned, group, writes)
 
     def _submit_group(
         self, topic: str, partition: int, owned: Ownership, group: _Group, writes: list[tuple[bytes, bytes | None]]
     ) -> None:
-        """Send a group's writes (physical keys), or complete it at once when it has none."""
+        """Send a group's writes (physical keys), or complete it at once when it has none;
+        behind a barrier, hold it back until the barrier's deletions are handed over."""
+        if owned.behind_barrier:
+            owned.held_back.append((group, writes))
+            owned.idle.clear()
+            return
+        owned.behind_barrier = group.barrier
         if not writes:
             self._spawn(self._complete(topic, partition, owned, group))
             return
@@ -304,17 +326,29 @@ class OwnedWrites:
         try:
             await self._release(topic, partition, owned, group)
         finally:
-            if not owned.groups and not owned.acknowledged and not owned.checking:
+            if not owned.groups and not owned.acknowledged and not owned.checking and not owned.held_back:
                 owned.idle.set()
 
     async def _release(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """Unless the partition was given up meanwhile: the group's outputs, then its
         deletions as a group of their own."""
         if self._owned.get((topic, partition)) is owned or owned.epoch < 0:
-            await group.release()
-            if group.deletions:
-                deletions = _Group(expected=len(group.deletions), release=_nothing, deletions=[])
-                self._submit_group(topic, partition, owned, deletions, [(key, None) for key in group.deletions])
+            try:
+                await group.release()
+            finally:
+                if group.barrier:
+                    owned.behind_barrier = False  # its deletions go first, then what waited
+                if group.deletions:
+                    deletions = _Group(expected=len(group.deletions), release=_nothing, deletions=[])
+                    self._submit_group(topic, partition, owned, deletions, [(key, None) for key in group.deletions])
+                if group.barrier:
+                    self._past_barrier(topic, partition, owned)
+
+    def _past_barrier(self, topic: str, partition: int, owned: Ownership) -> None:
+        """A barrier group's deletions are handed over: the groups held back behind it go."""
+        while owned.held_back and not owned.behind_barrier:
+            group, writes = owned.held_back.popleft()
+            self._submit_group(topic, partition, owned, group, writes)
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -349,21 +383,24 @@ def _in_place(owned: Ownership, group: _Group) -> bool:
 def _physical(
     keys: RewrittenKeys | None, writes: list[tuple[bytes, bytes | None]], deletions: list[bytes]
 ) -> tuple[list[tuple[bytes, bytes | None]], list[bytes]]:
-    """A group's writes under their physical keys, to send now, and the deletions to hold
-    until it is verified: the versions its writes superseded, then ``deletions``. The
-    group's own deletions go with it, in order: they delete what is dead whoever wins (a
-    stale delta past its checkpoint, a record past its horizon), and some must land
-    before the writes that follow them (a delta past the checkpoint before a newer one)."""
+    """A group's writes to send now under their physical keys, and the deletions to hold
+    until it is verified: those it makes or supersedes, then ``deletions``. A group that
+    writes nothing sends its deletions at once."""
     if keys is None:
         return writes, deletions
     sent: list[tuple[bytes, bytes | None]] = []
     held: list[bytes] = []
     for key, value in writes:
         physical, superseded = keys.rewrite(key, value)
+        if value is None:
+            held.append(physical)
+            continue
         sent.append((physical, value))
         if superseded is not None:
             held.append(superseded)
     held.extend(keys.rewrite(key, None)[0] for key in deletions)
+    if not sent:
+        return [(key, None) for key in held], []
     return sent, held
 
 

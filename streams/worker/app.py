@@ -231,7 +231,7 @@ class StreamShell:
             )
             effects = yield from processor.restoring(valid.entries, _now_ms())
             effects.changelog.extend((key, None) for key in valid.deletions)
-            return processor, lambda: self._submit_stage1(partition, effects)
+            return processor, lambda: self._submit_stage1(partition, effects, restore=True)
         merger = BatchMerger(
             partition,
             partitions_expected=s.partitions,
@@ -245,7 +245,7 @@ class StreamShell:
 
         def installed() -> None:
             self.published.seed(restored.published, time.time())  # for /metrics: counted by their first publisher
-            self._submit_stage2(partition, restored, repeat=True)
+            self._submit_stage2(partition, restored, repeat=True, restore=True)
 
         return merger, installed
 
@@ -270,7 +270,9 @@ class StreamShell:
         self._submit_stage2(partition, effects)
 
     # -- effects: a write group each (``delivery.writes``) --------------------------------------------
-    def _submit_stage1(self, partition: int, effects: Effects) -> None:
+    def _submit_stage1(self, partition: int, effects: Effects, *, restore: bool = False) -> None:
+        """One write group (a restore's: a barrier, ``OwnedWrites.submit``)."""
+
         async def release() -> None:
             await self.reached("stage1-changelog")
             self._apply_outputs(effects)
@@ -278,17 +280,31 @@ class StreamShell:
                 await self.reached("stage1-partials")
 
         self.writes.submit(
-            self.stage1_log, partition, self._armed(effects.changelog), release, effects.verified_deletions
+            self.stage1_log,
+            partition,
+            self._armed(effects.changelog),
+            release,
+            effects.verified_deletions,
+            barrier=restore,
         )
 
-    def _submit_stage2(self, partition: int, effects: MergeEffects, *, repeat: bool = False) -> None:
+    def _submit_stage2(
+        self, partition: int, effects: MergeEffects, *, repeat: bool = False, restore: bool = False
+    ) -> None:
+        """One write group (a restore's: a barrier, ``OwnedWrites.submit``)."""
+
         async def release() -> None:
             self._publish(effects, repeat=repeat)
             if effects.published and not repeat:
                 await self.reached("stage2-published")
 
         self.writes.submit(
-            self.stage2_log, partition, self._armed(effects.changelog), release, effects.verified_deletions
+            self.stage2_log,
+            partition,
+            self._armed(effects.changelog),
+            release,
+            effects.verified_deletions,
+            barrier=restore,
         )
 
     def _armed(self, writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:

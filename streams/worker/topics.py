@@ -310,6 +310,19 @@ async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
     )
 
 
+#: the metadata error of a topic the principal may not describe
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+async def unauthorized_topics(admin: Any, names: Iterable[str]) -> set[str]:
+    """Those of ``names`` that the principal may not describe: absent from ``list_topics``
+    like a missing topic, but there (creates nothing)."""
+    from ..delivery.internals import metadata_without_auto_create
+
+    answer = await metadata_without_auto_create(admin, names)
+    return {t["topic"] for t in answer["topics"] if t.get("error_code", 0) == TOPIC_AUTHORIZATION_FAILED}
+
+
 async def existing_partitions(admin: Any, names: Iterable[str]) -> dict[str, int]:
     """Partitions of each of ``names`` that exists (``describe_cluster``; creates nothing)."""
     wanted = sorted(set(names))

@@ -170,9 +170,15 @@ class Worker:
         self.loop.run_until_complete(turns())
 
     def close(self) -> None:
-        for task in asyncio.all_tasks(self.loop):
-            task.cancel()
-        self.loop.run_until_complete(asyncio.sleep(0))
+        """Cancel what the worker had under way (and what that spawned), then close its loop."""
+        for _ in range(10):
+            self.loop.run_until_complete(asyncio.sleep(0))  # the callbacks due (acknowledgements)
+            tasks = asyncio.all_tasks(self.loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
     # -- the driver's steps --------------------------------------------------------------
@@ -209,7 +215,7 @@ class Worker:
         effects.changelog.extend((key, None) for key in valid.deletions)
         self.world.say(f"{self.name} restored at epoch {epoch}, checkpoint {processor.checkpoint}")
         self.epoch, self.processor = epoch, processor
-        self.submit(effects)
+        self.submit(effects, restore=True)
 
     def process(self, rng: random.Random) -> None:
         processor = self.processor
@@ -223,16 +229,21 @@ class Worker:
         if self.processor is not None:
             self.submit(self.processor.tick(self.world.clock_ms))
 
-    def submit(self, effects: Any) -> None:
+    def submit(self, effects: Any, *, restore: bool = False) -> None:
         processor = self.processor
         assert processor is not None
-        checkpoint = processor.checkpoint
+        # what a released group claims: the checkpoint its writes (and those verified before
+        # them, in order) made durable; a group without writes completes at once and claims none
+        checkpoint = processor.checkpoint if effects.changelog else -1
         name = self.name
 
         async def release() -> None:
             self.world.released(name, checkpoint, effects.partials)
 
-        self.writes.submit(CHANGELOG, 0, effects.changelog, release, effects.verified_deletions)
+        async def submit() -> None:  # on the worker's own loop, as the worker submits
+            self.writes.submit(CHANGELOG, 0, effects.changelog, release, effects.verified_deletions, barrier=restore)
+
+        self.loop.run_until_complete(submit())
 
     def notice(self) -> None:
         """It learns of the rebalance it missed: its round is cancelled (its record may
