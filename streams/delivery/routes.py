@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ..core.ownership import ChangelogView, ValidState
+from ..core.stage1 import StateWithoutCheckpoint
 from ..settings import WorkerSettings
 from .assignor import StickyAssignor
 from .internals import group_generation, set_fetch_wait
@@ -887,18 +888,25 @@ class DeliveryDriver:
             if valid.epoch != epoch:
                 self._not_counted(topic, changelog, p, epoch, valid.epoch)
                 continue
-            state, installed = await self._restore(topic, p, valid, epoch)
+            try:
+                state, installed = await self._restore(topic, p, valid, epoch)
+            except StateWithoutCheckpoint:
+                if await self._route_of[topic].confirm_generation([p]) is not None:
+                    raise  # a current owner: the changelog lost a checkpoint it needs, said loudly
+                self._not_counted(topic, changelog, p, epoch, None)  # stale: it read a newer owner's deletions
+                continue
             self._install_restored(topic, changelog, p, turns[p], state, ends[(topic, p)], installed)
 
     def _not_counted(self, topic: str, changelog: str, p: int, epoch: int, counting: int | None) -> None:
-        """This worker's takeover does not count: a newer generation took the partition before
-        it landed (this worker was stale when it wrote it). Nothing is restored or written."""
+        """This worker's takeover does not count, or no longer: a newer generation took the
+        partition before it landed, or since (this worker is stale). Nothing is restored or
+        written."""
         log.info(
-            "%s[%d]: the takeover at %d does not count (a newer generation's at %s came first): not restoring",
+            "%s[%d]: the takeover at %d does not count (a newer generation's%s came first): not restoring",
             topic,
             p,
             epoch,
-            counting,
+            "" if counting is None else f" at {counting}",
         )
         self.writes.forget(changelog, p)
 
