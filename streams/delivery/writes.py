@@ -17,10 +17,12 @@ Groups of a partition are pipelined (the next is handed over before the last is
 acknowledged) and verified in order. What makes that safe: the producer is idempotent,
 so a write Kafka refuses fails every later write of its partition with it (``delivery.output``);
 outputs are released only once their own group is verified, so a worker that lost a
-partition releases none, however many of its groups land after the takeover; and the
-deletions a group makes safe (a batch gone, its ``x`` key written) are handed over only
-once that group is verified, never with it: a deletion that landed while the record that
-justifies it did not count would take state the successor restored.
+partition releases none, however many of its groups land after the takeover; and every
+deletion of a group that writes (a batch gone once its ``x`` key is written, a version
+superseded, a restore's) is handed over only once that group is verified, never with it:
+a deletion that landed while the record that justifies it did not count would take state
+the successor restored. A restore's group is a barrier: later groups wait for its
+deletions (``docs/ownership.md``).
 """
 
 from __future__ import annotations
