@@ -212,6 +212,6 @@ def dump_dom(binary: str, url: str) -> str:
     return proc.stdout
 
 
-def screenshot(binary: str, url: str, path: Path, *, width: int = 1280, height: int = 1280) -> None:
+def screenshot(binary: str, url: str, path: Path, *, width: int = 1280, height: int = 1640) -> None:
     proc = _chromium(binary, f"--window-size={width},{height}", f"--screenshot={path}", url)
     assert proc.returncode == 0 and path.is_file(), proc.stderr[-2000:]
