@@ -247,6 +247,24 @@ def test_the_worker_says_it_stops_leaves_its_groups_and_stopped_in_one_log_forma
     assert stopping < left < text.index("stopped (on SIGTERM)"), text
 
 
+@pytest.mark.kafka
+def test_a_worker_without_its_web_server_starts_whatever_its_web_port(kafka_bootstrap):
+    """`worker --no-web --web-port 0` ended in Faust's traceback (port 0 out of range), the
+    port of a server it would never bind; found by a 10-minute loadgen run."""
+    import asyncio
+
+    from .support.kafka_helpers import create_topic
+    from .support.worker_harness import Deployment
+
+    d = Deployment(kafka_bootstrap, partitions=2)
+    asyncio.run(create_topic(kafka_bootstrap, d.topics.records, 2))
+    try:
+        worker = d.start_worker("--no-web", "--web-port", "0")
+        d.wait_ready(worker)
+    finally:
+        d.close()
+
+
 # -- 39.4: logs an operator reads ----------------------------------------------------
 
 

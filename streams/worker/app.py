@@ -535,7 +535,8 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         store="memory://",
         web_enabled=settings.web_enabled,
         web_host=settings.web_host,
-        web_port=settings.web_port,
+        # off, the port is never bound: 0 ("any free port") would fail Faust's range check
+        web_port=settings.web_port if settings.web_enabled else WorkerSettings().web_port,
         web_router_enabled=False,
         web_tables_enabled=False,
         web_graph_enabled=False,
