@@ -254,3 +254,51 @@ def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_
         assert worker.poll() is None, "no restart needed"
     finally:
         _clean_up(request, cluster, d, probe)
+
+
+@pytest.mark.timeout(420)
+def test_replay_says_an_outage_of_two_brokers_of_three_in_a_few_lines(kafka_cluster, tmp_path):
+    """Issue 37, item 5: `specmeter replay` printed 2,385 lines of aiokafka retry warnings
+    during a 75 s outage of two brokers of three (every write refused: one in-sync replica,
+    fewer than min.insync.replicas=2). Now fewer than 20 lines, and every record arrives."""
+    import re
+    import uuid
+
+    from specmeter.schemas import decode_records_message
+
+    from .support.kafka_helpers import create_topic
+    from .support.tools import run_specmeter, start_specmeter
+
+    cluster = kafka_cluster
+    topic = f"fold-{uuid.uuid4().hex[:8]}.records"
+    asyncio.run(create_topic(cluster.bootstrap, topic, 4, replication_factor=3))
+    dump = tmp_path / "fleet.jsonl"
+    made = run_specmeter("loadgen", "--batches", "40", "--sessions-per-batch", "10", "--dump", str(dump))
+    assert made.returncode == 0, made.stderr[-2000:]
+    replay = start_specmeter("replay", str(dump), "--broker", cluster.bootstrap, "--topic", topic,
+                             "--rate", "100", "--no-progress")  # fmt: skip
+    stopped: list[int] = []
+    try:
+        time.sleep(5)
+        for broker in (2, 3):
+            cluster.kill(broker)
+            stopped.append(broker)
+        time.sleep(75)
+        for broker in stopped:
+            cluster.start_broker(broker)
+        stopped.clear()
+        stdout, stderr = replay.communicate(timeout=240)
+    finally:
+        for broker in stopped:
+            cluster.start_broker(broker)
+        if replay.poll() is None:
+            replay.kill()
+    assert replay.returncode == 0, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    print(f"replay said {len(lines)} lines:", *lines, sep="\n")
+    assert len(lines) < 20, "\n".join(lines[:40])
+    summary = re.search(r"replayed ([\d,]+) records", stdout + stderr)
+    assert summary, stdout[-2000:] + stderr[-2000:]
+    sent = int(summary.group(1).replace(",", ""))
+    messages = [decode_records_message(m.value) for m in asyncio.run(read_topic(cluster.bootstrap, topic, idle_s=3))]
+    assert sum(len(d.records) for d in messages) == sent  # every record, once (the producer is idempotent)
