@@ -51,13 +51,18 @@ the offsets skipped are read for a newer counting takeover).
 from __future__ import annotations
 
 import bisect
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
+from ..errors import SpecmeterError
+
 __all__ = [
+    "StateWithoutCheckpoint",
+    "refuse_without_checkpoint",
     "CLOCK_SKEW_MS",
     "Takeover",
     "ChangelogView",
@@ -72,6 +77,8 @@ __all__ = [
     "counts_after",
     "encode_takeover",
 ]
+
+log = logging.getLogger("specmeter.ownership")
 
 _SEP = b"\x1f"
 _TAG = b"@"
@@ -154,6 +161,32 @@ def counts_after(takeover: Takeover, before: Takeover | None) -> bool:
     if before is None or takeover.generation < 0 or before.generation < 0:
         return True
     return takeover.generation >= before.generation or takeover.at_ms > before.at_ms + CLOCK_SKEW_MS
+
+
+class StateWithoutCheckpoint(SpecmeterError, RuntimeError):
+    """A changelog partition holds an owner's valid state but no valid checkpoint: restoring
+    it would start from offset -1 and delete that state. Cannot happen to a current owner
+    while these rules hold (``docs/ownership.md``, rule 8): the restore stops instead of
+    wiping."""
+
+
+def refuse_without_checkpoint(where: str, restored: Iterable[bytes], checkpoint_found: bool) -> None:
+    """Stop, loudly, a restore that found records of an owner (``restored``: their physical
+    keys) and no checkpoint. Every owner writes its checkpoint at its restore, before any
+    other record of its can land, and a checkpoint is deleted only once a newer one counts;
+    records without a tag (written before takeovers) may precede their first checkpoint
+    after a crash."""
+    if checkpoint_found:
+        return
+    tagged = [key for key in restored if split_key(key)[1] is not None]
+    if tagged:
+        message = (
+            f"{where}: the changelog holds {len(tagged)} valid record(s) of an owner (first: {tagged[0]!r}) and "
+            "no valid checkpoint; restoring would read the input from offset -1 and delete them. Not restoring: "
+            "keep the changelog as it is and report it (docs/ownership.md)"
+        )
+        log.error(message)
+        raise StateWithoutCheckpoint(message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,6 @@ from specmeter.schemas import (
     encode_records_message,
 )
 
-from ..errors import SpecmeterError
 from .cores import CORE, Core
 from .counts import WorkerCounters
 from .exact import exact_sum
@@ -79,7 +78,7 @@ from .layout import (
     status_key,
     unpack_hashes,
 )
-from .ownership import owner_key_part, split_key
+from .ownership import StateWithoutCheckpoint, owner_key_part, refuse_without_checkpoint, split_key
 from .state import BatchState, Decoded
 
 __all__ = ["PartitionProcessor", "Effects", "StateWithoutCheckpoint", "Waiting", "shorten"]
@@ -176,31 +175,6 @@ def _digest(partial: PartialAggregate) -> bytes:
     return content_digest(body)
 
 
-class StateWithoutCheckpoint(SpecmeterError, RuntimeError):
-    """A changelog partition holds an owner's valid state but no valid checkpoint: restoring
-    it would start from offset -1 and delete every delta. Cannot happen while the ownership
-    rules hold (``docs/ownership.md``): the restore stops instead of wiping."""
-
-
-def _refuse_without_checkpoint(partition: int, found: _Found) -> None:
-    """Stop, loudly, a restore that found an owner's deltas or statuses and no checkpoint.
-    Every owner writes its checkpoint before any delta (its restore writes it first), and
-    a checkpoint is deleted only once a newer one counts; deltas and statuses without a tag
-    (written before takeovers) may precede their first checkpoint after a crash."""
-    if found.checkpoint_at is not None:
-        return
-    tagged = [key for key, _ in found.deltas] + [key for key, _ in found.statuses.values()]
-    tagged = [key for key in tagged if split_key(key)[1] is not None]
-    if tagged:
-        message = (
-            f"partition {partition}: the changelog holds {len(tagged)} valid delta(s) or status(es) of an owner "
-            f"(first: {tagged[0]!r}) and no valid checkpoint; restoring would read the input from offset -1 and "
-            "delete them. Not restoring: keep the changelog as it is and report it (docs/ownership.md)"
-        )
-        log.error(message)
-        raise StateWithoutCheckpoint(message)
-
-
 @dataclass
 class _Found:
     """What a restore read from a partition's changelog, by kind."""
@@ -292,7 +266,8 @@ class PartitionProcessor:
         """
         effects = Effects()
         found = self._read_changelog(entries, now_ms, effects)
-        _refuse_without_checkpoint(self.partition, found)
+        restored = [key for key, _ in found.deltas] + [key for key, _ in found.statuses.values()]
+        refuse_without_checkpoint(f"partition {self.partition}", restored, found.checkpoint_at is not None)
         self._restore_gone(found.gone, found.legacy, now_ms, effects)
         yield from self._apply_deltas(found.deltas, effects)
         replaced = self._own_checkpoint_and_statuses(found, effects)
@@ -391,7 +366,7 @@ class PartitionProcessor:
         owned = own_checkpoint != checkpoint_key(self.partition)
         if (owned or found.checkpoint_at is not None) and found.checkpoint_at != own_checkpoint:
             # an owner writes its checkpoint first, found or not: a valid delta of its
-            # then implies a valid checkpoint (``_refuse_without_checkpoint``)
+            # then implies a valid checkpoint (``ownership.refuse_without_checkpoint``)
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))
             if found.checkpoint_at is not None:
                 replaced.append(found.checkpoint_at)

@@ -36,8 +36,8 @@ from .layout import (
     stage2_checkpoint_key,
 )
 from .merge import build_batch_metrics
-from .ownership import owner_key_part, split_key
-from .stage1 import StateWithoutCheckpoint, shorten
+from .ownership import owner_key_part, refuse_without_checkpoint, split_key
+from .stage1 import shorten
 
 __all__ = ["BatchMerger", "MergeEffects", "MergeWaiting"]
 
@@ -138,7 +138,7 @@ class BatchMerger:
         effects = MergeEffects()
         kept: list[tuple[bytes, PartialAggregate]] = []
         replaced = yield from self._read_all(entries, kept)
-        self._refuse_without_checkpoint(replaced)
+        refuse_without_checkpoint(f"partials partition {self.partition}", replaced, self._checkpoint_found)
         orphans = self._attach_partials(kept, effects)
         if replaced or self.owner_epoch is not None:
             self._write_all_again(effects)
@@ -162,22 +162,6 @@ class BatchMerger:
             if n % 256 == 255:
                 yield
         return replaced
-
-    def _refuse_without_checkpoint(self, restored: list[bytes]) -> None:
-        """Stop, loudly, a restore that found an owner's entries or partials and no
-        checkpoint (``stage1.StateWithoutCheckpoint``): restoring would read the partials
-        from offset -1."""
-        if self._checkpoint_found:
-            return
-        tagged = [key for key in restored if split_key(key)[1] is not None]
-        if tagged:
-            message = (
-                f"partials partition {self.partition}: the changelog holds {len(tagged)} valid record(s) of an owner "
-                f"(first: {tagged[0]!r}) and no valid checkpoint; not restoring: keep the changelog as it is and "
-                "report it (docs/ownership.md)"
-            )
-            log.error(message)
-            raise StateWithoutCheckpoint(message)
 
     def _read(self, key: bytes, value: bytes, kept: list[tuple[bytes, PartialAggregate]]) -> bool:
         """Restore one changelog record: the checkpoint or a batch's bookkeeping at once,
@@ -220,7 +204,7 @@ class BatchMerger:
             self._write(entry, effects)
         if self.checkpoint >= 0 or self.owner_epoch is not None:
             # an owner writes its checkpoint at its restore, found or not: a valid entry of
-            # its then implies a valid checkpoint (``_refuse_without_checkpoint``)
+            # its then implies a valid checkpoint (``ownership.refuse_without_checkpoint``)
             effects.changelog.append(self._checkpoint_write())
 
     def _publish_again(self, effects: MergeEffects) -> None:

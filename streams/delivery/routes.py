@@ -28,8 +28,7 @@ import time
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from ..core.ownership import ChangelogView, ValidState
-from ..core.stage1 import StateWithoutCheckpoint
+from ..core.ownership import ChangelogView, StateWithoutCheckpoint, ValidState
 from ..settings import WorkerSettings
 from .assignor import StickyAssignor
 from .internals import group_generation, set_fetch_wait

@@ -44,8 +44,8 @@ from typing import Any
 import msgspec
 
 from specmeter.schemas import BatchMarker, GenerationRecord, RecordBatch, encode_records_message
-from specmeter.streams.core.ownership import ChangelogView, is_takeover, takeover_of
-from specmeter.streams.core.stage1 import PartitionProcessor, StateWithoutCheckpoint, _digest
+from specmeter.streams.core.ownership import ChangelogView, StateWithoutCheckpoint, is_takeover, takeover_of
+from specmeter.streams.core.stage1 import PartitionProcessor, _digest
 from specmeter.streams.delivery.writes import OwnedWrites
 
 CHANGELOG = "model-changelog"
