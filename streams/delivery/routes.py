@@ -695,13 +695,7 @@ class DeliveryDriver:
         time). Writes still in flight then would land later, from a live worker that no
         longer owns the partitions: the worker fails fast instead (its output stops, it
         exits, and its successors restore what counts)."""
-        if not partitions:
-            return
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self.writes.idle(changelog, p) for p in partitions)), self.revoke_wait_s
-            )
-        except TimeoutError:
+        if not await self.writes.idle([(changelog, p) for p in partitions], self.revoke_wait_s):
             log.error(
                 "%s: writes of partitions %s still in flight %.0f s into a rebalance: stopping the worker rather "
                 "than leave them to land once others own the partitions (restart it: it resumes from the changelog)",
@@ -1025,11 +1019,8 @@ class DeliveryDriver:
 
     async def _writes_out(self) -> None:
         """Wait for every assigned partition's writes in flight, all under one ``revoke_wait_s``."""
-        idle = [
-            self.writes.idle(self.changelog(topic), p) for topic in self._route_of for p in self.ledger.assigned(topic)
-        ]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*idle), self.revoke_wait_s)
+        assigned = [(self.changelog(topic), p) for topic in self._route_of for p in self.ledger.assigned(topic)]
+        await self.writes.idle(assigned, self.revoke_wait_s)
 
     async def _stop_tasks(self) -> None:
         """Cancel the routes, the takeovers and the watch, and wait until they stopped."""

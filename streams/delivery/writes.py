@@ -33,7 +33,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,11 +180,15 @@ class OwnedWrites:
             owned.idle.set()
 
     # -- write groups ------------------------------------------------------------------
-    async def idle(self, topic: str, partition: int) -> None:
-        """Until no group of the partition is in flight (a revocation, a stop waits for it)."""
-        owned = self._owned.get((topic, partition))
-        if owned is not None:
-            await owned.idle.wait()
+    async def idle(self, partitions: Iterable[ChangelogPartition], timeout_s: float) -> bool:
+        """Until no group of ``partitions`` is in flight, all under one deadline (a
+        revocation, a stop waits for it); whether they all got there in time."""
+        waits = [owned.idle.wait() for tp in partitions if (owned := self._owned.get(tp)) is not None]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def submit(
         self,
