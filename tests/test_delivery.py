@@ -759,3 +759,21 @@ def test_a_commit_that_fails_is_said_and_retried_and_the_route_goes_on(caplog):
     with caplog.at_level("WARNING", logger="specmeter.worker"):
         asyncio.run(run())
     assert [r for r in caplog.records if "committing the offsets of records failed" in r.getMessage()]
+
+
+def test_a_commit_the_group_refused_after_a_rebalance_is_one_info_line(caplog):
+    """A member back from a pause commits into a group that moved on: aiokafka's
+    CommitFailedError carries ten lines of advice about poll(); the worker says it in one,
+    at INFO (a rebalance is not a fault), and counts no failure."""
+    from aiokafka.errors import CommitFailedError
+
+    class Refusing:
+        async def commit(self, offsets):
+            raise CommitFailedError("Commit cannot be completed since the group has already\n rebalanced ...")
+
+    route = _driver(FakeLogs(), FakeStages(FakeLogs())).routes[0]
+    with caplog.at_level("DEBUG", logger="specmeter.worker"):
+        asyncio.run(route._commit_offsets(Refusing(), {(R, 0): 3}))  # noqa: SLF001
+    [line] = [r for r in caplog.records if "committing the offsets" in r.getMessage()]
+    assert line.levelname == "INFO" and "rebalanced" in line.getMessage() and "\n" not in line.getMessage()
+    assert route._commit_failures == 0  # noqa: SLF001

@@ -295,6 +295,13 @@ def test_a_rebalance_s_heartbeat_warning_is_info():
     for f in logger.filters:
         f.filter(record)
     assert record.levelno == logging.INFO and record.levelname == "INFO"
+    refused = logger.makeRecord(
+        logger.name, logging.ERROR, __file__, 1,
+        "OffsetCommit failed for group %s due to group error (%s), will rejoin", ("g", "UnknownMemberIdError"), None,
+    )  # fmt: skip
+    for f in logger.filters:
+        f.filter(refused)
+    assert refused.levelno == logging.INFO
     other = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "Heartbeat failed: %s", ("x",), None)
     for f in logger.filters:
         f.filter(other)

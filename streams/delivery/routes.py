@@ -485,6 +485,15 @@ class InputRoute:
                 consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()}), self.COMMIT_TIMEOUT_S
             )
         except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
+            from aiokafka.errors import CommitFailedError
+
+            if isinstance(exc, CommitFailedError):  # aiokafka's reason is ten lines about poll()
+                log.info(
+                    "committing the offsets of %s was refused: the group rebalanced since (it takes the "
+                    "partitions' offsets from the last commit that went through)",
+                    self.topic,
+                )
+                return
             self._commit_failures += 1
             (log.warning if self._commit_failures % 60 == 1 else log.debug)(
                 "committing the offsets of %s failed (%r); retried", self.topic, exc

@@ -87,13 +87,15 @@ def one_log_format(logger: logging.Logger) -> None:
 
 class RebalanceChatter(logging.Filter):
     """aiokafka's WARNINGs about an ordinary rebalance ("Heartbeat failed for group ...
-    because it is rebalancing", "... generation id is not current"), lowered to INFO: a rebalance
+    because it is rebalancing", "... generation id is not current") and its ERROR for a
+    commit the group refused because it moved on ("OffsetCommit failed ... due to group
+    error (...), will rejoin": a member back from a pause), lowered to INFO: a rebalance
     is how workers share partitions, not a problem; the worker's own lines say it."""
 
-    NEEDLES = ("because it is rebalancing", "generation id is not", "re-joining group")
+    NEEDLES = ("because it is rebalancing", "generation id is not", "re-joining group", "error (%s), will rejoin")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.WARNING and any(n in str(record.msg) for n in self.NEEDLES):
+        if record.levelno in (logging.WARNING, logging.ERROR) and any(n in str(record.msg) for n in self.NEEDLES):
             record.levelno, record.levelname = logging.INFO, "INFO"
             return logging.getLogger("aiokafka").isEnabledFor(logging.INFO)
         return True
