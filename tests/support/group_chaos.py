@@ -261,6 +261,8 @@ def run_chaos(
         raise
     finally:
         report.seconds = time.monotonic() - started
-        feeder.stop()
-        group.wake_all()
-        d.close()
+        try:
+            feeder.stop()
+            group.wake_all()
+        finally:
+            d.close()  # the workers killed whatever else failed
