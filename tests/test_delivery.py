@@ -777,3 +777,35 @@ def test_a_commit_the_group_refused_after_a_rebalance_is_one_info_line(caplog):
     [line] = [r for r in caplog.records if "committing the offsets" in r.getMessage()]
     assert line.levelname == "INFO" and "rebalanced" in line.getMessage() and "\n" not in line.getMessage()
     assert route._commit_failures == 0  # noqa: SLF001
+
+
+def test_a_commit_given_up_on_leaves_no_failure_unretrieved():
+    """aiokafka shields a commit's request; ``wait_for`` cancelling it at its deadline
+    dropped the request's failure, and asyncio logged "Task exception was never retrieved"
+    with a traceback every 10 s while a coordinator was away. ``within`` gives up without
+    cancelling: the request ends on its own and its outcome is read."""
+    import gc
+
+    from aiokafka.errors import KafkaError
+
+    from specmeter.streams.delivery.routes import within
+
+    async def shielded_commit() -> None:  # aiokafka's GroupCoordinator.commit_offsets, in short
+        async def request() -> None:
+            await asyncio.sleep(0.05)
+            raise KafkaError("the group coordinator is not available")
+
+        await asyncio.shield(request())
+
+    async def unretrieved(give_up) -> list[dict]:
+        said: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: said.append(context))
+        with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+            await give_up(shielded_commit(), 0.01)
+        await asyncio.sleep(0.1)
+        gc.collect()
+        await asyncio.sleep(0)
+        return said
+
+    assert [c["message"] for c in asyncio.run(unretrieved(asyncio.wait_for))] == ["Task exception was never retrieved"]
+    assert asyncio.run(unretrieved(within)) == []

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ..core.ownership import ChangelogView, StateWithoutCheckpoint, ValidState
@@ -234,6 +234,33 @@ def _rebalance_listener(route: InputRoute) -> Any:
             route.driver.assigned(route.topic, [tp.partition for tp in assigned])
 
     return Rebalance()
+
+
+async def within(awaitable: Awaitable[Any], timeout_s: float) -> Any:
+    """``awaitable``'s result, or TimeoutError after ``timeout_s`` without cancelling it.
+
+    For aiokafka's commits: ``commit_offsets`` shields its request, and a cancelled shield
+    drops the request's outcome (asyncio's ``shield`` removes its callback), so every
+    commit ``wait_for`` gave up on while the coordinator was away ended in "Task exception
+    was never retrieved" and a traceback. The request ends on its own (aiokafka retries
+    until the coordinator answers or the member is stale); its outcome is read and dropped.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.add_done_callback(_drop_outcome)
+        task.cancel()
+        raise
+    if not done:
+        task.add_done_callback(_drop_outcome)
+        raise TimeoutError(f"no answer in {timeout_s:g} s")
+    return task.result()
+
+
+def _drop_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class InputRoute:
@@ -452,9 +479,9 @@ class InputRoute:
     async def _commit(self, consumer: Any) -> None:
         """Commit the checkpoints that moved, every ``commit_interval``: the group's lag
         for operators (recovery reads the changelog, never these). The commit runs beside
-        the reading, under ``COMMIT_TIMEOUT_S``: a coordinator failing over must not stall
-        input whose partition leaders are up. A failure is said once a minute and retried
-        at the next interval."""
+        the reading, one at a time: a coordinator failing over must not stall input whose
+        partition leaders are up. A failure is said once a minute and retried at the next
+        interval; a commit still waiting after ``COMMIT_TIMEOUT_S`` counts as one."""
         if self._committing is not None and not self._committing.done():
             return
         offsets = self._moved_offsets()
@@ -480,10 +507,20 @@ class InputRoute:
         """Commit ``offsets``; a failure is said once a minute (the next interval retries)."""
         from aiokafka.structs import TopicPartition as TP
 
+        request = asyncio.ensure_future(consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()}))
         try:
-            await asyncio.wait_for(
-                consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()}), self.COMMIT_TIMEOUT_S
+            await within(request, self.COMMIT_TIMEOUT_S)
+        except TimeoutError as exc:  # still waiting for a coordinator: said, and no other commit until it ends
+            self._commit_failures += 1
+            (log.warning if self._commit_failures % 60 == 1 else log.debug)(
+                "committing the offsets of %s has waited %.0f s (%r); retried when it ends",
+                self.topic,
+                self.COMMIT_TIMEOUT_S,
+                exc,
             )
+            with contextlib.suppress(Exception):
+                await request  # ends on its own: aiokafka retries until the coordinator answers
+            return
         except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
             from aiokafka.errors import CommitFailedError
 
@@ -520,7 +557,7 @@ class InputRoute:
         offsets = await _committed_offsets(consumer, tps)
         generation, confirmed_at_ms = group_generation(consumer), int(time.time() * 1000)
         try:
-            await asyncio.wait_for(consumer.commit(offsets), self.COMMIT_TIMEOUT_S)
+            await within(consumer.commit(offsets), self.COMMIT_TIMEOUT_S)
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return None
