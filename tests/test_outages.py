@@ -60,6 +60,9 @@ OTHER_LINES = [
     "Topic t not found in cluster metadata",
     "Got error produce response: MessageSizeTooLargeError",
     "OffsetCommit failed before join, ignoring: RebalanceInProgressError",
+    # a broker back from a restart answers metadata that does not list the others yet: they
+    # serve all along (three brokers "unreachable" at once took readiness down for 3.5 s)
+    "Unable connect to node with id 2: StaleMetadata: Broker id 2 not in current metadata",
 ]
 
 
@@ -503,3 +506,35 @@ def test_a_command_folds_an_outage_as_the_worker_does(private_broker, tmp_path):
     messages = [decode_records_message(m.value) for m in asyncio.run(read_topic(bootstrap, topic, idle_s=3))]
     assert sum(len(d.records) for d in messages) == valid  # every record arrived, once (idempotent)
     assert sum(len(d.invalid) for d in messages) == invalid
+
+
+def test_the_worker_folds_its_producers_retries_of_refused_writes():
+    """Two brokers of three away: every partition has too few in-sync replicas and aiokafka's
+    sender logs each retry of each partition (558 lines in 40 s in one worker's log); the
+    worker folds them as an outage of the cluster, as the commands do."""
+    from specmeter.streams.report.outages import CLUSTER, fold_outage_logs
+
+    outages = Outages()
+    folding = fold_outage_logs(outages)
+    sender = logging.getLogger("aiokafka.producer.sender")
+    worker = logging.getLogger("specmeter.worker")
+    try:
+        retry = sender.makeRecord(
+            sender.name, logging.WARNING, __file__, 1,
+            "Got error produce response on topic-partition %s, retrying. Error: %s",
+            ("TopicPartition(topic='a-stage1-state-changelog', partition=3)", "NotEnoughReplicasError"), None,
+        )  # fmt: skip
+        assert sender.filter(retry) is False and outages.unreachable == (CLUSTER,)
+    finally:
+        for logger in _loggers_with(folding):
+            logger.removeFilter(folding)
+        for f in [f for f in worker.filters if isinstance(f, OutageLogFilter)]:
+            worker.removeFilter(f)
+
+
+def _loggers_with(log_filter: logging.Filter) -> list[logging.Logger]:
+    return [
+        logger
+        for logger in logging.root.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger) and log_filter in logger.filters
+    ]
