@@ -209,3 +209,49 @@ def test_a_fourth_worker_takes_three_of_twelve_partitions_and_only_those_are_res
         _finish(d, events + more)
     finally:
         d.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_frozen_past_every_timeout_mid_stream_changes_nothing(kafka_bootstrap):
+    """Two workers with every timeout short (session 6 s, poll interval 20 s, delivery
+    15 s, batch timeout 10 s); one is frozen mid-stream for 45 s, longer than all of them,
+    while the stream goes on, then woken. Its partitions moved at the session; woken, its
+    fetched input and writes in flight are past their delivery timeout and its membership
+    past the poll interval: none of it may count. A woken worker that stopped itself
+    (writes that failed for good) is restarted, as its orchestrator would. Every batch
+    exact, one content per (batch, revision), every record counted once."""
+    d = Deployment(kafka_bootstrap, partitions=6, batch_timeout_s=10.0, grace_s=600.0)
+    short = ("--max-poll-interval", "20", "--delivery-timeout", "15")
+    try:
+        asyncio.run(create_topic(kafka_bootstrap, d.topics.records, 6))
+        a = d.start_worker(*short)
+        b = d.start_worker(*short)
+        d.wait_ready(a)
+        d.wait_ready(b)
+        time.sleep(3)
+        events = fleet_events(seed=307, batches=24, sessions=30)
+        parts = _slices(events, 8)
+        for n, part in enumerate(parts):
+            if n != 2:
+                _publish(d, part)
+                time.sleep(2)
+                continue
+            feeder = threading.Thread(target=_publish, args=(d, part))
+            feeder.start()
+            time.sleep(0.3)  # mid-stream: input fetched, writes in flight
+            os.killpg(a.pid, signal.SIGSTOP)
+            feeder.join()
+            for later in parts[n + 1 : n + 4]:  # the stream goes on while it is frozen
+                _publish(d, later)
+                time.sleep(8)
+            os.killpg(a.pid, signal.SIGCONT)
+            parts[n + 1 : n + 4] = [[]] * 3
+        time.sleep(25)  # past the woken worker's poll interval and delivery timeout
+        if a.poll() is not None:
+            assert "stopping" in _log(d, a) or "stopped" in _log(d, a), _log(d, a)[-3000:]
+            d.wait_ready(d.start_worker(*short))
+        _finish(d, events, timeout_s=240)
+        assert b.poll() is None, d.log_tail()
+        assert "Traceback" not in _log(d, b)
+    finally:
+        d.close()
