@@ -41,6 +41,10 @@ OUTAGE_LINES = [
     ("Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError", (COORDINATOR, None)),
     ("Heartbeat session expired - marking coordinator dead", (COORDINATOR, None)),
     (
+        "Heartbeat failed for group g-stage1: coordinator (node 2) is either not started or not valid",
+        (COORDINATOR, None),
+    ),
+    (
         "Unable to request metadata from node with id 1: KafkaConnectionError('Connection at 127.0.0.1:4 closed')",
         ("broker 1", "127.0.0.1:4"),
     ),
@@ -538,3 +542,16 @@ def _loggers_with(log_filter: logging.Filter) -> list[logging.Logger]:
         for logger in logging.root.manager.loggerDict.values()
         if isinstance(logger, logging.Logger) and log_filter in logger.filters
     ]
+
+
+def test_a_stale_metadata_error_is_info_and_no_outage():
+    """aiokafka logs it at ERROR; it says the client's metadata is behind, not that a broker is away."""
+    outages = Outages()
+    folding = OutageLogFilter(outages)
+    logger = logging.getLogger("aiokafka")
+    record = logger.makeRecord(
+        logger.name, logging.ERROR, __file__, 1, "Unable connect to node with id %s: %s",
+        (2, "StaleMetadata: Broker id 2 not in current metadata"), None,
+    )  # fmt: skip
+    folding.filter(record)
+    assert record.levelno == logging.INFO and outages.unreachable == ()

@@ -53,6 +53,7 @@ _UNREACHABLE = re.compile(
     r"|Unable to (?:update|request) metadata|GroupCoordinatorNotAvailable|Group Coordinator Request failed"
     r"|FindCoordinator Request failed|marking coordinator dead|Marking the coordinator dead"
     r"|Failed fetch (?:messages|offsets) from|Heartbeat send request failed|RequestTimedOut"
+    r"|is either not started or not valid"
 )
 #: a client whose metadata (from a broker back from a restart, say) does not list a broker
 #: yet: nothing says that broker is away, and the next metadata lists it again
@@ -73,7 +74,9 @@ _WRITES_REFUSED = re.compile(
 )
 #: lines about the group's coordinator, not about a broker: a coordinator that moves
 #: (a broker restarted, a partition of __consumer_offsets moved) is "marked dead" too
-_COORDINATOR = re.compile(r"coordinator dead|GroupCoordinatorNotAvailable|NotCoordinatorForGroup")
+_COORDINATOR = re.compile(
+    r"coordinator dead|GroupCoordinatorNotAvailable|NotCoordinatorForGroup|is either not started or not valid"
+)
 
 
 class Outage(msgspec.Struct, kw_only=True):
@@ -469,6 +472,9 @@ class OutageLogFilter(logging.Filter):
         message = _with_exception(record)
         kind = self._classify(message)
         if kind is None:
+            if _STALE_METADATA.search(message):  # no outage (``classify``): aiokafka's detail, at INFO
+                record.levelno, record.levelname = logging.INFO, "INFO"
+                return logging.getLogger("aiokafka").isEnabledFor(logging.INFO)
             return True
         target, address = kind
         self.outages.error(target, message, self._clock(), address)
