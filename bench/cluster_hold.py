@@ -28,8 +28,11 @@ Measured: each worker's ``/specmeter/readyz``, twice a second (what a readiness 
 sees), from the moment both are ready to the end; its unready seconds inside the windows
 of two brokers lost (allowed: the cluster takes no write), in the ``--drain-allowance``
 seconds after those brokers are back (allowed: the writes queued meanwhile drain; how
-long it really took is printed) and anywhere else: target none (each such stretch is
-printed with its time and the page's reason). When the stream has ended: every batch of
+long it really took is printed) and anywhere else: target none, but for a rebalance of
+the group shorter than 5 s (the group coordinator's broker back from a restart makes the
+group rebalance once; a Kubernetes readiness probe, period 10 s and failureThreshold 3,
+never sees it). Each stretch elsewhere is printed with its time and the page's reason.
+When the stream has ended: every batch of
 the expect file published complete and exact (record count, invalid records, accept
 histogram, every metric), one content per (batch, revision) over every message
 published, both workers alive throughout (never restarted) and ready at the end. Exit 1
@@ -313,6 +316,20 @@ def classify(answers: list[tuple[float, int, dict]], faults: list[Fault], drain_
     return seconds, per_fault, stretches
 
 
+#: the readiness page's reason while a worker's group rebalances (streams/report/readiness.py)
+REBALANCING = "partitions being assigned or their state restored"
+#: a rebalance shorter than this is not a miss: a Kubernetes readiness probe (period 10 s,
+#: failureThreshold 3 by default) never sees it; docs/operations.md describes the blip
+REBALANCE_BLIP_S = 5.0
+
+
+def rebalance_blip(stretch: list) -> bool:
+    """Whether an unready stretch outside the windows was a short rebalance and nothing else
+    (the group coordinator's broker back from a restart makes the group rebalance once)."""
+    start, stop, reasons = stretch
+    return set(reasons) == {REBALANCING} and stop - start + PROBE_EVERY_S < REBALANCE_BLIP_S
+
+
 def near(t: float, faults: list[Fault]) -> str:
     """Where ``t`` falls among the faults: during one, or how long after one's brokers were back."""
     before = [(i, f) for i, f in enumerate(faults) if f.started is not None and f.started <= t]
@@ -563,7 +580,7 @@ def main() -> None:
         misses.append(f"workers exited: {figures['died']}")
     if any(status != 200 for status, _ in figures["final_ready"]):
         misses.append(f"not ready at the end: {figures['final_ready']}")
-    if outside := [w for w in windows if w["unready_s"]["outside"] > 0]:
+    if outside := [w for w in windows if any(not rebalance_blip(stretch) for stretch in w["outside_stretches"])]:
         misses.append(f"unready outside the windows of two brokers lost: worker(s) {[w['worker'] for w in outside]}")
     verdict = "PASS" if not misses else "FAIL: " + "; ".join(misses)
 
@@ -613,7 +630,9 @@ def main() -> None:
         rows.append(
             (
                 f"worker {w['worker']} unready: two lost / drain / outside",
-                f"{s['two_lost']:.1f} s / {s['drain']:.1f} s / {s['outside']:.1f} s (target outside: 0; "
+                f"{s['two_lost']:.1f} s / {s['drain']:.1f} s / {s['outside']:.1f} s (target outside: 0 but for "
+                f"rebalances under {REBALANCE_BLIP_S:.0f} s, here "
+                f"{sum(rebalance_blip(x) for x in w['outside_stretches'])}; "
                 f"{len(w['outside_stretches'])} stretch(es) outside, the longest {w['longest_outside_s']:.1f} s; "
                 f"{w['answers']} answers)",
             )
