@@ -809,3 +809,39 @@ def test_a_commit_given_up_on_leaves_no_failure_unretrieved():
 
     assert [c["message"] for c in asyncio.run(unretrieved(asyncio.wait_for))] == ["Task exception was never retrieved"]
     assert asyncio.run(unretrieved(within)) == []
+
+
+def test_a_commit_whose_caller_is_cancelled_is_left_to_its_owner():
+    """A route stopping while a commit waits on an absent coordinator: the commit is not
+    cancelled mid-request (aiokafka's shield would drop its failure); it is left in the
+    route's set, which the route cancels once its consumer stopped."""
+    import gc
+
+    from aiokafka.errors import KafkaError
+
+    from specmeter.streams.delivery.routes import within
+
+    async def shielded_commit() -> None:
+        async def request() -> None:
+            await asyncio.sleep(0.05)
+            raise KafkaError("the group coordinator is not available")
+
+        await asyncio.shield(request())
+
+    async def run() -> tuple[list[dict], bool]:
+        said: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: said.append(context))
+        left: set[asyncio.Future] = set()
+        caller = asyncio.ensure_future(within(shielded_commit(), 10, left))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        was_left = len(left) == 1 and not next(iter(left)).done()
+        await asyncio.sleep(0.1)  # the request ends on its own; its outcome is read
+        gc.collect()
+        await asyncio.sleep(0)
+        return said, was_left and not left
+
+    said, left_then_gone = asyncio.run(run())
+    assert said == [] and left_then_gone

@@ -236,7 +236,7 @@ def _rebalance_listener(route: InputRoute) -> Any:
     return Rebalance()
 
 
-async def within(awaitable: Awaitable[Any], timeout_s: float) -> Any:
+async def within(awaitable: Awaitable[Any], timeout_s: float, left: set[asyncio.Future] | None = None) -> Any:
     """``awaitable``'s result, or TimeoutError after ``timeout_s`` without cancelling it.
 
     For aiokafka's commits: ``commit_offsets`` shields its request, and a cancelled shield
@@ -244,18 +244,26 @@ async def within(awaitable: Awaitable[Any], timeout_s: float) -> Any:
     commit ``wait_for`` gave up on while the coordinator was away ended in "Task exception
     was never retrieved" and a traceback. The request ends on its own (aiokafka retries
     until the coordinator answers or the member is stale); its outcome is read and dropped.
+    One given up on (or whose caller was cancelled) is put in ``left``: its owner cancels
+    it once the consumer stopped, when no request of it is in flight any more.
     """
     task = asyncio.ensure_future(awaitable)
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
     except asyncio.CancelledError:
-        task.add_done_callback(_drop_outcome)
-        task.cancel()
+        _leave_running(task, left)
         raise
     if not done:
-        task.add_done_callback(_drop_outcome)
+        _leave_running(task, left)
         raise TimeoutError(f"no answer in {timeout_s:g} s")
     return task.result()
+
+
+def _leave_running(task: asyncio.Future, left: set[asyncio.Future] | None) -> None:
+    task.add_done_callback(_drop_outcome)
+    if left is not None:
+        left.add(task)
+        task.add_done_callback(left.discard)
 
 
 def _drop_outcome(task: asyncio.Future) -> None:
@@ -316,6 +324,8 @@ class InputRoute:
         self._commit_failures = 0
         #: the commit under way, beside the reading (one at a time)
         self._committing: asyncio.Task | None = None
+        #: commit requests given up on, still retrying: cancelled once the consumer stopped
+        self._left_running: set[asyncio.Future] = set()
         #: reads failed in a row (the first is said, the rest logged at debug)
         self._fetch_failures = 0
         #: the route stops applying input (the worker is stopping)
@@ -335,10 +345,16 @@ class InputRoute:
             await self._read(consumer)
         finally:
             self.consumer = None
-            if self._committing is not None:
-                self._committing.cancel()
             with contextlib.suppress(Exception):
                 await consumer.stop()  # leaves the group: its partitions move at once
+            # commits still retrying (a coordinator away) end only now: cancelled while one was
+            # in flight, aiokafka's shield would drop its outcome (``within``)
+            if self._committing is not None:
+                self._committing.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._committing
+            for request in list(self._left_running):
+                request.cancel()
 
     def _new_consumer(self) -> Any:
         """The route's consumer: a member of the stage's group, with the sticky assignor."""
@@ -509,7 +525,7 @@ class InputRoute:
 
         request = asyncio.ensure_future(consumer.commit({TP(t, p): offset for (t, p), offset in offsets.items()}))
         try:
-            await within(request, self.COMMIT_TIMEOUT_S)
+            await within(request, self.COMMIT_TIMEOUT_S, self._left_running)
         except TimeoutError as exc:  # still waiting for a coordinator: said, and no other commit until it ends
             self._commit_failures += 1
             (log.warning if self._commit_failures % 60 == 1 else log.debug)(
@@ -518,9 +534,10 @@ class InputRoute:
                 self.COMMIT_TIMEOUT_S,
                 exc,
             )
-            with contextlib.suppress(Exception):
+            try:
                 await request  # ends on its own: aiokafka retries until the coordinator answers
-            return
+            except Exception:  # noqa: BLE001 - the next interval commits
+                return
         except Exception as exc:  # noqa: BLE001 - a rebalance, a broker away: the next interval commits
             from aiokafka.errors import CommitFailedError
 
@@ -537,6 +554,7 @@ class InputRoute:
             )
             return
         self._committed.update(offsets)
+        self._commit_failures = 0  # the next outage is said again at once
 
     async def confirm_generation(self, partitions: Iterable[int]) -> Confirmed | None:
         """This member's group generation and when it was confirmed (wall clock, ms, taken
@@ -557,7 +575,7 @@ class InputRoute:
         offsets = await _committed_offsets(consumer, tps)
         generation, confirmed_at_ms = group_generation(consumer), int(time.time() * 1000)
         try:
-            await within(consumer.commit(offsets), self.COMMIT_TIMEOUT_S)
+            await within(consumer.commit(offsets), self.COMMIT_TIMEOUT_S, self._left_running)
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return None
