@@ -242,8 +242,9 @@ def test_the_workers_own_retry_lines_are_folded_and_nothing_else_of_it():
 
     unreachable = KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 45379, <AddressFamily.AF_INET: 2>)]")
     retry = logger.makeRecord(
-        logger.name, logging.WARNING, __file__, 1, "committing the input offsets failed: %r", (unreachable,), None
-    )
+        logger.name, logging.WARNING, __file__, 1,
+        "committing the offsets of %s failed (%r); retried", ("t.records", unreachable), None,
+    )  # fmt: skip
     assert folding.filter(retry) is False and outages.unreachable == ("broker at 127.0.0.1:45379",)
     stopped = logger.makeRecord(
         logger.name,

@@ -504,7 +504,7 @@ FOLDED_PREFIXES = ("aiokafka",)
 #: the worker's own lines that repeat at every try while Kafka is away (streams/worker/app.py);
 #: they are folded only when they name an unreachable endpoint
 WORKER_RETRIES = (
-    "committing the input offsets failed",
+    "committing the offsets of",
     "connecting the output producer failed",
 )
 #: the producer library's line at every retry of a delivery (producers/_publisher.py), folded

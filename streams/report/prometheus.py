@@ -305,7 +305,8 @@ def _kafka(shell: Any) -> Iterator[Any]:
     )
     yield GaugeMetricFamily(
         "specmeter_kafka_unreachable_endpoints",
-        "Kafka brokers (and the group coordinator) the worker cannot reach now.",
+        "Kafka endpoints the worker cannot use now: brokers it cannot reach, the group coordinator, and the "
+        "cluster while it refuses writes.",
         value=len(outages.unreachable),
     )
     yield CounterMetricFamily(
