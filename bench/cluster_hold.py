@@ -69,39 +69,11 @@ import msgspec
 from bench._common import add_json_flag, core_name, report
 from tests.support.golden_cases import assert_metrics_equal
 from tests.support.kafka_broker import KafkaCluster, local_broker_tools_missing
+from tests.support.readiness import PROBE_EVERY_S, ReadinessProbe, wait_ready_over_http
 from tests.support.tools import free_port, get_json
 from tests.support.worker_harness import Deployment, latest_by_batch
 
 PARTITIONS = 4
-#: readiness polled this often (a Kubernetes readiness probe's period is seconds)
-PROBE_EVERY_S = 0.5
-
-
-class ReadinessProbe:
-    """What a readiness probe sees: a worker's ``/specmeter/readyz`` twice a second
-    (as tests/test_cluster.py's), each answer with its time since ``t0``."""
-
-    def __init__(self, port: int, t0: float) -> None:
-        self.port, self.t0 = port, t0
-        self.answers: list[tuple[float, int, dict]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(PROBE_EVERY_S):
-            try:
-                status, body = get_json(self.port, "/specmeter/readyz")
-            except Exception as exc:  # noqa: BLE001 - no answer at all: as unready as it gets
-                status, body = 0, {"error": repr(exc)}
-            self.answers.append((time.monotonic() - self.t0, status, body))
-
-    def start(self) -> ReadinessProbe:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 @dataclasses.dataclass
@@ -252,18 +224,6 @@ def records_per_batch(sessions: int, seed: int, run_dir: Path) -> float:
     lines = dump.read_text().splitlines()
     dump.unlink()
     return sum(1 for line in lines if '"type":"marker"' not in line) / 4
-
-
-def wait_ready_over_http(port: int, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if get_json(port, "/specmeter/readyz")[0] == 200:
-                return
-        except Exception:  # noqa: BLE001 - not serving yet
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"the worker on port {port} never answered ready")
 
 
 def held_partitions(port: int) -> list[int] | None:
@@ -446,7 +406,7 @@ def main() -> None:
             procs.append(worker)
             d.wait_ready(worker, timeout_s=180)
         for port in ports:
-            wait_ready_over_http(port)
+            wait_ready_over_http(port, timeout_s=180.0)
         deadline = time.monotonic() + 120
         while not all(held_partitions(p) for p in ports) and time.monotonic() < deadline:
             time.sleep(1)  # the group's rebalance for the second worker

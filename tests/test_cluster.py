@@ -26,6 +26,7 @@ import pytest
 
 from .support.golden_cases import assert_metrics_equal
 from .support.kafka_helpers import read_topic
+from .support.readiness import ReadinessProbe, wait_ready_over_http
 from .support.tools import free_port, get_json
 from .support.worker_harness import Deployment, latest_by_batch
 
@@ -35,47 +36,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 BATCHES = 20
 SESSIONS_PER_BATCH = 200
 RATE = 300
-
-
-class ReadinessProbe:
-    """What Kubernetes' readiness probe would see: /specmeter/readyz twice a second."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.answers: list[tuple[float, int, dict]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                status, body = get_json(self.port, "/specmeter/readyz")
-            except OSError as exc:  # the page did not answer at all: as unready as it gets
-                status, body = 0, {"error": repr(exc)}
-            self.answers.append((time.monotonic(), status, body))
-
-    def start(self) -> ReadinessProbe:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def unready(self, since: float) -> list[tuple[float, int, dict]]:
-        return [a for a in self.answers if a[0] >= since and a[1] != 200]
-
-
-def _wait_ready_over_http(port: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if get_json(port, "/specmeter/readyz")[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("the worker never answered ready")
 
 
 def _clean_up(request, cluster, d: Deployment, probe: ReadinessProbe, *shown: object) -> None:
@@ -102,7 +62,7 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
     probe = ReadinessProbe(port)
     try:
         d.wait_ready(worker, timeout_s=120)
-        _wait_ready_over_http(port)
+        wait_ready_over_http(port)
         probe.start()
         expect = tmp_path / "expect.jsonl"
         loadgen = subprocess.Popen(
@@ -206,7 +166,7 @@ def test_not_ready_while_the_cluster_takes_no_write_and_ready_again_after(kafka_
     stopped: list[int] = []
     try:
         d.wait_ready(worker, timeout_s=120)
-        _wait_ready_over_http(port)
+        wait_ready_over_http(port)
 
         async def publish() -> None:  # records of a batch whose markers never come: it closes by timeout
             settings = PublisherSettings(bootstrap_servers=cluster.bootstrap, topic=d.topics.records, producer_id="p")
