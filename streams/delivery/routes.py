@@ -351,7 +351,7 @@ class InputRoute:
             # in flight, aiokafka's shield would drop its outcome (``within``)
             if self._committing is not None:
                 self._committing.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(asyncio.CancelledError):  # it catches every other error itself
                     await self._committing
             for request in list(self._left_running):
                 request.cancel()
