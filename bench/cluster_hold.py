@@ -39,8 +39,8 @@ published, both workers alive throughout (never restarted) and ready at the end.
 when a target is missed. The workers' logs are kept (their path is printed) and their
 WARNING/ERROR lines and tracebacks counted.
 
-``--smoke``: a 3.5-minute stream, the faults compressed (two brokers lost for 30 s,
-broker 1 away for 20 s, 10 s quiet at least between faults) and
+``--smoke``: a 2-minute stream, the faults compressed (two brokers lost for 20 s,
+broker 1 away for 15 s, 10 s quiet at least between faults) and
 ``--ready-write-timeout 10``, so the refused writes show within the short windows.
 """
 
@@ -108,10 +108,10 @@ class Fault:
 def schedule(stream_s: float, smoke: bool) -> list[Fault]:
     if smoke:
         return [
-            Fault("kill", (3, 2), at_s=15, down_s=30),
-            Fault("wipe", (2,), at_s=70, down_s=5),
-            Fault("kill", (1,), at_s=105, down_s=20),
-            Fault("kill", (1, 3), at_s=145, down_s=30),
+            Fault("kill", (3, 2), at_s=10, down_s=20),
+            Fault("wipe", (2,), at_s=45, down_s=5),
+            Fault("kill", (1,), at_s=70, down_s=15),
+            Fault("kill", (1, 3), at_s=100, down_s=20),
         ]
     return [
         Fault("kill", (3, 2), at_s=0.10 * stream_s, down_s=75),
@@ -372,10 +372,10 @@ def main() -> None:
         default=30.0,
         help="seconds after two lost brokers are back in which unreadiness is allowed",
     )
-    parser.add_argument("--smoke", action="store_true", help="a 3.5-minute stream, faults compressed")
+    parser.add_argument("--smoke", action="store_true", help="a 2-minute stream, faults compressed")
     add_json_flag(parser)
     args = parser.parse_args()
-    stream_s = 210.0 if args.smoke else args.minutes * 60
+    stream_s = 130.0 if args.smoke else args.minutes * 60
     write_timeout = 10.0 if args.smoke else args.ready_write_timeout
     quiet_s, sync_wait_s = (10.0, 60.0) if args.smoke else (60.0, 300.0)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # this process's readers and admin, brokers away

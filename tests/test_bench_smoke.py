@@ -15,18 +15,30 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 #: soak_latency has a test of its own below (its JSON is checked too)
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_") and p.stem != "soak_latency")
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+#: a smoke is a whole run (cluster_hold starts a cluster of its own: about 3 min on 2 cores);
+#: its own limit comes first, so a run that hangs fails with the tail of its output
+SMOKE_LIMIT_S = 480
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(SMOKE_LIMIT_S + 60)]
+
+
+def run_smoke(script: Path, kafka_bootstrap: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, str(script), "--smoke", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=SMOKE_LIMIT_S,
+            env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr or b""  # bytes on POSIX even with text=True
+        tail = (err.decode(errors="replace") if isinstance(err, bytes) else err)[-3000:]
+        pytest.fail(f"{script.name} --smoke ran past {SMOKE_LIMIT_S} s; its stderr ended:\n{tail}")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_benchmark_runs_at_smoke_size(script, kafka_bootstrap):
-    proc = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-    )
+    proc = run_smoke(script, kafka_bootstrap)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ratio" in proc.stderr
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -46,13 +58,7 @@ def test_benchmark_runs_at_smoke_size(script, kafka_bootstrap):
 def test_soak_latency_reports_every_batch_split_by_hop(kafka_bootstrap):
     """A few seconds of load: one JSON object with every batch's latency, its hops, the
     baseline and the worker's lag and memory series (issue #16)."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "soak_latency.py"), "--smoke", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-    )
+    proc = run_smoke(BENCH / "soak_latency.py", kafka_bootstrap)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["batches"] == result["batches_expected"] >= 3 and result["batches_without_metrics"] == 0
