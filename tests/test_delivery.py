@@ -845,3 +845,44 @@ def test_a_commit_whose_caller_is_cancelled_is_left_to_its_owner():
 
     said, left_then_gone = asyncio.run(run())
     assert said == [] and left_then_gone
+
+
+def test_a_generation_check_that_lands_late_does_not_leave_the_group_lag_behind(monkeypatch):
+    """A takeover's generation check commits the offsets it read before it was sent. One
+    given up on (the coordinator slow) lands whenever the coordinator answers, possibly
+    after the route committed newer checkpoints: the committed offset went back, and a
+    partition without new input would show that lag for good. The route commits its
+    checkpoints again at the next interval."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(3):
+        logs.append(R, 0, b"r")
+    release = asyncio.Event()
+    history: list[int] = []  # partition 0's committed offset after each commit, in order
+    held: list[bool] = []
+    commit = FakeConsumer.commit
+
+    async def first_commit_held(self, offsets):
+        if not held:  # the first takeover's generation check: no answer until released
+            held.append(True)
+            await release.wait()
+        await commit(self, offsets)
+        history.append(logs.committed[("g-stage1", R, 0)])
+
+    monkeypatch.setattr(FakeConsumer, "commit", first_commit_held)
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        for route in driver.routes:
+            route.COMMIT_TIMEOUT_S = 0.05
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])  # the check given up on; the takeover retried, and done
+        await _until(lambda: 3 in history)
+        release.set()  # the first check lands: offset 0, read before it was sent
+        await _until(lambda: 0 in history[history.index(3) :])
+        await asyncio.sleep(0.3)  # a few commit intervals, no new input
+        await driver.close()
+
+    asyncio.run(run())
+    assert history[-1] == 3, history

@@ -574,12 +574,24 @@ class InputRoute:
         tps = [TP(self.topic, p) for p in partitions]
         offsets = await _committed_offsets(consumer, tps)
         generation, confirmed_at_ms = group_generation(consumer), int(time.time() * 1000)
+        request = asyncio.ensure_future(consumer.commit(offsets))
+        request.add_done_callback(lambda done: self._recommit_after(done, offsets))
         try:
-            await within(consumer.commit(offsets), self.COMMIT_TIMEOUT_S, self._left_running)
+            await within(request, self.COMMIT_TIMEOUT_S, self._left_running)
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return None
         return Confirmed(generation, confirmed_at_ms)
+
+    def _recommit_after(self, request: asyncio.Future, offsets: Mapping[Any, int]) -> None:
+        """A generation check went through: its partitions' committed offsets are the ones
+        it read before it was sent, which may be older than a commit of this route's that
+        went through meanwhile (a check given up on lands whenever the coordinator
+        answers). The next interval commits their checkpoints again, so the group's lag
+        never stays behind for a partition without new input."""
+        if not request.cancelled() and request.exception() is None:
+            for tp in offsets:
+                self._committed.pop((tp.topic, tp.partition), None)
 
     def forget(self, partitions: Iterable[int]) -> None:
         for p in partitions:
