@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from specmeter.streams.settings import WorkerSettings
+
 from .support.golden_cases import assert_metrics_equal
 from .support.kafka_helpers import read_topic
 from .support.readiness import ReadinessProbe, wait_ready_over_http
@@ -54,7 +56,19 @@ def test_a_broker_replaced_with_an_empty_disk_a_rolling_restart_and_a_sigkill_mi
     kafka_cluster, tmp_path, request
 ):
     cluster = kafka_cluster
-    d = Deployment(cluster.bootstrap, batch_timeout_s=120.0, grace_s=300.0, session_timeout_s=10.0)
+    # the worker's default session timeout, as production runs it. When the broker that
+    # coordinates a group goes, another loads the group and expires every member that has
+    # not heartbeated it within the member's session timeout of the load (the brokers' log:
+    # "has failed, removing it from the group", 10.0 s after "Loaded classic group"). At the
+    # 10 s this test ran with before, one run of eight on two loaded cores lost that race:
+    # the group rebalanced and the worker said so for half a second, as at every rebalance
+    # (docs/operations.md), not because a broker was away
+    d = Deployment(
+        cluster.bootstrap,
+        batch_timeout_s=120.0,
+        grace_s=300.0,
+        session_timeout_s=WorkerSettings().session_timeout_s,
+    )
     # the worker creates every topic (records included) at the cluster's replication factor
     port = free_port()
     worker = d.start_worker("--web-port", str(port), "--web-host", "127.0.0.1")

@@ -75,7 +75,9 @@ def _topic_options(func):
     default=DEFAULTS.session_timeout_s,
     show_default=True,
     metavar="SECONDS",
-    help="How long a silent worker keeps its partitions before others take them.",
+    help="How long a silent worker keeps its partitions before others take them. Keep it well above the "
+    "brokers' session timeout (9 s): when a broker that coordinates the group goes, its successor expires "
+    "members that do not reach it within this, and the group rebalances.",
 )
 @click.option(
     "--ready-write-timeout",
