@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,8 @@ class Deployment:
     name: str = field(default_factory=lambda: f"it-{uuid.uuid4().hex[:8]}")
     workers: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    #: each worker's --data-dir, deleted with the deployment (its logs are kept)
+    data_dirs: list[Path] = field(default_factory=list)
 
     @property
     def topics(self) -> TopicNames:
@@ -78,6 +81,8 @@ class Deployment:
     def start_worker(self, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         t = self.topics
         log = Path(tempfile.mkstemp(prefix=f"{self.name}-worker-", suffix=".log")[1])
+        data_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-data-"))
+        self.data_dirs.append(data_dir)
         args = [
             sys.executable,
             "-m",
@@ -105,7 +110,7 @@ class Deployment:
             str(self.session_timeout_s),
             *(() if "--web-port" in extra else ("--no-web",)),
             "--data-dir",
-            tempfile.mkdtemp(prefix=f"{self.name}-data-"),
+            str(data_dir),
             *extra,
         ]
         with log.open("wb") as out:
@@ -145,12 +150,15 @@ class Deployment:
                 self.kill(proc)
 
     def close(self) -> None:
-        """Kill the workers and delete the deployment's topics: a broker that serves a whole
-        session (or many) holds a few files per partition, and a suite that leaves every
-        topic behind runs into the broker's open-file limit."""
+        """Kill the workers and delete the deployment's topics and data directories: a broker
+        that serves a whole session (or many) holds a few files per partition, and a suite
+        that leaves every topic behind runs into the broker's open-file limit. The logs stay
+        (a failed test prints them after this)."""
         for proc in self.workers:
             if proc.poll() is None:
                 self.kill(proc)
+        for data_dir in self.data_dirs:
+            shutil.rmtree(data_dir, ignore_errors=True)
         asyncio.run(delete_topics(self.bootstrap, self.topic_names()))
 
     def topic_names(self) -> list[str]:
