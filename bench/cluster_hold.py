@@ -3,7 +3,8 @@
 ready, except while the cluster truly refuses writes.
 
     python bench/cluster_hold.py [--minutes 30] [--rate 120] [--sessions-per-batch 40]
-                                 [--ready-write-timeout 30] [--drain-allowance 30] [--smoke] [--json]
+                                 [--ready-write-timeout 30] [--session-timeout 30] [--drain-allowance 30]
+                                 [--smoke] [--json]
 
 A private KRaft cluster (``deploy/kafka/broker cluster``: a controller and brokers 1, 2, 3,
 replication factor 3, ``min.insync.replicas=2``; its state in a temporary folder) and two
@@ -29,9 +30,13 @@ sees), from the moment both are ready to the end; its unready seconds inside the
 of two brokers lost (allowed: the cluster takes no write), in the ``--drain-allowance``
 seconds after those brokers are back (allowed: the writes queued meanwhile drain; how
 long it really took is printed) and anywhere else: target none, but for a rebalance of
-the group shorter than 5 s (the group coordinator's broker back from a restart makes the
-group rebalance once; a Kubernetes readiness probe, period 10 s and failureThreshold 3,
-never sees it). Each stretch elsewhere is printed with its time and the page's reason.
+the group shorter than 5 s (a group coordinator's move can make the group rebalance once,
+the likelier the shorter ``--session-timeout``; a Kubernetes readiness probe, period 10 s
+and failureThreshold 3, never sees it). The workers run at their default session timeout
+(30 s): at 10 s a rebalance right after two lost brokers are back, while the writes they
+refused drain, stopped a worker (its revoked partitions' writes were still in flight past
+half the session timeout, and it stops rather than let them land under the next owner).
+Each stretch elsewhere is printed with its time and the page's reason.
 When the stream has ended: every batch of
 the expect file published complete and exact (record count, invalid records, accept
 histogram, every metric), one content per (batch, revision) over every message
@@ -67,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 
 from bench._common import add_json_flag, core_name, report
+from specmeter.streams.settings import WorkerSettings
 from tests.support.golden_cases import assert_metrics_equal
 from tests.support.kafka_broker import KafkaCluster, local_broker_tools_missing
 from tests.support.readiness import PROBE_EVERY_S, ReadinessProbe, wait_ready_over_http
@@ -367,6 +373,13 @@ def main() -> None:
     parser.add_argument("--sessions-per-batch", type=int, default=40, help="loadgen's (about 7 records a session)")
     parser.add_argument("--ready-write-timeout", type=float, default=30.0, help="the workers' (their default: 30)")
     parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=WorkerSettings().session_timeout_s,
+        help="the workers' (their default); at 10 a group coordinator's move can expire a member and rebalance "
+        "the group, and a rebalance while writes drain after two brokers are back stops a worker",
+    )
+    parser.add_argument(
         "--drain-allowance",
         type=float,
         default=30.0,
@@ -397,7 +410,14 @@ def main() -> None:
         t = time.monotonic()
         bootstrap = cluster.start()
         figures["cluster_start_s"] = round(time.monotonic() - t, 1)
-        d = Deployment(bootstrap, partitions=PARTITIONS, batch_timeout_s=120.0, grace_s=300.0, session_timeout_s=10.0)
+        d = Deployment(
+            bootstrap,
+            partitions=PARTITIONS,
+            batch_timeout_s=120.0,
+            grace_s=300.0,
+            session_timeout_s=args.session_timeout,
+        )
+        figures["session_timeout_s"] = args.session_timeout
         ports = [free_port(), free_port()]
         for port in ports:  # one after the other: the first creates the topics
             worker = d.start_worker(
