@@ -417,7 +417,6 @@ def main() -> None:
             grace_s=300.0,
             session_timeout_s=args.session_timeout,
         )
-        figures["session_timeout_s"] = args.session_timeout
         ports = [free_port(), free_port()]
         for port in ports:  # one after the other: the first creates the topics
             worker = d.start_worker(
@@ -571,7 +570,8 @@ def main() -> None:
         (
             "run",
             f"2 workers, {PARTITIONS} partitions, brokers 1-3 (RF 3, min.insync 2), stream {stream_s / 60:.1f} min "
-            f"at {args.rate:g} records/s, --ready-write-timeout {write_timeout:g}"
+            f"at {args.rate:g} records/s, --ready-write-timeout {write_timeout:g}, "
+            f"--session-timeout {args.session_timeout:g}"
             f"{' (smoke)' if args.smoke else ''}",
         ),
         (
@@ -665,6 +665,7 @@ def main() -> None:
         "smoke": args.smoke,
         "rate": args.rate,
         "ready_write_timeout_s": write_timeout,
+        "session_timeout_s": args.session_timeout,
         "drain_allowance_s": args.drain_allowance,
         "faults": [{**dataclasses.asdict(f), "what": f.describe()} for f in faults],
         "readiness": windows,
