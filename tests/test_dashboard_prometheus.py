@@ -22,6 +22,7 @@ import time
 import urllib.request
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -307,13 +308,17 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
     # the window (rate() extrapolates each series to the window's ends on its own, so the
     # ratio of what the counters grew by is near it, not it: a series born late in a short
     # run, as a task's first batch on a worker, moves its ratio by a few per cent)
-    def samples(stem: str, by: str | None, index: int) -> dict[str | None, float]:
+    def family(stem: str, by: str | None, query: Callable[[str], str], read: Callable[[dict], float]) -> dict:
+        """What ``query`` makes of each series of a counter family, read and summed by label
+        ``by`` over both workers, the retracted series subtracted."""
         total: dict[str | None, float] = defaultdict(float)
         for name, sign in ((f"specmeter_{stem}_total", 1), (f"specmeter_{stem}_retracted_total", -1)):
-            for series in prom.query(f"{name}[{window}]", at):
-                key = series["metric"][by] if by else None
-                total[key] += sign * float(series["values"][index][1])
+            for series in prom.query(query(name), at):
+                total[series["metric"][by] if by else None] += sign * read(series)
         return dict(total)
+
+    def samples(stem: str, by: str | None, index: int) -> dict[str | None, float]:
+        return family(stem, by, lambda name: f"{name}[{window}]", lambda series: float(series["values"][index][1]))
 
     def grown(stem: str, by: str | None = None) -> dict[str | None, float]:
         last, first = samples(stem, by, -1), samples(stem, by, 0)
@@ -323,11 +328,7 @@ def test_every_dashboard_query_on_a_real_prometheus_scraping_two_workers(fleet):
         return samples(stem, by, 0)
 
     def rates(stem: str, by: str | None = None) -> dict[str | None, float]:
-        total: dict[str | None, float] = defaultdict(float)
-        for name, sign in ((f"specmeter_{stem}_total", 1), (f"specmeter_{stem}_retracted_total", -1)):
-            for series in prom.query(f"rate({name}[{window}])", at):
-                total[series["metric"][by] if by else None] += sign * float(series["value"][1])
-        return dict(total)
+        return family(stem, by, lambda name: f"rate({name}[{window}])", lambda series: float(series["value"][1]))
 
     def rate_of_sums(num: str, den: str, by: str | None = None) -> dict[str | None, float]:
         grew, over = rates(num, by), rates(den, by)
