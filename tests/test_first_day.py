@@ -333,7 +333,7 @@ def test_the_web_server_line_names_the_address_it_binds_and_the_default_is_loopb
 
     assert WorkerSettings().web_host == "127.0.0.1"
     with caplog.at_level(logging.INFO, logger="specmeter.worker"):
-        _say_web_server(WorkerSettings(web_host="0.0.0.0", web_port=6066))
+        _say_web_server(["0.0.0.0"], 6066)
     assert "http://0.0.0.0:6066 (every interface" in caplog.text, caplog.text
     help_text = CliRunner().invoke(main, ["worker", "--help"], terminal_width=200).output
     assert "0.0.0.0" in help_text and "127.0.0.1" in help_text

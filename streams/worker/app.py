@@ -52,7 +52,7 @@ from ..report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from ..settings import WorkerSettings
 from .faults import CrashPoints, WriteFaults, write_kind
 
-__all__ = ["build_app", "StreamShell"]
+__all__ = ["build_app", "StreamShell", "listening_hosts", "web_address"]
 
 log = logging.getLogger("specmeter.worker")
 
@@ -508,6 +508,43 @@ def faust_security_kwargs(security: KafkaSecurity) -> dict[str, Any]:
     return {"broker_credentials": ssl_context}
 
 
+def listening_hosts(port: int) -> list[str]:
+    """The addresses this process accepts TCP connections on at ``port``, read from its own
+    listening sockets, as ``ss -ltn`` shows them: what the settings say is not where a
+    server listens (Faust bound every interface while the settings said 127.0.0.1, issue
+    47.0). Empty where the process's descriptors cannot be listed (no /dev/fd)."""
+    try:
+        descriptors = os.listdir("/dev/fd")
+    except OSError:
+        return []
+    hosts = (_listening_host(int(fd), port) for fd in descriptors if fd.isdigit())
+    return sorted({host for host in hosts if host is not None})
+
+
+def _listening_host(fd: int, port: int) -> str | None:
+    """The host a listening TCP socket at ``fd`` is bound to at ``port``; None for any other
+    descriptor (a file, a connection, another port, one closed meanwhile)."""
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return None
+        with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: the server's own stays open
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if not listening or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            host, bound_port = sock.getsockname()[:2]
+    except OSError:
+        return None
+    return str(host) if bound_port == port else None
+
+
+def web_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def boot_strategy() -> type:
     """Faust's services less every Kafka client of its own (consumer, producer, tables) and
     its sensors: the app's lifecycle, timers and web server are what the worker uses.
@@ -535,6 +572,9 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         store="memory://",
         web_enabled=settings.web_enabled,
         web_host=settings.web_host,
+        # the address the server binds: Faust's own default (web_bind) is every interface,
+        # whatever web_host says (issue 47.0: it logged 127.0.0.1 and listened on 0.0.0.0)
+        web_bind=settings.web_host or "0.0.0.0",
         # off, the port is never bound: 0 ("any free port") would fail Faust's range check
         web_port=settings.web_port if settings.web_enabled else WorkerSettings().web_port,
         web_router_enabled=False,
@@ -578,6 +618,8 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
                 # rebalances: partitions restored from their changelog or kept, the longest a
                 # restore held the event loop, skipped offsets checked and fencings
                 "delivery": shell.delivery_stats(),
+                # where the web server listens, read from its listening sockets (not the settings)
+                "web_listening": [web_address(h, settings.web_port) for h in listening_hosts(settings.web_port)],
             }
         )
 

@@ -7,13 +7,15 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 
 from ..report.log_lines import bound_log_lines
 from ..report.outages import fold_outage_logs
 from ..settings import WorkerSettings
-from .app import build_app
+from .app import build_app, listening_hosts, web_address
 from .topics import ensure_topics
 
 __all__ = ["run_worker"]
@@ -66,7 +68,7 @@ def run_worker(settings: WorkerSettings) -> None:
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
     if settings.web_enabled:
-        _say_web_server(settings)
+        app.task(_web_server_said(settings.web_host, settings.web_port))
     worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
@@ -132,16 +134,27 @@ def _private_data_dir(path: str) -> None:
         )
 
 
-def _say_web_server(settings: WorkerSettings) -> None:
-    """Where the web server answers: the address it binds, and for a wildcard how to reach it here."""
-    wildcard = settings.web_host in ("0.0.0.0", "::", "")
-    host = settings.web_host or "0.0.0.0"
-    shown = f"[{host}]" if ":" in host else host
+def _web_server_said(host: str, port: int) -> Callable[[], Coroutine[Any, Any, None]]:
+    """An app task: once the web server listens, the line that says where, read from its
+    listening sockets (issue 47.0: it said 127.0.0.1 while Faust listened on 0.0.0.0)."""
+
+    async def say_web_server() -> None:
+        hosts = listening_hosts(port)
+        if not hosts:  # descriptors that cannot be listed here: what was asked for, said so
+            log.warning("web server: its listening socket could not be read; asked to bind %s:%d", host, port)
+            return
+        _say_web_server(hosts, port)
+
+    return say_web_server
+
+
+def _say_web_server(hosts: list[str], port: int) -> None:
+    """Where the web server answers: the addresses it listens on, and for a wildcard how to reach it here."""
+    wildcard = any(host in ("0.0.0.0", "::") for host in hosts)
     log.info(
-        "web server on http://%s:%d%s: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
-        shown,
-        settings.web_port,
-        f" (every interface; from this machine http://127.0.0.1:{settings.web_port})" if wildcard else "",
+        "web server on %s%s: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
+        ", ".join(f"http://{web_address(host, port)}" for host in hosts),
+        f" (every interface; from this machine http://127.0.0.1:{port})" if wildcard else "",
     )
 
 
