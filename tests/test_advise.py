@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
@@ -696,3 +699,117 @@ def test_the_plot_draws_the_speedups_per_group_and_the_staleness_curve(tmp_path)
         (pytest.approx(x, abs=0.01), pytest.approx(y, abs=0.002))
         for x, y in [(0, 0.9), (1, 0.7), (2, 37 / 75), (3, 0.3)]
     ]
+
+
+# -- issue 47.5: the rough edges ---------------------------------------------------------------
+def test_a_plot_into_a_missing_folder_is_refused_before_anything_is_read(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(encode_metrics(batch("step-1", [2, 1, 1])) + b"\n")
+    missing = tmp_path / "no" / "such" / "x.svg"
+    result = run_specmeter("advise", str(path), "--draft-cost", "0.1", "--plot", str(missing))
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "", "refused before the advice"
+    assert result.stderr.splitlines() == [
+        f"specmeter advise: --plot {missing}: the folder {missing.parent} does not exist",
+        "  create it first, or give a FILE.svg in another folder",
+    ]
+    # before the work: no broker is asked (nothing listens at port 9 of this machine)
+    result = run_specmeter("advise", "--broker", "127.0.0.1:9", "--plot", str(missing))
+    assert result.returncode == 2 and "does not exist" in result.stderr and "broker" not in result.stderr
+
+
+@pytest.mark.parametrize("columns", ["80", "40"])
+def test_engine_command_lines_are_never_wrapped_in_a_file_or_pipe(tmp_path, columns):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(encode_metrics(batch("step-1", [10, 10, 10, 10, 30])) + b"\n")
+    result = run_specmeter("advise", str(path), "--draft-cost", "0.01", env={"COLUMNS": columns})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "  SGLang: --speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5" in lines
+    assert "  vLLM: --speculative-config '{..., \"num_speculative_tokens\": 4}' (keep your method and model)" in lines
+    assert any(line.startswith("  TensorRT-LLM: max_draft_len=4 in speculative_config (e.g. Eagle3") for line in lines)
+
+
+def test_a_huge_refresh_cost_is_printed_in_scientific_notation(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(encode_metrics(m) + b"\n" for m in lag_batches()))
+    args = ["advise", str(path), "--by", "draft_lag", "--refresh-cost", "1e300"]
+    result = CliRunner().invoke(main, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    # A(4) = (1e300 + 570) / 4, A(1) = 1e300 + 100: the longest interval the lags allow
+    assert "at 2.5e+299 verify steps per update on average (every update: 1e+300; every 4: 2.5e+299)" in text
+    assert max(len(run) for run in re.findall(r"[\d,]+", text)) < 20, "no 300-digit number"
+    # an ordinary cost prints as it did
+    ordinary = CliRunner().invoke(main, [*args[:-1], "100"], env={"COLUMNS": "200"})
+    assert "at 156.7 verify steps per update on average (every update: 200.0; every 4: 167.5)" in " ".join(
+        ordinary.output.split()
+    )
+
+
+def test_the_matrix_and_the_staleness_table_say_which_verify_steps_they_count(tmp_path):
+    """Issue 47.5: at lag 0 the matrix said 4,234 verify steps and the staleness table 4,218.
+    The matrix counts the steps in the lags' histograms (lag 0: [0, 2, 3] + [0, 1, 4], 10
+    steps), the staleness table spec/paired_verify_total (50 + 50): two quantities, each named."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(encode_metrics(m) + b"\n" for m in lag_batches()))
+    result = CliRunner().invoke(main, ["advise", str(path), "--by", "draft_lag"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if line.split()[:2] == ["draft", "lag"] and "accept rate" in line)
+    assert "paired verify steps" in header
+    rows = [line.split() for line in lines if line.split()[:1] == ["0"]]
+    assert [row[1] for row in rows] == ["10", "100"], "the matrix's row, then the staleness table's"
+    text = " ".join(result.output.split())
+    assert "the matrix counts the steps in the acceptance histograms" in text
+    assert "paired verify steps are spec/paired_verify_total" in text
+    # advice without a staleness table has no such note
+    plain = CliRunner().invoke(main, ["advise", str(path)], env={"COLUMNS": "200"})
+    assert plain.exit_code == 0 and "paired verify" not in plain.output
+
+
+def test_metrics_on_stdin_are_read_without_a_dash(tmp_path):
+    """Issue 47.5: `specmeter advise < metrics.jsonl` ignored stdin and asked the default broker."""
+    metrics = b"".join(encode_metrics(m) + b"\n" for m in (batch("step-1", [2, 1, 1]), batch("step-2", [4, 2, 2])))
+    piped = run_specmeter("advise", "--json", input=metrics.decode())
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["curves"][0]["accept_histogram"] == [6, 3, 3]
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(metrics)
+    with path.open("rb") as redirected:
+        result = subprocess.run(
+            [sys.executable, "-m", "specmeter.streams.cli", "advise", "--json"],
+            stdin=redirected,
+            capture_output=True,
+            timeout=90,
+        )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["batches"] == ["step-1", "step-2"]
+    # a broker named: the topic is read, stdin is not (nothing listens at port 9)
+    named = run_specmeter("advise", "--broker", "127.0.0.1:9", input=metrics.decode())
+    assert named.returncode == 1 and "no Kafka broker answers at 127.0.0.1:9" in named.stderr
+
+
+def test_the_plot_rings_each_recommended_budget_and_names_the_lags(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    path, svg = tmp_path / "metrics.jsonl", tmp_path / "advice.svg"
+    path.write_bytes(b"".join(encode_metrics(m) + b"\n" for m in lag_batches()))
+    args = ["advise", str(path), "--by", "draft_lag", "--draft-cost", "0.1", "--plot", str(svg)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    advice = advise(lag_batches(), by="draft_lag", draft_cost=0.1)
+    ns = "{http://www.w3.org/2000/svg}"
+    panel = next(g for g in ET.fromstring(svg.read_text()).iter(f"{ns}g") if g.get("class") == "panel")
+    rings = {c.get("data-name"): c for c in panel.iter(f"{ns}circle") if c.get("class") == "recommended"}
+    assert {name: int(c.get("data-budget")) for name, c in rings.items()} == {
+        str(c.group): c.best for c in advice.curves
+    }
+    points = {  # each series' points in pixels
+        line.get("data-name"): [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+        for line in panel.iter(f"{ns}polyline")
+    }
+    for name, ring in rings.items():
+        at = points[name][int(ring.get("data-budget"))]
+        assert (float(ring.get("cx")), float(ring.get("cy"))) == at, "around the recommended budget's point"
+    legend = [t.text for t in panel.iter(f"{ns}text") if t.get("class") == "legend"]
+    assert legend == ["lag 0", "lag 1", "lag 2", "lag 3", "recommended budget"]

@@ -28,6 +28,8 @@ so. With ``by="draft_lag"`` the staleness curve and the refresh interval follow
 from __future__ import annotations
 
 import math
+import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from typing import IO, Any
 
 import click
 import msgspec
+from click.core import ParameterSource
 
 from specmeter.schemas import BatchMetrics, decode_metrics
 
@@ -702,6 +705,13 @@ def _not_metrics(name: str, where: str, exc: Exception) -> AdviceError:
 # -- the terminal output: one table per curve or one matrix of groups, the recommendation,
 # the engine settings, the staleness curve, and what the curve can say --
 
+
+class Verbatim(str):
+    """A line printed as it is, never wrapped at the console's width (an engine's command
+    line: wrapped at 80 columns in a file or pipe, it split in two, issue 47.5); a terminal
+    still folds it visually, and copies it whole."""
+
+
 #: the engines' names as printed, in the order of ``engine_settings``
 ENGINES = {"sglang": "SGLang", "vllm": "vLLM", "tensorrt_llm": "TensorRT-LLM"}
 
@@ -822,7 +832,8 @@ def _staleness_table(s: Staleness) -> Any:
         pad_edge=False,
         title_justify="left",
     )
-    for name in ("draft lag", "verify steps", "accept rate", "tokens/verify"):
+    # paired: spec/paired_verify_total, not the matrix's histogram steps (``_VERIFY_STEPS_NOTE``)
+    for name in ("draft lag", "paired verify steps", "accept rate", "tokens/verify"):
         table.add_column(name, justify="right")
     for p in s.points:
         table.add_row(
@@ -855,12 +866,30 @@ def advice_notes(advice: Advice) -> list[str]:
     by = f", one curve per {advice.by.replace('_', ' ')}" if advice.by else ""
     return [
         f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}",
+        *_verify_steps_notes(advice),
         *_recommendation_notes(advice),
         *_refresh_notes(advice.staleness),
         *_skipped_notes(advice),
         f"The curve is {CAVEAT}.",
         _cost_note(advice.draft_cost),
     ]
+
+
+#: why the matrix's and the staleness table's verify steps of one lag differ (issue 47.5:
+#: 4,234 against 4,218 at lag 0, unexplained)
+_VERIFY_STEPS_NOTE = (
+    "Verify steps: the matrix counts the steps in the acceptance histograms (the generations that reported "
+    "one: the curves' data); the staleness table's paired verify steps are spec/paired_verify_total (the "
+    "generations that reported both verify and completion: tokens/verify's denominator). They differ by the "
+    "generations that reported only one of the two, and by histograms that contradict their own counters "
+    "(spec/inconsistent_generation_count)."
+)
+
+
+def _verify_steps_notes(advice: Advice) -> list[str]:
+    """What each table's verify steps count, where a lag's two counts are printed side by side."""
+    both = advice.curves and advice.staleness is not None and advice.staleness.points
+    return [_VERIFY_STEPS_NOTE] if both else []
 
 
 def _recommendation_notes(advice: Advice) -> list[str]:
@@ -882,7 +911,7 @@ def _recommendation_notes(advice: Advice) -> list[str]:
         groups = "" if advice.by is None else f" ({kind} {', '.join(budgets[budget])})"
         title = "speculation off" if budget == 0 else f"k={budget}"
         lines.append(f"Engine settings for {title}{groups}, a chain drafter:")
-        lines += [f"  {ENGINES[engine]}: {text}" for engine, text in engine_settings(budget).items()]
+        lines += [Verbatim(f"  {ENGINES[engine]}: {text}") for engine, text in engine_settings(budget).items()]
     return lines
 
 
@@ -929,11 +958,11 @@ def _refresh_notes(s: Staleness | None) -> list[str]:
             "Pass --refresh-cost R (one draft refresh, in verify steps: docs/advise.md) for the number of "
             "policy updates after which a refresh pays for itself."
         ]
-    n = plan.every
+    n, steps = plan.every, _verify_steps_text
     lines = [
         f"Refresh the draft every {n} policy update(s): a refresh of {plan.refresh_cost:g} verify steps pays for "
-        f"itself after {n} update(s), at {plan.averages[n - 1]:,.1f} verify steps per update on average "
-        f"(every update: {plan.averages[0]:,.1f}; every {len(plan.averages)}: {plan.averages[-1]:,.1f}), "
+        f"itself after {n} update(s), at {steps(plan.averages[n - 1])} verify steps per update on average "
+        f"(every update: {steps(plan.averages[0])}; every {len(plan.averages)}: {steps(plan.averages[-1])}), "
         f"with {plan.tokens_per_update:,.0f} tokens per update.",
     ]
     if plan.at_edge:
@@ -942,6 +971,17 @@ def _refresh_notes(s: Staleness | None) -> list[str]:
             "still, but that is beyond the data."
         )
     return lines
+
+
+#: an average cost of verify steps at or above this is printed in scientific notation
+_SCIENTIFIC_FROM = 1e12
+
+
+def _verify_steps_text(value: float) -> str:
+    """An average cost in verify steps: one decimal with thousands separators, or, from
+    ``_SCIENTIFIC_FROM`` up (a refresh cost such as 1e300), scientific notation, never a
+    300-digit number (issue 47.5)."""
+    return f"{value:,.1f}" if abs(value) < _SCIENTIFIC_FROM else f"{value:.4g}"
 
 
 def _skipped_notes(advice: Advice) -> list[str]:
@@ -1088,7 +1128,8 @@ def advise_command(
 
     Reads published metrics: FILE (BatchMetrics JSON lines, e.g. `specmeter
     aggregate --format jsonl` or `specmeter tail --json` output; '-' for stdin),
-    or without FILE the metrics topic at --broker. Sums the acceptance
+    stdin when it is a pipe or a file and no FILE, --broker or --topic is given
+    (`advise < metrics.jsonl`), or else the metrics topic at --broker. Sums the acceptance
     histograms of the run's last --last batches (never averaging curves) and
     prints, per budget k up to the one the fleet ran, the tokens per verify
     step it would have given (docs/contract.md, draft budget); with
@@ -1100,24 +1141,63 @@ def advise_command(
     """
     if refresh_cost is not None and by != "draft_lag":
         raise OptionRefused("--refresh-cost needs --by draft_lag (the staleness curve it is weighed against)")
-    if plot is not None and not plot.lower().endswith(".svg"):
-        raise OptionRefused(f"--plot writes an SVG file: give a FILE ending in .svg, not {plot!r}")
+    if plot is not None:
+        _check_plot(plot)
+    if file is None and _stdin_meant(click.get_current_context()):
+        file = click.get_binary_stream("stdin")
     if file is not None:
         metrics: Iterable[BatchMetrics] = metrics_from_lines(file, input_name(file))
     else:
         metrics = _read_topic(broker, topic)
     advice = advise(metrics, run_id=run_id, last=last, by=by, draft_cost=draft_cost, refresh_cost=refresh_cost)
     if plot is not None:
-        from .advise_plot import advice_svg
-
-        with open(plot, "w", encoding="utf-8") as out:
-            out.write(advice_svg(advice))
+        _write_plot(plot, advice)
     if as_json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(advice.as_document()), indent=2) + b"\n")
         return
     _print_advice(advice)
     if plot is not None:
         click.echo(f"plot written to {plot}")
+
+
+def _check_plot(plot: str) -> None:
+    """``--plot``: an SVG file in a folder that exists and can be written, checked before
+    anything is read (issue 47.5: a missing folder was a traceback after the advice)."""
+    if not plot.lower().endswith(".svg"):
+        raise OptionRefused(f"--plot writes an SVG file: give a FILE ending in .svg, not {plot!r}")
+    folder = os.path.dirname(os.path.abspath(plot))
+    if not os.path.isdir(folder):
+        fix = "create it first, or give a FILE.svg in another folder"
+        raise OptionRefused(f"--plot {plot}: the folder {folder} does not exist", fix)
+    if not os.access(folder, os.W_OK) or (os.path.exists(plot) and not os.access(plot, os.W_OK)):
+        raise OptionRefused(f"--plot {plot}: permission denied", "give a FILE.svg in a folder you can write to")
+
+
+def _write_plot(plot: str, advice: Advice) -> None:
+    """The plot written; a failure checked for before (the folder gone meanwhile, a full
+    disk) said in one line."""
+    from .advise_plot import advice_svg
+
+    try:
+        with open(plot, "w", encoding="utf-8") as out:
+            out.write(advice_svg(advice))
+    except OSError as exc:
+        raise CommandFailed(f"cannot write --plot {plot}: {exc.strerror}", "give another FILE.svg") from None
+
+
+def _stdin_meant(ctx: click.Context) -> bool:
+    """Whether the metrics come on stdin though no FILE says '-': stdin is a pipe or a
+    redirected file (``advise < metrics.jsonl``, issue 47.5: it was ignored for the default
+    broker) and neither --broker nor --topic (nor their variables) names a topic to read.
+    A terminal, /dev/null or a closed stdin is not input."""
+    named = ("broker", "topic")
+    if any(ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None) for name in named):
+        return False
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def _print_advice(advice: Advice) -> None:
@@ -1131,7 +1211,7 @@ def _print_advice(advice: Advice) -> None:
     for table in advice_tables(advice):
         console.print(table)
     for line in rest:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=isinstance(line, Verbatim))
 
 
 def _read_topic(broker: str, topic: str) -> list[BatchMetrics]:

@@ -5,7 +5,9 @@ tokens per verify step without a draft cost), budget 0 (no speculation, 1.0) inc
 with ``--by draft_lag`` the staleness curve, tokens per verify step and accept rate
 against the draft lag. Each panel's ``<g class="panel">`` carries its data ranges and its
 plot area in pixels (``data-x-min`` .. ``data-bottom``), and each series is one
-``<polyline class="series" data-name=...>``, so the values can be read back exactly:
+``<polyline class="series" data-name=...>`` (its legend says ``lag N`` for a draft lag),
+and each recommended budget a ``<circle class="recommended" data-name=... data-budget=...>``
+ring around its point, so the values can be read back exactly:
 ``x = x_min + (px - left) / (right - left) * (x_max - x_min)``, and likewise y from the
 bottom up (tests/test_advise.py does).
 """
@@ -29,6 +31,8 @@ _MARGINS = (64, 36, 180, 44)
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
 
 Series = tuple[str, list[tuple[float, float]]]
+#: a series' legend label and the point to ring as recommended (None: none), by series name
+Labels = dict[str, tuple[str, tuple[float, float] | None]]
 
 
 def _nice_ceiling(value: float) -> float:
@@ -39,8 +43,11 @@ def _nice_ceiling(value: float) -> float:
     return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= value)
 
 
-def _panel(top: float, title: str, x_label: str, y_label: str, series: Sequence[Series]) -> list[str]:
-    """One panel at ``top`` pixels: axes, ticks, one polyline (and its points) per series, a legend."""
+def _panel(
+    top: float, title: str, x_label: str, y_label: str, series: Sequence[Series], labels: Labels | None = None
+) -> list[str]:
+    """One panel at ``top`` pixels: axes, ticks, one polyline (and its points) per series, a
+    legend (``labels``: a series' legend text, and its recommended point, ringed)."""
     xs = [x for _, points in series for x, _ in points]
     ys = [y for _, points in series for _, y in points]
     x_min, x_max = min(xs), max(xs)
@@ -78,6 +85,7 @@ def _panel(top: float, title: str, x_label: str, y_label: str, series: Sequence[
         f'<text x="14" y="{(area_top + bottom) / 2:g}" font-size="12" text-anchor="middle" '
         f'transform="rotate(-90 14 {(area_top + bottom) / 2:g})">{escape(y_label)}</text>'
     )
+    labels = labels or {}
     for i, (name, points) in enumerate(series):
         colour = _COLOURS[i % len(_COLOURS)]
         coords = " ".join(f"{px(x):.2f},{py(y):.2f}" for x, y in points)
@@ -90,14 +98,49 @@ def _panel(top: float, title: str, x_label: str, y_label: str, series: Sequence[
                 f'<circle cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" fill="{colour}">'
                 f"<title>{escape(name)}: {x:g}, {y:.4g}</title></circle>"
             )
-        legend_y = area_top + 14 * i + 6
-        out.append(
-            f'<line x1="{right + 12:g}" y1="{legend_y:g}" x2="{right + 30:g}" y2="{legend_y:g}" '
-            f'stroke="{colour}" stroke-width="2"/>'
-        )
-        out.append(f'<text x="{right + 36:g}" y="{legend_y + 4:g}" font-size="11">{escape(name)}</text>')
+        label, best = labels.get(name, (name, None))
+        if best is not None:
+            out.append(_ring(name, label, colour, best, px(best[0]), py(best[1])))
+        out += _legend_entry(label, colour, right, area_top + 14 * i + 6)
+    if any(best is not None for _, best in labels.values()):
+        out += _ring_legend(right, area_top + 14 * len(series) + 6)
     out.append("</g>")
     return out
+
+
+def _ring(name: str, label: str, colour: str, best: tuple[float, float], cx: float, cy: float) -> str:
+    """The recommended budget of a series, ringed in its colour (``class="recommended"``,
+    ``data-budget``: read back by the tests)."""
+    return (
+        f'<circle class="recommended" data-name="{escape(name)}" data-budget="{best[0]:g}" cx="{cx:.2f}" '
+        f'cy="{cy:.2f}" r="7" fill="none" stroke="{colour}" stroke-width="2">'
+        f"<title>{escape(label)}: recommended k={best[0]:g}, {best[1]:.4g}</title></circle>"
+    )
+
+
+def _legend_entry(label: str, colour: str, right: float, legend_y: float) -> list[str]:
+    return [
+        f'<line x1="{right + 12:g}" y1="{legend_y:g}" x2="{right + 30:g}" y2="{legend_y:g}" '
+        f'stroke="{colour}" stroke-width="2"/>',
+        f'<text class="legend" x="{right + 36:g}" y="{legend_y + 4:g}" font-size="11">{escape(label)}</text>',
+    ]
+
+
+def _ring_legend(right: float, legend_y: float) -> list[str]:
+    """What a ring means, under the series' entries."""
+    return [
+        f'<circle cx="{right + 21:g}" cy="{legend_y:g}" r="6" fill="none" stroke="#000" stroke-width="2"/>',
+        f'<text class="legend" x="{right + 36:g}" y="{legend_y + 4:g}" font-size="11">recommended budget</text>',
+    ]
+
+
+def _series_label(by: str | None, group: object) -> str:
+    """A curve's legend label: its task or weight version, ``lag N`` for a draft lag (a bare
+    number said nothing, issue 47.5)."""
+    if by is None:
+        return "all generations"
+    name = "(unknown)" if group is None else str(group)
+    return f"lag {name}" if by == "draft_lag" else name
 
 
 def advice_svg(advice: Advice) -> str:
@@ -105,17 +148,21 @@ def advice_svg(advice: Advice) -> str:
     from .advise import BudgetPoint
 
     costed = advice.draft_cost is not None
-    panels: list[tuple[str, str, str, list[Series]]] = []
+    panels: list[tuple[str, str, str, list[Series], Labels]] = []
     if advice.curves:
         series: list[Series] = []
+        labels: Labels = {}
         for curve in advice.curves:
             name = (
                 "all generations" if advice.by is None else ("(unknown)" if curve.group is None else str(curve.group))
             )
             points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
-            series.append((name, [(p.budget, (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]))
+            xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
+            series.append((name, xy))
+            labels[name] = (_series_label(advice.by, curve.group), None if curve.best is None else xy[curve.best])
         title = f"speedup at draft cost c={advice.draft_cost:g}" if costed else "tokens per verify step"
-        panels.append((title + " by budget", "budget k (draft tokens per step; 0: no speculation)", title, series))
+        x_label = "budget k (draft tokens per step; 0: no speculation)"
+        panels.append((title + " by budget", x_label, title, series, labels))
     stale = advice.staleness
     known = [p for p in stale.points if p.draft_lag is not None] if stale is not None else []
     tokens = [(float(p.draft_lag), p.tokens_per_verify) for p in known if p.tokens_per_verify is not None]  # type: ignore[arg-type]
@@ -127,6 +174,7 @@ def advice_svg(advice: Advice) -> str:
                 "draft lag (policy updates behind)",
                 "tokens/verify",
                 [("tokens per verify step", tokens)],
+                {},
             )
         )
     if rates:
@@ -136,12 +184,13 @@ def advice_svg(advice: Advice) -> str:
                 "draft lag (policy updates behind)",
                 "accept rate",
                 [("accept rate", rates)],
+                {},
             )
         )
     height = PANEL_HEIGHT * max(1, len(panels))
     body: list[str] = []
-    for i, (title, x_label, y_label, series) in enumerate(panels):
-        body += _panel(i * PANEL_HEIGHT, title, x_label, y_label, series)
+    for i, (title, x_label, y_label, series, labels) in enumerate(panels):
+        body += _panel(i * PANEL_HEIGHT, title, x_label, y_label, series, labels)
     return "\n".join(
         [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{PANEL_WIDTH}" height="{height}" '
