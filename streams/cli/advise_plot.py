@@ -15,7 +15,7 @@ bottom up (tests/test_advise.py does).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -85,7 +85,22 @@ def _panel(
         f'<text x="14" y="{(area_top + bottom) / 2:g}" font-size="12" text-anchor="middle" '
         f'transform="rotate(-90 14 {(area_top + bottom) / 2:g})">{escape(y_label)}</text>'
     )
-    labels = labels or {}
+    out += _drawn_series(series, labels or {}, px, py, (right, area_top))
+    out.append("</g>")
+    return out
+
+
+def _drawn_series(
+    series: Sequence[Series],
+    labels: Labels,
+    px: Callable[[float], float],
+    py: Callable[[float], float],
+    legend_at: tuple[float, float],
+) -> list[str]:
+    """Each series' polyline, its points, its recommended point ringed and its legend entry
+    (at ``legend_at``: the plot's right edge and top), then what a ring means."""
+    out: list[str] = []
+    right, area_top = legend_at
     for i, (name, points) in enumerate(series):
         colour = _COLOURS[i % len(_COLOURS)]
         coords = " ".join(f"{px(x):.2f},{py(y):.2f}" for x, y in points)
@@ -104,7 +119,6 @@ def _panel(
         out += _legend_entry(label, colour, right, area_top + 14 * i + 6)
     if any(best is not None for _, best in labels.values()):
         out += _ring_legend(right, area_top + 14 * len(series) + 6)
-    out.append("</g>")
     return out
 
 
@@ -143,50 +157,48 @@ def _series_label(by: str | None, group: object) -> str:
     return f"lag {name}" if by == "draft_lag" else name
 
 
-def advice_svg(advice: Advice) -> str:
-    """The advice's curves (and staleness curve) as one SVG document."""
+Panel = tuple[str, str, str, list[Series], Labels]
+
+
+def _budget_panel(advice: Advice) -> list[Panel]:
+    """The speedup (tokens per verify step without a draft cost) against the budget, a
+    series per group, each recommended budget ringed; none without a curve."""
     from .advise import BudgetPoint
 
+    if not advice.curves:
+        return []
     costed = advice.draft_cost is not None
-    panels: list[tuple[str, str, str, list[Series], Labels]] = []
-    if advice.curves:
-        series: list[Series] = []
-        labels: Labels = {}
-        for curve in advice.curves:
-            name = (
-                "all generations" if advice.by is None else ("(unknown)" if curve.group is None else str(curve.group))
-            )
-            points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
-            xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
-            series.append((name, xy))
-            labels[name] = (_series_label(advice.by, curve.group), None if curve.best is None else xy[curve.best])
-        title = f"speedup at draft cost c={advice.draft_cost:g}" if costed else "tokens per verify step"
-        x_label = "budget k (draft tokens per step; 0: no speculation)"
-        panels.append((title + " by budget", x_label, title, series, labels))
+    series: list[Series] = []
+    labels: Labels = {}
+    for curve in advice.curves:
+        name = "all generations" if advice.by is None else ("(unknown)" if curve.group is None else str(curve.group))
+        points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
+        xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
+        series.append((name, xy))
+        labels[name] = (_series_label(advice.by, curve.group), None if curve.best is None else xy[curve.best])
+    title = f"speedup at draft cost c={advice.draft_cost:g}" if costed else "tokens per verify step"
+    return [(title + " by budget", "budget k (draft tokens per step; 0: no speculation)", title, series, labels)]
+
+
+def _staleness_panels(advice: Advice) -> list[Panel]:
+    """Tokens per verify step and accept rate against the draft lag, each where measured."""
     stale = advice.staleness
     known = [p for p in stale.points if p.draft_lag is not None] if stale is not None else []
     tokens = [(float(p.draft_lag), p.tokens_per_verify) for p in known if p.tokens_per_verify is not None]  # type: ignore[arg-type]
     rates = [(float(p.draft_lag), p.accept_rate) for p in known if p.accept_rate is not None]  # type: ignore[arg-type]
+    lag = "draft lag (policy updates behind)"
+    panels: list[Panel] = []
     if tokens:
-        panels.append(
-            (
-                "staleness: tokens per verify step by draft lag",
-                "draft lag (policy updates behind)",
-                "tokens/verify",
-                [("tokens per verify step", tokens)],
-                {},
-            )
-        )
+        title = "staleness: tokens per verify step by draft lag"
+        panels.append((title, lag, "tokens/verify", [("tokens per verify step", tokens)], {}))
     if rates:
-        panels.append(
-            (
-                "staleness: accept rate by draft lag",
-                "draft lag (policy updates behind)",
-                "accept rate",
-                [("accept rate", rates)],
-                {},
-            )
-        )
+        panels.append(("staleness: accept rate by draft lag", lag, "accept rate", [("accept rate", rates)], {}))
+    return panels
+
+
+def advice_svg(advice: Advice) -> str:
+    """The advice's curves (and staleness curve) as one SVG document."""
+    panels = _budget_panel(advice) + _staleness_panels(advice)
     height = PANEL_HEIGHT * max(1, len(panels))
     body: list[str] = []
     for i, (title, x_label, y_label, series, labels) in enumerate(panels):
