@@ -1,7 +1,7 @@
 """Every golden case through a real worker on a real broker: the stream publishes
-what ``specmeter aggregate`` and the contract say, by_weight_version and runs included,
-and revision 5's cases (cases_r5.json: draft lags, by_draft_lag, the spread of tokens per
-verify step) beside cases.json's."""
+what ``specmeter aggregate`` and the contract say, by_weight_version and runs included:
+revision 6's cases (cases_r6.json, a superset of cases_r5.json and cases.json: draft
+lags, by_draft_lag, the spread of tokens per verify step, counter bounds)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from specmeter.producers import partition_for_key
 
 from .support.golden_cases import (
-    GOLDEN_R5,
+    GOLDEN_R6,
     aggregate_cases,
     assert_batch_equal,
     case_lines,
@@ -57,9 +57,9 @@ def test_every_golden_case_through_the_stream(kafka_bootstrap):
     try:
         worker = d.start_worker()
         d.wait_ready(worker)
-        # revision 5's copies of the older cases under names of their own: both go through
-        cases = aggregate_cases() + [dict(case, name=f"r5/{case['name']}") for case in aggregate_cases(GOLDEN_R5)]
-        assert any(case.get("revision") == 5 for case in cases)
+        # revision 6's cases: a superset of the older files, with the newest expectations
+        cases = aggregate_cases(GOLDEN_R6)
+        assert any(case.get("revision") == 5 for case in cases) and any(case.get("revision") == 6 for case in cases)
         expected = {}
         items: list[tuple[int, bytes]] = []
         for case in cases:

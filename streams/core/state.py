@@ -41,7 +41,9 @@ __all__ = [
     "Outcome",
     "add_histograms",
     "decode_message",
+    "breaks_bound",
     "inconsistent",
+    "value_inconsistent",
     "distribution_bucket",
     "breakdown_order",
 ]
@@ -106,6 +108,26 @@ def inconsistent(accepted: int | None, verify: int | None, histogram: Sequence[i
     if verify is not None and verify != sum(histogram):
         return True
     return accepted is not None and accepted != sum(map(operator.mul, range(len(histogram)), histogram))
+
+
+def breaks_bound(accepted: int | None, proposed: int | None, verify: int | None, completion: int | None) -> bool:
+    """A generation's counters break a bound no engine's counters can (docs/contract.md
+    §3.5, revision 6), each checked only where both of its counters are known: more drafts
+    accepted than proposed, more verify steps than emitted tokens (every step emits at
+    least one), or more drafts accepted than tokens emitted (an accepted draft is one)."""
+    return _above(accepted, proposed) or _above(verify, completion) or _above(accepted, completion)
+
+
+def _above(count: int | None, bound: int | None) -> bool:
+    return count is not None and bound is not None and count > bound
+
+
+def value_inconsistent(value: Value) -> bool:
+    """A generation counted by ``spec/inconsistent_generation_count`` (§3.5): its histogram
+    contradicts its counters, or its counters break a bound; either way it counts once."""
+    if breaks_bound(value.accepted, value.proposed, value.verify, value.completion):
+        return True
+    return inconsistent(value.accepted, value.verify, value.accept_histogram)
 
 
 def distribution_bucket(completion: int, verify: int) -> int:
@@ -537,8 +559,7 @@ def _sums_by_label(values: Iterable[Value | _Conflict]) -> tuple[dict[Label, _Su
             if sums is None:
                 sums = by_label[label] = _Sums()
             sums.add(value)
-            if value.accept_histogram is not None:
-                inconsistent_count += inconsistent(value.accepted, value.verify, value.accept_histogram)
+            inconsistent_count += value_inconsistent(value)
             if value.verify and value.completion is not None:
                 if distribution is None:
                     distribution = [0] * DISTRIBUTION_BUCKETS

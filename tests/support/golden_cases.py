@@ -1,5 +1,6 @@
-"""Loading and comparing the golden cases (tests/golden/cases.json and, revision 5's
-superset of it, tests/golden/cases_r5.json; docs/contract.md §5)."""
+"""Loading and comparing the golden cases (tests/golden/cases.json, revision 5's
+superset of it, tests/golden/cases_r5.json, and revision 6's superset of that,
+tests/golden/cases_r6.json; docs/contract.md §5)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "cases.json"
 #: by_draft_lag, the spread of tokens per verify step), kept beside it
 GOLDEN_R5 = GOLDEN.with_name("cases_r5.json")
 SHARED_R5 = SHARED.with_name("cases_r5.json")
+#: (revision 6) a superset of cases_r5.json: counter bounds join the consistency rule, so
+#: only ``spec/inconsistent_generation_count`` differs where a record breaks a bound
+GOLDEN_R6 = GOLDEN.with_name("cases_r6.json")
+SHARED_R6 = SHARED.with_name("cases_r6.json")
 DEFAULT_BATCH = "batch-0"
 
 

@@ -84,8 +84,13 @@ def reference_metrics(records: list[dict[str, Any]], marker_algorithm: str | Non
 
 def _inconsistent(value: tuple) -> bool:
     """§3.5: the histogram is known, and verify is known and differs from the number of
-    steps it counts, or accepted is known and differs from the drafts they accepted."""
-    _, accepted, _, verify, _, histogram, *_ = value
+    steps it counts, or accepted is known and differs from the drafts they accepted; or
+    (revision 6) two known counters break a bound: accepted > proposed, verify >
+    completion, accepted > completion."""
+    _, accepted, proposed, verify, completion, histogram, *_ = value
+    bounds = [(accepted, proposed), (verify, completion), (accepted, completion)]
+    if any(a is not None and b is not None and a > b for a, b in bounds):
+        return True
     if histogram is None:
         return False
     steps = [i for i, count in enumerate(histogram) for _ in range(count)]

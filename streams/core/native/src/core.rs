@@ -286,6 +286,14 @@ fn inconsistent(counters: [Option<u64>; 4], hist: Hist) -> bool {
     counters[2].is_some_and(|v| v as u128 != steps) || counters[0].is_some_and(|a| a as u128 != accepted)
 }
 
+/// Counters that break a bound no engine's counters can (docs/contract.md §3.5, revision 6,
+/// `core.state.breaks_bound`), each where both are known: accepted > proposed,
+/// verify > completion, accepted > completion.
+fn breaks_bound(counters: [Option<u64>; 4]) -> bool {
+    let above = |count: Option<u64>, bound: Option<u64>| matches!((count, bound), (Some(c), Some(b)) if c > b);
+    above(counters[0], counters[1]) || above(counters[2], counters[3]) || above(counters[0], counters[3])
+}
+
 /// Sums and summed histogram of one group of non-conflicting generations.
 type Group = (Sums, Option<Vec<u128>>);
 
@@ -1120,10 +1128,12 @@ impl State {
             let counters = [0, 1, 2, 3].map(|k| self.counter(idx, e, k));
             let group = by_label.entry(e.label).or_insert(([0; 11], None));
             add_counters(&mut group.0, counters);
+            let mut contradicted = breaks_bound(counters);
             if let Some(h) = self.hist_of(idx, e) {
                 add_bins(&mut group.1, h.len(), h.values().map(u128::from));
-                inconsistent_count += inconsistent(counters, h) as u64;
+                contradicted = contradicted || inconsistent(counters, h);
             }
+            inconsistent_count += contradicted as u64;
             if let (Some(verify @ 1..), Some(completion)) = (counters[2], counters[3]) {
                 // floor(4 * completion / verify) - 4, clamped to the buckets (§3.7)
                 let bucket = (4 * completion as u128 / verify as u128).saturating_sub(4);
