@@ -298,10 +298,16 @@ class FakeOutput:
         self.failed: BaseException | None = None
 
     def send(self, topic, key, value, partition=None, on_ack=None) -> None:
+        if self.failed is not None:
+            return  # as the ordered producer: nothing is handed over after a failure
         self.sent.append((topic, key, value, partition))
         offset = self.logs.append(topic, partition or 0, value, key)
         if on_ack is not None:
             asyncio.get_running_loop().call_later(0.002, on_ack, offset)
+
+    def fail(self, topic: str, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
 
 
 class FakeStages:
@@ -886,3 +892,69 @@ def test_a_generation_check_that_lands_late_does_not_leave_the_group_lag_behind(
 
     asyncio.run(run())
     assert history[-1] == 3, history
+
+
+# -- the writer's failures (issue 43) ---------------------------------------------------------------
+def test_a_write_acknowledged_without_its_offset_fails_the_output():
+    """Rule 9 (``docs/ownership.md``): aiokafka's duplicate-sequence path may complete a write
+    with offset -1; where it landed is unknown, so nothing that rests on its place (a
+    takeover's epoch, a group's check) may go on: the output fails and ``on_ack`` is not
+    called. A write acknowledged with its offset is passed on."""
+    from specmeter.streams.delivery.output import OrderedProducer
+
+    failures: list[tuple[str, BaseException]] = []
+    acked: list[int] = []
+
+    async def run() -> None:
+        out = OrderedProducer(on_failed=lambda topic, exc: failures.append((topic, exc)))
+        for offset in (7, -1, 9):
+            out.send("log", b"k", b"v", 0, on_ack=acked.append)
+            if out.failed is not None:
+                assert out.pending == 0  # dropped: nothing is handed over after a failure
+                break
+            topic, _, _, _, on_ack = out._next()  # noqa: SLF001 - what the producer's task hands aiokafka
+            future = asyncio.get_running_loop().create_future()
+            out._handed_over(topic, future, on_ack)  # noqa: SLF001
+            future.set_result(SimpleNamespace(offset=offset))
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert acked == [7]  # the write at -1 failed the output; nothing after it is passed on
+    [(topic, exc)] = failures
+    assert topic == "log" and "without its offset" in str(exc)
+
+
+def test_a_write_group_whose_completion_fails_stops_the_worker(caplog):
+    """``OwnedWrites._done`` logged a failed completion (a release that raised, a check
+    that failed) and went on: the partition's outputs may have left in part, later groups
+    behind a barrier would wait for good. It stops the worker now, as writes still in
+    flight at a revocation do: the output fails, nothing more is handed over."""
+    from specmeter.streams.delivery.writes import OwnedWrites
+
+    logs = FakeLogs()
+    output = FakeOutput(logs)
+    released: list[int] = []
+
+    async def read_range(*_: object) -> list:
+        return []
+
+    async def run() -> None:
+        writes = OwnedWrites(output, read_range, lambda *_: None, owner="w")  # type: ignore[arg-type]
+        epoch = await writes.take_over("log", 0, generation=1, confirmed_at_ms=1)
+
+        async def broken() -> None:
+            raise RuntimeError("an output could not be built")
+
+        async def fine() -> None:
+            released.append(1)
+
+        writes.submit("log", 0, [(f"0@{epoch}\x1fc".encode(), b"1")], broken)
+        await _until(lambda: output.failed is not None)
+        writes.submit("log", 0, [(f"0@{epoch}\x1fc".encode(), b"2")], fine)
+        await asyncio.sleep(0.05)
+        await writes.close()
+
+    with caplog.at_level("ERROR", logger="specmeter.worker"):
+        asyncio.run(run())
+    assert isinstance(output.failed, RuntimeError) and released == []
+    assert [r for r in caplog.records if "stopping the worker" in r.getMessage()]

@@ -67,6 +67,17 @@ def test_the_model_finds_item_2_when_its_fix_is_reverted(monkeypatch):
     assert _first_violation() is not None
 
 
+def test_a_stray_fence_inside_a_writers_task_fails_the_schedule(monkeypatch):
+    """Issue 43: the model's worker raises its ``Violation`` inside an ``OwnedWrites`` task
+    (the gap check that fences it), whose failure ``OwnedWrites._done`` only logged: with
+    the writer's generation check reverted (a stray takeover fences the owner), the stray
+    fences were swallowed. A failed completion now stops the worker (the output fails),
+    and the model fails the schedule with the violation itself."""
+    monkeypatch.setattr(writes, "counts_after", lambda takeover, before: True)
+    found = _first_violation(400)
+    assert found is not None and "a stray takeover fenced" in found, found
+
+
 # -- the reproductions of issue 37, item 1 --------------------------------------------------
 def _view(log):
     view = ChangelogView()

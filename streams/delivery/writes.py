@@ -233,7 +233,7 @@ class OwnedWrites:
             return
         owned.behind_barrier = group.barrier
         if not writes:
-            self._spawn(self._complete(topic, partition, owned, group))
+            self._spawn(topic, self._complete(topic, partition, owned, group))
             return
         owned.groups.append(group)
         owned.idle.clear()
@@ -267,10 +267,10 @@ class OwnedWrites:
             group = owned.acknowledged.popleft()
             if _in_place(owned, group):
                 owned.next_offset = max(group.offsets) + 1
-                self._spawn(self._complete(topic, partition, owned, group))
+                self._spawn(topic, self._complete(topic, partition, owned, group))
             else:
                 owned.checking = True
-                self._spawn(self._check_gap(topic, partition, owned, group))
+                self._spawn(topic, self._check_gap(topic, partition, owned, group))
 
     async def _check_gap(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """Offsets were skipped: read them; another worker's takeover among them fences this one."""
@@ -356,15 +356,24 @@ class OwnedWrites:
             group, writes = owned.held_back.popleft()
             self._submit_group(topic, partition, owned, group, writes)
 
-    def _spawn(self, coroutine: Awaitable[None]) -> None:
+    def _spawn(self, topic: str, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(lambda done: self._done(topic, done))
 
-    def _done(self, task: asyncio.Task) -> None:
+    def _done(self, topic: str, task: asyncio.Task) -> None:
+        """A group's completion (its check, its release, its deletions handed over) ended.
+        One that failed stops the worker, as writes still in flight at a revocation do: its
+        outputs may have left in part, and the partition's later groups would wait behind
+        it for good (or its deletions never land); retrying could send an output twice.
+        The output fails (nothing more is handed to Kafka), the worker exits, and its
+        successors restore what counts (``docs/ownership.md``, rule 11)."""
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("completing a write group failed: %r", task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
+            return
+        log.error("%s: completing a write group failed (%r): stopping the worker (restart it)", topic, exc)
+        self.output.fail(topic, exc)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -121,7 +121,15 @@ class QueuedProducer:
         self.failed: BaseException | None = None
 
     def send(self, topic: str, key: bytes, value: bytes | None, partition: int | None = None, on_ack=None) -> None:
-        self.queue.append((key, value, on_ack))
+        if self.failed is None:
+            self.queue.append((key, value, on_ack))
+
+    def fail(self, topic: str, exc: BaseException) -> None:
+        """What ``OwnedWrites`` calls when completing a write group failed: the worker
+        stops. In the model that is a failure of the schedule (a ``Violation`` raised in a
+        worker's task, an error of the worker's code): never swallowed."""
+        if self.failed is None:
+            self.failed = exc
 
 
 class Worker:
@@ -168,9 +176,19 @@ class Worker:
                 await asyncio.sleep(0)
 
         self.loop.run_until_complete(turns())
+        self.raise_failure()
 
-    def close(self) -> None:
-        """Cancel what the worker had under way (and what that spawned), then close its loop."""
+    def raise_failure(self) -> None:
+        """A failure inside one of its tasks (a check that raised there) fails the schedule."""
+        failed = self.producer.failed
+        if isinstance(failed, Violation):
+            raise failed
+        if failed is not None:
+            raise self.world.violation(f"{self.name}: completing a write group failed: {failed!r}") from failed
+
+    def close(self, *, check: bool = True) -> None:
+        """Cancel what the worker had under way (and what that spawned), then close its loop
+        (``check``: and fail the schedule if one of its tasks failed meanwhile)."""
         for _ in range(10):
             self.loop.run_until_complete(asyncio.sleep(0))  # the callbacks due (acknowledgements)
             tasks = asyncio.all_tasks(self.loop)
@@ -180,6 +198,8 @@ class Worker:
                 task.cancel()
             self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
+        if check:
+            self.raise_failure()  # a check that failed in a task it ran meanwhile
 
     # -- the driver's steps --------------------------------------------------------------
     def confirm_and_take_over(self) -> None:
@@ -251,6 +271,7 @@ class Worker:
             self.writes.submit(CHANGELOG, 0, effects.changelog, release, effects.verified_deletions, barrier=restore)
 
         self.loop.run_until_complete(submit())
+        self.raise_failure()
 
     def notice(self) -> None:
         """It learns of the rebalance it missed: its round is cancelled (its record may
@@ -463,5 +484,5 @@ def run_schedule(seed: int, *, steps: int = 80, workers: int = 3) -> World:
     finally:
         for worker in world.workers.values():
             if not worker.loop.is_closed():
-                worker.close()
+                worker.close(check=False)
     return world
