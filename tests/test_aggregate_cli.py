@@ -218,3 +218,31 @@ def test_staleness_text_is_the_curve_lag_0_first():
     assert staleness_text(entries, 80) == "0:.75 2:.50 10:.25 ?:.50"
     assert staleness_text(entries, 14) == "0:.75 2:.50 …"
     assert staleness_text(None, 20) == "-"
+
+
+@pytest.mark.parametrize(
+    ("output_format", "strict", "status"),
+    [("jsonl", False, 0), ("json", False, 0), ("table", False, 0), ("jsonl", True, 1)],
+)
+def test_a_reader_that_leaves_early_ends_the_output_quietly(tmp_path, output_format, strict, status):
+    """Issue 47.7: `aggregate big | head -1` exited 1, the README's 'no line could be read'.
+    The reader leaving changes nothing: the status is what was read says (0 here; 1 with
+    --strict, the dump having invalid records), and no traceback."""
+    from specmeter.streams.fleet.publish import write_dump
+    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
+
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as out:  # 60 batches: about 400 KB of metrics, past any pipe's buffer
+        write_dump(synthetic_fleet(FleetSpec(batches=60, sessions_per_batch=4, seed=1, invalid_rate=0.02)), out)
+    args = ["aggregate", str(path), "--format", output_format, "--quiet", *(["--strict"] if strict else [])]
+    env = {**os.environ, "COLUMNS": "200"}
+    with subprocess.Popen(
+        [sys.executable, "-m", "specmeter.streams.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline()  # `head -1`: one line, then the pipe closes
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=90) == status, stderr
+    assert "Traceback" not in stderr and "Broken pipe" not in stderr
+    assert ("--strict" in stderr) == strict

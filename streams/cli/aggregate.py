@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import IO, Any
 
@@ -52,8 +53,9 @@ def aggregate(
     generations' tokens per verify step). A bad line is reported on stderr with its line number and
     reason, counted in its batch when the batch is readable, and never stops the
     run; the exit status is 1 when no line at all could be read (an empty file
-    included), or with --strict when any line is bad. A UTF-8 byte-order mark is
-    ignored.
+    included), or with --strict when any line is bad; a reader that leaves early
+    (`| head`) ends the output quietly and changes nothing. A UTF-8 byte-order
+    mark is ignored.
     """
 
     def report(error: LineError) -> None:
@@ -105,15 +107,28 @@ def _nothing_read(name: str, errors: int) -> CommandFailed:
 
 
 def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
-    """``aggregate``'s output: JSON lines, one JSON document, or a table."""
+    """``aggregate``'s output: JSON lines, one JSON document, or a table. A reader that
+    leaves early (``| head -1``) ends the output quietly and leaves the exit status to
+    what was read (issue 47.7: click made it 1, which says no line could be read)."""
     out = sys.stdout.buffer
-    if fmt == "jsonl":
-        out.writelines(encode_metrics(m) + b"\n" for m in results)
-    elif fmt == "json":
-        out.write(_json_document(results))
-    elif results:
-        _print_tables(results, title)
-    out.flush()
+    try:
+        if fmt == "jsonl":
+            out.writelines(encode_metrics(m) + b"\n" for m in results)
+        elif fmt == "json":
+            out.write(_json_document(results))
+        elif results:
+            _print_tables(results, title)
+        out.flush()
+    except BrokenPipeError:
+        _reader_left()
+
+
+def _reader_left() -> None:
+    """stdout's reader is gone: what is still buffered goes to /dev/null, so Python's flush
+    at exit does not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _json_document(results: list[Any]) -> bytes:
@@ -124,11 +139,9 @@ def _json_document(results: list[Any]) -> bytes:
 def _print_tables(results: list[Any], title: str) -> None:
     """The batches' table, then the by-task view when a batch has tasks, the by-draft-lag
     view when one has lags and the spread of tokens per verify step when one has it."""
-    from rich.console import Console
-
     from .tables import draft_lag_table, metrics_table, spread_table, task_table
 
-    console = Console()
+    console = _console()
     latest = {(m.run_id, m.batch_id): m for m in results}
     console.print(metrics_table(latest, len(latest), console.width, title=title))
     batches = list(latest.values())
@@ -140,3 +153,16 @@ def _print_tables(results: list[Any], title: str) -> None:
     for view in views:
         if view is not None:
             console.print(view)
+
+
+def _console() -> Any:
+    """rich's console, except that a closed pipe raises BrokenPipeError for
+    ``_print_metrics`` to end quietly (rich's own exits with status 1)."""
+    from rich.console import Console
+
+    class Piped(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return Piped()
