@@ -24,7 +24,7 @@ from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
 
 from ..readers.topic_lookup import subscribe_existing
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, one_line_errors
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, Stopped, broker_option, one_line_errors
 from .tables import RowPrinter, metrics_table, output_console
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
@@ -81,7 +81,8 @@ def tail(
     version (v7 .75 v8 .71), newest kept when they do not all fit. Piped, it
     prints a line per message as it arrives, then the final table when it ends
     (a limit, Ctrl-C or SIGTERM); run/batch ids are never cut (a long one widens
-    the line), and with --wide no other column either.
+    the line), and with --wide no other column either. The exit status after
+    Ctrl-C is 130, after SIGTERM 143 (as loadgen and replay), after a limit 0.
     """
     security = preflight.security_from_env()
     preflight.check_before_start(broker, security)
@@ -219,28 +220,59 @@ def run_tail(
 ) -> int:
     """Follow ``topic`` until a limit, Ctrl-C or SIGTERM (``timeout 60 specmeter tail``):
     a terminal gets a live table; a pipe gets a line per message as it arrives (flushed
-    at once) and, at the end, the table; ``as_json`` a JSON line per message."""
+    at once) and, at the end, the table; ``as_json`` a JSON line per message.
+
+    Raises:
+        Stopped: Ctrl-C (SIGINT) or SIGTERM ended it, after the table is printed: the
+            command exits 130 or 143 as ``loadgen`` and ``replay`` do (issue 47.7: 0).
+    """
+    signals: list[int] = []
+    follow = _follower(
+        broker,
+        topic,
+        signals,
+        from_beginning=from_beginning,
+        last=last,
+        max_messages=max_messages,
+        timeout_s=timeout_s,
+        kafka=kafka,
+    )
+    try:
+        seen = _follow_json(follow) if as_json else _follow_table(follow, topic, rows, wide)
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return 0
+    if signals:
+        raise Stopped(signals[0])
+    return seen
+
+
+Follow = Callable[[Callable[[BatchMetrics], None]], None]
+
+
+def _follower(broker: str, topic: str, signals: list[int], **options: Any) -> Follow:
+    """What follows the topic, handing each message on, until a limit, Ctrl-C or SIGTERM;
+    the signal that ended it is appended to ``signals`` (the table is printed first)."""
 
     def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
         async def until_stopped() -> None:
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
             assert task is not None
+
+            def stop() -> None:
+                signals.append(signal.SIGTERM)
+                task.cancel()
+
             with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+                loop.add_signal_handler(signal.SIGTERM, stop)
             try:
-                await follow_metrics(
-                    broker,
-                    topic,
-                    on_metrics,
-                    from_beginning=from_beginning,
-                    last=last,
-                    max_messages=max_messages,
-                    timeout_s=timeout_s,
-                    kafka=kafka,
-                )
-            except asyncio.CancelledError:  # SIGTERM ends it as a limit does
-                task.uncancel()
+                await follow_metrics(broker, topic, on_metrics, **options)
+            except asyncio.CancelledError:
+                if not signals:  # Ctrl-C: asyncio.run raises KeyboardInterrupt once the task is cancelled
+                    raise
+                task.uncancel()  # SIGTERM ends it as a limit does
             finally:
                 with contextlib.suppress(NotImplementedError):
                     loop.remove_signal_handler(signal.SIGTERM)
@@ -251,31 +283,29 @@ def run_tail(
             async with folded_outages("tail"):
                 await until_stopped()
 
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
+        try:
             asyncio.run(folded())
+        except KeyboardInterrupt:  # Ctrl-C is how a tail ends
+            signals.append(signal.SIGINT)
 
+    return follow
+
+
+def _follow_json(follow: Follow) -> int:
+    """A JSON line per message, flushed at once; the count."""
     seen = 0
-    try:
-        if as_json:
 
-            def emit(m: BatchMetrics) -> None:
-                nonlocal seen
-                seen += 1
-                sys.stdout.buffer.write(encode_metrics(m) + b"\n")
-                sys.stdout.flush()
+    def emit(m: BatchMetrics) -> None:
+        nonlocal seen
+        seen += 1
+        sys.stdout.buffer.write(encode_metrics(m) + b"\n")
+        sys.stdout.flush()
 
-            follow(emit)
-            return seen
-        return _follow_table(follow, topic, rows, wide)
-    except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
-        return seen
+    follow(emit)
+    return seen
 
 
-def _follow_table(
-    follow: Callable[[Callable[[BatchMetrics], None]], None], topic: str, rows: int, wide: bool = False
-) -> int:
+def _follow_table(follow: Follow, topic: str, rows: int, wide: bool = False) -> int:
     from rich.console import Console
     from rich.live import Live
 
