@@ -88,8 +88,26 @@ def test_start_up_is_quiet_names_the_web_port_and_exposes_only_specmeter_s_pages
         assert _get(port, "/metrics")[0] == 200
         for faust_page in ("/router/", "/table/", "/graph/"):
             assert _get(port, faust_page)[0] == 404, faust_page
+        # issue 47.6: the start-up line names the status page, and its address without the slash leads there
+        assert re.search(r"web server on http://\S+: .*/specmeter/ \(status page\)", text), text
+        assert _status_and_location(port, "/specmeter") == (301, "/specmeter/")
+        status, body = _get(port, "/specmeter")  # followed, as a browser does
+        assert status == 200 and body.startswith(b"<!DOCTYPE html>")
     finally:
         d.close()
+
+
+def _status_and_location(port: int, path: str) -> tuple[int, str | None]:
+    """The answer's status and Location header, the redirect not followed."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.getheader("Location")
+    finally:
+        connection.close()
 
 
 def test_the_group_s_committed_offsets_follow_the_checkpoints(kafka_bootstrap):

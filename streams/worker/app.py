@@ -634,6 +634,11 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         """The recent batches drawn (``report.status_page``): a page to look at, no Grafana."""
         return self.html(render_page(shell.recent.batches(), worker=settings.app_id))
 
+    @app.page("/specmeter")
+    async def status_page_redirect(self: Any, request: Any) -> Any:
+        """The page's address without its slash (issue 47.6: a 404): a permanent redirect to it."""
+        return self.text("/specmeter/\n", status=301, headers={"Location": "/specmeter/"})
+
     @app.page("/specmeter/healthz")
     async def healthz(self: Any, request: Any) -> Any:
         """Liveness: the web server answers while the event loop runs."""

@@ -152,7 +152,7 @@ def _say_web_server(hosts: list[str], port: int) -> None:
     """Where the web server answers: the addresses it listens on, and for a wildcard how to reach it here."""
     wildcard = any(host in ("0.0.0.0", "::") for host in hosts)
     log.info(
-        "web server on %s%s: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz",
+        "web server on %s%s: /metrics (Prometheus), /specmeter/stats, /specmeter/readyz, /specmeter/ (status page)",
         ", ".join(f"http://{web_address(host, port)}" for host in hosts),
         f" (every interface; from this machine http://127.0.0.1:{port})" if wildcard else "",
     )
