@@ -6,18 +6,31 @@ import msgspec
 
 from specmeter.producers import KafkaSecurity
 from specmeter.producers import plain_bootstrap as bootstrap_servers
-from specmeter.schemas import DEADLETTER_TOPIC, METRICS_TOPIC, PARTIALS_TOPIC, RECORDS_TOPIC
+from specmeter.schemas import DEADLETTER_TOPIC, METRICS_TOPIC, RECORDS_TOPIC
 
-__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers"]
+__all__ = ["WorkerSettings", "TopicNames", "bootstrap_servers", "partials_topic_of"]
+
+
+def partials_topic_of(app_id: str) -> str:
+    """The partials topic a deployment names from its app id (``specmeter.partials`` for
+    the default app id): stage 2 merges whatever arrives there, so two deployments that
+    shared it would republish each other's batches (docs/operations.md, Deployments)."""
+    return f"{app_id}.partials"
 
 
 class TopicNames(msgspec.Struct, frozen=True, kw_only=True):
-    """Topic names (defaults of docs/contract.md §4)."""
+    """Topic names (defaults of docs/contract.md §4). ``records``, ``metrics`` and
+    ``deadletter`` are the user's to name; ``partials`` is the deployment's own: left
+    empty, a worker's settings name it from the app id (``partials_topic_of``)."""
 
     records: str = RECORDS_TOPIC
-    partials: str = PARTIALS_TOPIC
+    partials: str = ""
     metrics: str = METRICS_TOPIC
     deadletter: str = DEADLETTER_TOPIC
+
+    def for_app(self, app_id: str) -> TopicNames:
+        """These names with the partials topic named from ``app_id`` where it was left empty."""
+        return self if self.partials else msgspec.structs.replace(self, partials=partials_topic_of(app_id))
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,8 +38,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         broker: Kafka bootstrap address(es), comma-separated.
-        app_id: the deployment's name: prefix of its state topics and consumer groups
-            (``<app-id>-stage1``, ``<app-id>-stage2``).
+        app_id: the deployment's name: its consumer groups (``<app-id>-stage1``,
+            ``<app-id>-stage2``), the prefix of its changelog topics and, unless
+            ``topics.partials`` names one, its partials topic (``<app-id>.partials``):
+            deployments of different app ids on one cluster never share state.
         topics: topic names.
         partitions: partitions of the records topic (and of every state topic).
         replication_factor: replicas of each topic the worker creates; None: the
@@ -109,6 +124,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     security: KafkaSecurity = KafkaSecurity()
 
     def __post_init__(self) -> None:
+        # the deployment's own topic, named once here so every reader of the settings agrees
+        msgspec.structs.force_setattr(self, "topics", self.topics.for_app(self.app_id))
         if not self.delivery_timeout_s < self.max_poll_interval_s:
             raise ValueError(
                 f"the delivery timeout ({self.delivery_timeout_s:g} s) must stay below the max poll interval "

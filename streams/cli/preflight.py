@@ -21,7 +21,7 @@ from specmeter.producers import KafkaSecurity
 
 from ..errors import SpecmeterError
 from ..settings import WorkerSettings
-from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec, unauthorized_topics
+from ..worker.topics import TopicMismatch, TopicPlan, TopicSpec, check_partials_not_shared, unauthorized_topics
 
 __all__ = [
     "BadSecurity",
@@ -185,7 +185,7 @@ async def check_broker(
     with quiet_kafka_logs() as messages:
         try:
             await _start_admin(admin, broker, messages)
-            planned = None if settings is None else await _worker_plan(admin, settings)
+            planned = None if settings is None else await _check_worker(admin, settings)
             existing = None if records_topic is None else await admin.list_topics()
             # not listed may mean not ours to see: the producer then says the authorization
             # error itself, which names the right that is missing
@@ -216,6 +216,13 @@ async def _start_admin(admin: Any, broker: str, messages: list[str]) -> None:
         await admin.start()
     except KafkaConnectionError:
         raise BrokerUnreachable(broker, [m for m in messages if "Unable" in m] or messages[-3:]) from None
+
+
+async def _check_worker(admin: Any, settings: WorkerSettings) -> tuple[TopicPlan, list[TopicSpec]]:
+    """The worker's topic plan, once no other deployment reads its partials topic."""
+    planned = await _worker_plan(admin, settings)
+    await check_partials_not_shared(admin, settings)
+    return planned
 
 
 async def _worker_plan(admin: Any, settings: WorkerSettings) -> tuple[TopicPlan, list[TopicSpec]]:

@@ -7,14 +7,20 @@ import click
 from . import preflight
 from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, broker_option, one_line_errors
 
+_PARTIALS_HELP = (
+    "Name of the partials topic, this deployment's own (between its two stages). "
+    "[default: <app-id>.partials, so deployments of different --app-id never share it]"
+)
+
 
 def _topic_options(func):
     for name in reversed(("records", "partials", "metrics", "deadletter")):
+        own = name == "partials"  # named from the app id unless given
         func = click.option(
             f"--{name}-topic",
-            default=getattr(DEFAULTS.topics, name),
-            show_default=True,
-            help=f"Name of the {name} topic.",
+            default="" if own else getattr(DEFAULTS.topics, name),
+            show_default=not own,
+            help=_PARTIALS_HELP if own else f"Name of the {name} topic.",
         )(func)
     return func
 
@@ -26,7 +32,9 @@ def _topic_options(func):
     "--app-id",
     default=DEFAULTS.app_id,
     show_default=True,
-    help="Consumer group and prefix of the worker's state topics.",
+    help="The deployment's name: its consumer groups (<app-id>-stage1, -stage2), changelog topics and partials "
+    "topic are named from it, so two deployments on one cluster (staging beside production, two experiments) "
+    "need two app ids; give each its own --metrics-topic too.",
 )
 @click.option(
     "--partitions",

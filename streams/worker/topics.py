@@ -24,10 +24,11 @@ import msgspec
 
 from ..core.layout import changelog_topics
 from ..errors import SpecmeterError
-from ..settings import WorkerSettings
+from ..settings import WorkerSettings, partials_topic_of
 
 __all__ = [
     "ClusterView",
+    "PartialsShared",
     "TopicMismatch",
     "TopicPlan",
     "TopicProblem",
@@ -35,6 +36,7 @@ __all__ = [
     "TopicSpec",
     "TopicsNotCreated",
     "create_topic",
+    "check_partials_not_shared",
     "cleanup_warning",
     "deletes_by_retention",
     "describe_cluster",
@@ -175,6 +177,45 @@ class ChangelogDeletes(TopicProblem):
             "set cleanup.policy=compact on each (kafka-configs.sh --bootstrap-server HOST:PORT --alter "
             "--entity-type topics --entity-name NAME --add-config cleanup.policy=compact; docs/operations.md)",
         )
+
+
+class PartialsShared(TopicProblem):
+    """Another deployment's stage 2 reads the partials topic this one would write: each
+    would merge and republish the other's batches (docs/operations.md, Deployments)."""
+
+    def __init__(self, topic: str, app_ids: Sequence[str], own: str) -> None:
+        super().__init__(
+            f"the partials topic {topic!r} is already read by the deployment(s) {', '.join(map(repr, app_ids))} "
+            f"(consumer group <app-id>-stage2): two deployments must not share it",
+            f"drop --partials-topic (app id {own!r} then writes {partials_topic_of(own)!r}) or name one no other "
+            "deployment uses",
+        )
+
+
+async def check_partials_not_shared(admin: Any, settings: WorkerSettings) -> None:
+    """Refuse a partials topic on which another app id's stage-2 group committed offsets.
+
+    Raises:
+        PartialsShared: naming the other deployments.
+    """
+    from aiokafka.errors import KafkaError
+
+    own = settings.consumer_groups[1]
+    try:
+        groups = [g[0] for g in await admin.list_consumer_groups()]
+        others = [g for g in groups if g.endswith("-stage2") and g != own]
+        readers = [g for g in others if await _reads(admin, g, settings.topics.partials)]
+    except KafkaError as exc:  # not allowed to describe groups: nothing to check with
+        log.info("could not check which deployments read %s: %r", settings.topics.partials, exc)
+        return
+    if readers:
+        raise PartialsShared(settings.topics.partials, [g.removesuffix("-stage2") for g in readers], settings.app_id)
+
+
+async def _reads(admin: Any, group: str, topic: str) -> bool:
+    """Whether ``group`` has committed offsets on ``topic``."""
+    offsets = await admin.list_consumer_group_offsets(group)
+    return any(tp.topic == topic for tp in offsets)
 
 
 def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
@@ -464,6 +505,7 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
         plan = plan_topics(specs, view, settings.partitions)
         if plan.mismatched:
             raise TopicMismatch(plan, specs)
+        await check_partials_not_shared(admin, settings)
         existed = [s for s in specs if s.name in view.topics]
         if plan.create:
             view = await _create_missing(admin, plan.create, specs, settings, visible_within_s)

@@ -68,11 +68,15 @@ class Deployment:
     logs: list[Path] = field(default_factory=list)
     #: each worker's --data-dir, deleted with the deployment (its logs are kept)
     data_dirs: list[Path] = field(default_factory=list)
+    #: another deployment's records topic to read (two deployments of one stream)
+    records_topic: str | None = None
+    #: pass --partials-topic; False: the worker names it from its app id, as a user's does
+    partials_flag: bool = True
 
     @property
     def topics(self) -> TopicNames:
         return TopicNames(
-            records=f"{self.name}.records",
+            records=self.records_topic or f"{self.name}.records",
             partials=f"{self.name}.partials",
             metrics=f"{self.name}.metrics",
             deadletter=f"{self.name}.deadletter",
@@ -94,8 +98,7 @@ class Deployment:
             self.name,
             "--records-topic",
             t.records,
-            "--partials-topic",
-            t.partials,
+            *(("--partials-topic", t.partials) if self.partials_flag else ()),
             "--metrics-topic",
             t.metrics,
             "--deadletter-topic",
@@ -165,7 +168,8 @@ class Deployment:
         from specmeter.streams.core.layout import changelog_topics
 
         t = self.topics
-        return [t.records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name)]
+        records = [] if self.records_topic else [t.records]  # the other deployment's to delete
+        return [*records, t.partials, t.metrics, t.deadletter, *changelog_topics(self.name)]
 
     def log_tail(self, chars: int = 4000) -> str:
         return "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-chars:]}" for p in self.logs)
