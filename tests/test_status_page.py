@@ -268,3 +268,62 @@ def test_user_strings_never_reach_the_page_unescaped(evil):
     assert charts["drift"].marks[0]["data-key"] == evil
     assert charts["accept_rate"].marks[0]["data-key"] == evil
     assert charts["accept_rate"].marks[0]["data-run"] == evil
+
+
+# -- issue 47.6: what the page cut off or wasted -------------------------------------------
+#: DejaVu Sans' advance widths in font units (2048 an em), read from DejaVuSans.ttf's hmtx
+#: table for the characters of batch ids, versions and bucket names; any other counts 1 em
+DEJAVU_SANS = {
+    **dict.fromkeys("0123456789", 1303),
+    **{".": 651, "-": 739, "+": 1716, "<": 1716, "_": 1024, "/": 690, " ": 651, "(": 799, ")": 799},
+    **{"e": 1260, "p": 1300, "s": 1067, "t": 803, "v": 1212, "r": 842, "u": 1298, "n": 1298, "a": 1255},
+    **{"g": 1300, "i": 569, "o": 1253, "l": 569, "c": 1126, "h": 1298, "k": 1186, "x": 1212, "m": 1995},
+}
+
+
+def label_extent(x: float, anchor: str, text: str, font_px: float = 10.0) -> tuple[float, float]:
+    """Where a label written in DejaVu Sans at ``font_px`` starts and ends."""
+    width = sum(DEJAVU_SANS.get(c, 2048) for c in text) / 2048 * font_px
+    start = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+    return start, start + width
+
+
+@pytest.mark.parametrize("batches", [6, 48])
+def test_no_x_axis_label_runs_past_its_chart(batches):
+    """The newest batch's name under the per-batch charts ran past the chart's right edge."""
+    from specmeter.streams.report.svg import WIDTH
+
+    html = render_page(with_revision5(fleet_metrics(batches=batches)), worker="w")
+    charts = re.findall(r'<svg class="chart" id="(\w+)"(.*?)</svg>', html, re.S)
+    seen = 0
+    for chart, body in charts:
+        for x, anchor, text in re.findall(
+            r'<text class="xlabel" x="([\d.]+)" y="[\d.]+" text-anchor="(\w+)">([^<]*)</text>', body
+        ):
+            start, end = label_extent(float(x), anchor, text)
+            assert start >= 0 and end <= WIDTH, (chart, text, start, end)
+            seen += 1
+    assert seen >= 20
+    last = re.findall(r'class="xlabel"[^>]*>([^<]*)</text>', dict(charts)["accept_rate"])[-1]
+    assert last == f"step-{batches - 1:05d}", "the newest batch is still named"
+
+
+def test_the_spread_draws_the_occupied_buckets_not_the_empty_tail():
+    """Issue 47.6: 85 % of the spread chart's width went to empty buckets (a fleet's
+    generations rarely pass 3 or 4 tokens per verify step); it draws bucket 0 to one past
+    the last occupied one, and says where nothing is drawn."""
+    batches = fleet_metrics()
+    newest = batches[-1].tokens_per_verify_distribution
+    last = max(b for b, count in enumerate(newest) if count)
+    assert last < 20, newest  # the synthetic fleet's steps stay below 6 tokens
+    html = render_page(batches, worker="w")
+    charts = assert_page_shows(html, batches)
+    spread = charts["spread"]
+    assert [mark["data-key"] for mark in spread.marks] == [str(b) for b in range(max(last + 2, 9))]
+    assert f"None at {1 + max(last + 2, 9) / 4:.2f} or more: those buckets are not drawn." in html
+    labels = re.findall(r'class="xlabel"[^>]*>([^<]*)</text>', html.split('id="spread"')[1].split("</svg>")[0])
+    assert labels[:3] == ["&lt;1.25", "2", "3"], "each whole token named"
+    # a distribution to the last bucket is drawn whole, and says nothing of undrawn buckets
+    whole = with_revision5(batches)
+    html = render_page(whole, worker="w")
+    assert len(assert_page_shows(html, whole)["spread"].marks) == 64 and "not drawn" not in html

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Mark", "bar_chart", "point_chart", "number", "WIDTH", "HEIGHT"]
+__all__ = ["Mark", "bar_chart", "point_chart", "number", "text_width", "WIDTH", "HEIGHT"]
 
 #: the view box of every chart (it scales to its box on the page)
 WIDTH = 560
@@ -126,8 +126,30 @@ def _y(value: float | int, top: float) -> float:
     return HEIGHT - _BOTTOM - plot_h * min(max(v, 0.0), top) / top
 
 
+#: the font size of a chart's text (the page's CSS: ``.chart text{font-size:10px}``)
+_FONT_PX = 10.0
+#: characters wider than 0.8 em in DejaVu Sans or Verdana (the page's fonts)
+_WIDE = frozenset("mwMW+<>=\u2026%@")
+
+
+def text_width(text: str, font_px: float = _FONT_PX) -> float:
+    """An upper bound of ``text``'s width in pixels: 1 em for the widest characters, 0.8 em
+    for capitals, 0.7 em for the rest (DejaVu Sans: digits 0.64 em, lower case at most 0.64
+    but m and w; capitals at most 0.79 but M and W)."""
+    ems = sum(1.0 if c in _WIDE else 0.8 if c.isupper() else 0.7 for c in text)
+    return ems * font_px
+
+
 def _x_label(x: float, text: str) -> str:
-    return f'<text class="xlabel" x="{x:.1f}" y="{HEIGHT - _BOTTOM + 14}" text-anchor="middle">{_esc(text)}</text>'
+    """A label under the x axis, centred under its mark; one that would run past the chart's
+    edge (the newest batch's name, issue 47.6: cut off) ends at the edge instead."""
+    half = text_width(text) / 2
+    anchor = "middle"
+    if x + half > WIDTH - 1:
+        x, anchor = WIDTH - 1.0, "end"
+    elif x - half < 1:
+        x, anchor = 1.0, "start"
+    return f'<text class="xlabel" x="{x:.1f}" y="{HEIGHT - _BOTTOM + 14}" text-anchor="{anchor}">{_esc(text)}</text>'
 
 
 def _x_title(text: str) -> str:

@@ -159,7 +159,12 @@ def assert_page_shows(html: str, batches: list[BatchMetrics]) -> dict[str, Chart
     else:
         m = _the_batch(charts["spread"], batches, "tokens_per_verify_distribution")
         got = [(mark["data-key"], int(mark["data-value"])) for mark in charts["spread"].marks]
-        assert got == [(str(b), c) for b, c in enumerate(m.tokens_per_verify_distribution or ())]
+        counts = list(m.tokens_per_verify_distribution or ())
+        drawn = len(got)  # buckets from 0: every occupied one, an empty one after the last (issue 47.6)
+        assert got == [(str(b), c) for b, c in enumerate(counts[:drawn])]
+        assert not any(counts[drawn:]), "a bucket left out is empty"
+        assert drawn == len(counts) or counts[drawn - 1] == 0, "an empty bucket marks the edge of the data"
+        assert int(charts["spread"].attrs["data-buckets"]) == len(counts)
     return charts
 
 
