@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from specmeter.streams.core.ownership import Takeover, encode_takeover, owner_key_part, split_key, takeover_key
+from specmeter.streams.core.ownership import (
+    ChangelogView,
+    Takeover,
+    encode_takeover,
+    is_confirmation,
+    owner_key_part,
+    split_key,
+    takeover_key,
+)
 from specmeter.streams.delivery.ledger import Admitted, Claim, Ledger
 from specmeter.streams.delivery.routes import DeliveryDriver
 
@@ -158,6 +166,8 @@ class FakeLogs:
         self.committed: dict[tuple[str, str, int], int] = {}
         self.stale_commits = False
         self.failing_commits = 0
+        #: the group generation the members are in (what ``internals.group_generation`` reads)
+        self.generation = -1
         #: getmany calls cancelled: aiokafka's poll accounting (max_poll_interval_ms) does not
         #: survive one, so only a stopping route may
         self.cancelled_fetches = 0
@@ -189,6 +199,11 @@ class FakeConsumer:
         #: what ``internals.set_fetch_wait`` sets: how long the broker may hold a fetch
         self._fetcher = SimpleNamespace(_fetch_max_wait_ms=options.get("fetch_max_wait_ms", 500))
         logs.consumers.append(self)
+
+    @property
+    def _coordinator(self) -> SimpleNamespace:
+        """What ``internals.group_generation`` reads: the generation of the last join."""
+        return SimpleNamespace(generation=self.logs.generation)
 
     @property
     def fetch_wait_ms(self) -> int:
@@ -443,7 +458,8 @@ def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_check
     # what a worker writes after its takeover carries its epoch
     epoch = _takeovers(logs, R, 0)[0]
     written = [k for o, k, _ in logs.logs[f"{R}-changelog"][0] if o > epoch]
-    assert written and all(split_key(k)[1] == epoch for k in written)
+    assert is_confirmation(written[0])  # its confirmation, naming the epoch (issue 43)
+    assert written[1:] and all(split_key(k)[1] == epoch for k in written[1:])
     assert all(c.stopped for c in logs.consumers if c.started)
 
 
@@ -958,3 +974,171 @@ def test_a_write_group_whose_completion_fails_stops_the_worker(caplog):
         asyncio.run(run())
     assert isinstance(output.failed, RuntimeError) and released == []
     assert [r for r in caplog.records if "stopping the worker" in r.getMessage()]
+
+
+# -- the holes of issue 43, point 3: the real driver over the fakes ---------------------------------------
+CL = f"{R}-changelog"
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def _changelog_view(logs: FakeLogs, partition: int = 0) -> Any:
+    view = ChangelogView()
+    for offset, key, value in logs.logs.get(CL, {}).get(partition, []):
+        view.add(offset, key, value)
+    return view.result()
+
+
+def _checkpoint_of(valid: Any) -> int:
+    return max((int(v) for k, v in valid.entries if split_key(k)[0].endswith(b"\x1fc")), default=-1)
+
+
+def test_a_kept_partition_is_not_fenced_by_a_takeover_of_an_older_rebalance():
+    """B owns P0 at generation 7; B drops out; A is given P0 at generation 10 and confirms,
+    its takeover record still in flight; B rejoins at 11 and keeps P0 (nobody wrote its
+    changelog). A's record lands: it must count for nothing. The kept path used to give
+    the partition back without a generation check or a record, so A's generation 10
+    counted against B's 7 and fenced B (a re-take, a restore)."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(3):
+        logs.append(R, 0, b"r")
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        logs.generation = 7
+        await member.rebalance([0])
+        await _until(lambda: (R, 0, 2) in stages.released)
+        # B drops out unaware (frozen past its session); at generation 10 A is given P0 and
+        # confirms, its record in flight; B is back at 11, given P0 again: it keeps its state
+        stray = Takeover(token="a", owner="A", at_ms=_now_ms(), generation=10)
+        logs.generation = 11
+        await member.rebalance([0])
+        await _until(lambda: driver.kept == 1 and driver.ledger.timers_run(R, 0))
+        logs.append(CL, 0, encode_takeover(stray), takeover_key(0, "a"))  # A's record lands
+        logs.append(R, 0, b"r")
+        await _until(lambda: (R, 0, 3) in stages.released)
+        assert driver.writes.fenced == 0, "a takeover of an older rebalance fenced the kept owner"
+        await driver.close()
+
+    asyncio.run(run())
+    assert stages.builds == {(R, 0): 1} and driver_restored_once(stages)
+    valid = _changelog_view(logs)
+    assert valid.epoch == _takeovers(logs, R, 0)[0] and _checkpoint_of(valid) == 3  # a reader agrees
+
+
+def driver_restored_once(stages: FakeStages) -> bool:
+    return len(stages.states[(R, 0)]) == 1 and stages.states[(R, 0)][0].applied == [0, 1, 2, 3]
+
+
+def _restarted_group_logs(old_at_ms: int) -> FakeLogs:
+    """A changelog whose last counting takeover is generation 39 of a group that then
+    started again (confirmed at ``old_at_ms``), with its owner's checkpoint 1, and four
+    records of input."""
+    logs = FakeLogs()
+    for _ in range(4):
+        logs.append(R, 0, b"r")
+    old = Takeover(token="old", owner="old", at_ms=old_at_ms, generation=39)
+    epoch = logs.append(CL, 0, encode_takeover(old), takeover_key(0, "old"))
+    logs.append(CL, 0, b"1", f"{owner_key_part(0, epoch)}.0\x1fc".encode())
+    return logs
+
+
+def test_a_group_that_started_again_gets_its_owners_partition_working():
+    """The group's generations started again (1) within 60 s of the last counting takeover
+    (39): the new owner's takeover does not count. The driver forgot the partition without
+    asking for it again: assigned, unread and unready until another rebalance. It tries
+    again once the clock-skew bound has passed, and that takeover counts."""
+    logs = _restarted_group_logs(_now_ms() - 59_700)  # the bound passes 0.3 s from now
+    stages = FakeStages(logs)
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        logs.generation = 1
+        await member.rebalance([0])
+        await _until(lambda: driver.ledger.timers_run(R, 0), timeout_s=5.0)
+        await _until(lambda: stages.states[(R, 0)][-1].checkpoint == 3)
+        await driver.close()
+
+    asyncio.run(run())
+    assert stages.states[(R, 0)][-1].applied == [2, 3]  # from the old group's checkpoint on
+    assert len(_takeovers(logs, R, 0)) == 3  # the old one, the one that did not count, the one that did
+
+
+def test_after_a_restart_a_late_record_of_the_old_group_fences_nobody():
+    """After the group started again, a late takeover of the old group (generation 39,
+    confirmed before the new group's owner more than the clock-skew bound) lands: it
+    counted (39 >= 1) and fenced the new group's owner. It counts for nothing now."""
+    now = _now_ms()
+    logs = _restarted_group_logs(now - 61_000)  # the new group's takeover counts at once
+    stages = FakeStages(logs)
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        logs.generation = 1
+        await member.rebalance([0])
+        await _until(lambda: driver.ledger.timers_run(R, 0) and stages.states[(R, 0)][-1].checkpoint == 3)
+        late = Takeover(token="late", owner="old", at_ms=now - 62_000, generation=39)  # its cancelled round's
+        logs.append(CL, 0, encode_takeover(late), takeover_key(0, "late"))
+        logs.append(R, 0, b"r")
+        await _until(lambda: (R, 0, 4) in stages.released)
+        assert driver.writes.fenced == 0, "an old group's record fenced the new group's owner"
+        await driver.close()
+
+    asyncio.run(run())
+    assert len(stages.states[(R, 0)]) == 1
+    valid = _changelog_view(logs)
+    assert _checkpoint_of(valid) == 4 and valid.counting is not None and valid.counting.generation == 1
+
+
+def test_a_takeover_record_appended_twice_changes_nothing():
+    """A takeover record lands twice (a send retried after its delivery timed out, a
+    producer whose idempotence session was reset), and compaction keeps only the later
+    copy: every record of that owner stopped counting (its epoch moved to the copy), and
+    the next owner restored from -1 and deleted them. The owner's confirmation says where
+    its takeover landed: the next owner restores its checkpoint."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(4):
+        logs.append(R, 0, b"r")
+
+    async def run() -> None:
+        driver = _driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        logs.generation = 3
+        await member.rebalance([0])
+        await _until(lambda: (R, 0, 3) in stages.released)
+        [epoch] = _takeovers(logs, R, 0)
+        _, key, value = logs.logs[CL][0][epoch]
+        logs.append(CL, 0, value, key)  # the second copy
+        logs.logs[CL][0][epoch] = (epoch, None, None)  # compaction keeps the later copy only
+        await member.rebalance([])
+        await driver.close()
+
+    asyncio.run(run())
+    later = FakeStages(logs)
+
+    async def next_owner() -> None:
+        driver = _driver(logs, later)
+        driver.start()
+        await _until(lambda: bool(logs.members(R)))
+        member = logs.members(R)[-1]
+        logs.generation = 4
+        await member.rebalance([0])
+        await _until(lambda: driver.ledger.timers_run(R, 0))
+        await driver.close()
+
+    asyncio.run(next_owner())
+    [state] = later.states[(R, 0)]
+    assert state.checkpoint == 3 and state.applied == [], "the next owner lost the state (read the input again)"

@@ -20,6 +20,7 @@ from specmeter.streams.core.ownership import (
     RewrittenKeys,
     Takeover,
     encode_takeover,
+    is_confirmation,
     is_takeover,
     takeover_key,
 )
@@ -160,7 +161,8 @@ def test_the_groups_after_a_restore_wait_until_its_deletions_are_handed_over():
     take = loop.create_task(owned.take_over("log", 0, generation=1, confirmed_at_ms=1))
     loop.run_until_complete(asyncio.sleep(0))
     land(takeover := producer.queue[0][0])
-    assert take.done() and take.result() == 0 and is_takeover(takeover)
+    land(confirmation := producer.queue[0][0])  # the confirmation naming the epoch (issue 43)
+    assert take.done() and take.result() == 0 and is_takeover(takeover) and is_confirmation(confirmation)
 
     async def submit() -> None:
         owned.submit("log", 0, [(b"0@0\x1fc", b"restored")], _nothing, [b"0@7\x1fd\x1fb\x1f9"], barrier=True)

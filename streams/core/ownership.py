@@ -76,6 +76,11 @@ __all__ = [
     "takeover_of",
     "counts_after",
     "encode_takeover",
+    "Confirmation",
+    "confirmation_key",
+    "confirmation_of",
+    "encode_confirmation",
+    "is_confirmation",
 ]
 
 log = logging.getLogger("specmeter.ownership")
@@ -85,6 +90,8 @@ _TAG = b"@"
 _VERSION = b"."
 #: the key kind of a takeover record: ``P e <token>`` (never tagged)
 TAKEOVER_KIND = b"e"
+#: the key kind of a confirmation record: ``P r <key token>`` (never tagged, a key of its own)
+CONFIRMATION_KIND = b"r"
 #: how far two workers' clocks may differ: a takeover confirmed this much later than the
 #: counting one before it counts whatever its generation (the group started again)
 CLOCK_SKEW_MS = 60_000
@@ -103,7 +110,32 @@ class Takeover(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     generation: int = -1
 
 
+class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """An owner's word on its takeover, in a record of its own (``P r <key token>``).
+
+    Written right after its takeover is acknowledged (the same generation and time), it
+    says where the takeover landed: the owner's epoch no longer depends on which copy of
+    a takeover record appended twice compaction keeps. Written when the owner keeps the
+    partition through a rebalance (the kept path), it carries the generation the owner
+    confirmed then: a takeover of an older rebalance landing after it counts for nothing.
+    """
+
+    #: the token of the takeover it confirms
+    token: str
+    #: the offset that takeover was acknowledged at: the owner's epoch
+    epoch: int
+    owner: str = ""
+    #: when the owner confirmed ``generation`` (wall clock, ms)
+    at_ms: int = 0
+    generation: int = -1
+
+    def as_takeover(self) -> Takeover:
+        """The takeover it stands for, judged by ``counts_after``: its generation and time."""
+        return Takeover(token=self.token, owner=self.owner, at_ms=self.at_ms, generation=self.generation)
+
+
 _takeover_decoder = msgspec.msgpack.Decoder(Takeover)
+_confirmation_decoder = msgspec.msgpack.Decoder(Confirmation)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -118,6 +150,15 @@ def takeover_key(partition: int, token: str) -> bytes:
 
 def encode_takeover(takeover: Takeover) -> bytes:
     return _encoder.encode(takeover)
+
+
+def confirmation_key(partition: int, key_token: str) -> bytes:
+    """A confirmation record's key: a token of its own, so that no two share a key."""
+    return f"{partition}\x1fr\x1f{key_token}".encode()
+
+
+def encode_confirmation(confirmation: Confirmation) -> bytes:
+    return _encoder.encode(confirmation)
 
 
 def owner_key_part(partition: int, epoch: int | None, version: int | None = None) -> str:
@@ -142,8 +183,19 @@ def split_key(key: bytes) -> tuple[bytes, int | None]:
 
 
 def is_takeover(key: bytes) -> bool:
-    _, sep, rest = key.partition(_SEP)
-    return bool(sep) and rest[:1] == TAKEOVER_KIND and rest[1:2] == _SEP
+    return _kind(key) == TAKEOVER_KIND
+
+
+def is_confirmation(key: bytes) -> bool:
+    return _kind(key) == CONFIRMATION_KIND
+
+
+def _kind(key: bytes) -> bytes | None:
+    """The kind of an untagged ``P <kind> <token>`` key (None: another key)."""
+    head, sep, rest = key.partition(_SEP)
+    if not sep or _TAG in head or rest[1:2] != _SEP:
+        return None
+    return rest[:1]
 
 
 def takeover_of(value: bytes) -> Takeover | None:
@@ -154,12 +206,25 @@ def takeover_of(value: bytes) -> Takeover | None:
         return None
 
 
+def confirmation_of(value: bytes) -> Confirmation | None:
+    """A confirmation record's value (None when it is not one this worker can read)."""
+    try:
+        return _confirmation_decoder.decode(value)
+    except msgspec.MsgspecError:
+        return None
+
+
 def counts_after(takeover: Takeover, before: Takeover | None) -> bool:
     """Whether ``takeover`` counts after ``before``, the latest counting takeover ahead of it
-    (None: none): its generation is not older, or it was confirmed more than
-    ``CLOCK_SKEW_MS`` later (the group's generations started again)."""
+    (with the generation its owner last confirmed; None: none): its generation is not
+    older, or it was confirmed more than ``CLOCK_SKEW_MS`` later (the group's generations
+    started again). One confirmed more than ``CLOCK_SKEW_MS`` *earlier* counts for nothing,
+    whatever its generation: it is an older group's (a member of the group before its
+    generations started again, appending late)."""
     if before is None or takeover.generation < 0 or before.generation < 0:
         return True
+    if takeover.at_ms + CLOCK_SKEW_MS < before.at_ms:
+        return False
     return takeover.generation >= before.generation or takeover.at_ms > before.at_ms + CLOCK_SKEW_MS
 
 
@@ -203,6 +268,36 @@ class ValidState:
     deletions: list[bytes]
     #: the epoch of the latest counting takeover read (None: none yet)
     epoch: int | None
+    #: that takeover, with the generation and time its owner last confirmed (None: none)
+    counting: Takeover | None = None
+
+
+@dataclass(slots=True)
+class _Owner:
+    """One takeover token as the log holds it: where its takeover landed (its owner's word
+    when a confirmation says it, else the first copy read), the takeover it was, and the
+    keys of its records (confirmations first, then the takeover's)."""
+
+    position: int
+    base: Takeover
+    confirmations: list[bytes] = field(default_factory=list)
+    takeovers: list[bytes] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[bytes]:
+        return self.confirmations + self.takeovers
+
+
+@dataclass(slots=True)
+class _Counted:
+    """Which takeovers count (their positions: the epochs, sorted), the keys of those that
+    do not, the latest counting one (with its owner's last counting confirmation) and
+    every token's records."""
+
+    epochs: list[int]
+    strays: list[bytes]
+    latest: Takeover | None
+    owners: dict[str, _Owner]
 
 
 @dataclass
@@ -214,6 +309,8 @@ class ChangelogView:
     _latest: dict[bytes, tuple[int, bytes]] = field(default_factory=dict)
     #: takeover records: physical key -> (offset of its first copy, its value)
     _takeovers: dict[bytes, tuple[int, Takeover]] = field(default_factory=dict)
+    #: confirmation records: physical key -> (offset, its value)
+    _confirmations: dict[bytes, tuple[int, Confirmation]] = field(default_factory=dict)
 
     def add(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         if key is None:
@@ -221,35 +318,66 @@ class ChangelogView:
         if value is None:
             self._latest.pop(key, None)
             self._takeovers.pop(key, None)
+            self._confirmations.pop(key, None)
         elif is_takeover(key):
             takeover = takeover_of(value)
             if takeover is not None and key not in self._takeovers:  # a later copy changes nothing
                 self._takeovers[key] = (offset, takeover)
+        elif is_confirmation(key):
+            confirmation = confirmation_of(value)
+            if confirmation is not None and key not in self._confirmations:
+                self._confirmations[key] = (offset, confirmation)
         else:
             self._latest[key] = (offset, value)
 
     def counting(self) -> tuple[list[int], list[bytes]]:
         """The offsets of the counting takeovers (sorted), and the keys of those that do not count."""
-        epochs: list[int] = []
-        strays: list[bytes] = []
-        before: Takeover | None = None
+        counted = self._count()
+        return counted.epochs, counted.strays
+
+    def _owners(self) -> dict[str, _Owner]:
+        """Every token's takeover: where it landed and its records. A confirmation's word on
+        where its takeover landed wins over the copies read (a copy appended twice, the first
+        compacted away), and stands for the takeover when no copy is left."""
+        owners: dict[str, _Owner] = {}
         for key, (offset, takeover) in sorted(self._takeovers.items(), key=lambda kv: kv[1][0]):
-            if counts_after(takeover, before):
-                epochs.append(offset)
-                before = takeover
-            else:
-                strays.append(key)
-        return epochs, strays
+            owner = owners.setdefault(takeover.token, _Owner(offset, takeover))
+            owner.takeovers.append(key)
+        for key, (_, confirmation) in sorted(self._confirmations.items(), key=lambda kv: kv[1][0]):
+            owner = owners.setdefault(confirmation.token, _Owner(confirmation.epoch, confirmation.as_takeover()))
+            owner.position = confirmation.epoch
+            owner.confirmations.append(key)
+        return owners
+
+    def _count(self) -> _Counted:
+        """The takeovers in the order they landed, each judged against the latest counting one
+        before it (as its owner last confirmed it before that point: ``counts_after``)."""
+        owners = self._owners()
+        events: list[tuple[int, str, Confirmation | None]] = [(o.position, token, None) for token, o in owners.items()]
+        events += [(offset, c.token, c) for offset, c in self._confirmations.values()]
+        counted = _Counted([], [], None, owners)
+        current: str | None = None
+        for offset, token, confirmation in sorted(events, key=lambda e: (e[0], e[2] is not None)):
+            if confirmation is None:
+                if counts_after(owners[token].base, counted.latest):
+                    counted.epochs.append(offset)
+                    counted.latest, current = owners[token].base, token
+                else:
+                    counted.strays.extend(owners[token].keys)
+            elif token == current and counts_after(confirmation.as_takeover(), counted.latest):
+                counted.latest = confirmation.as_takeover()  # the owner confirmed a newer generation
+        return counted
 
     def result(self) -> ValidState:
         """The valid state now (the view can take more records afterwards)."""
-        epochs, strays = self.counting()
+        counted = self._count()
+        epochs = counted.epochs
         latest_epoch = epochs[-1] if epochs else None
         valid, stale, superseded = self._valid(epochs)
-        unneeded = self._unneeded_takeovers(valid, epochs)
+        unneeded = self._unneeded_takeovers(valid, epochs, counted.owners)
         entries = [(physical, value) for _, physical, value in sorted(valid.values())]
-        deletions = sorted(stale) + sorted(strays) + sorted(superseded) + unneeded
-        return ValidState(entries=entries, deletions=deletions, epoch=latest_epoch)
+        deletions = sorted(stale) + counted.strays + sorted(superseded) + unneeded
+        return ValidState(entries=entries, deletions=deletions, epoch=latest_epoch, counting=counted.latest)
 
     def _valid(self, epochs: list[int]) -> tuple[dict[bytes, tuple[int, bytes, bytes]], list[bytes], list[bytes]]:
         """Each logical key's latest record its epoch's owner wrote (logical -> (offset,
@@ -272,8 +400,11 @@ class ChangelogView:
             valid[logical] = (offset, physical, value)
         return valid, stale, superseded
 
-    def _unneeded_takeovers(self, valid: dict[bytes, tuple[int, bytes, bytes]], epochs: list[int]) -> list[bytes]:
-        """The counting takeovers no valid record needs any more, oldest first."""
+    def _unneeded_takeovers(
+        self, valid: dict[bytes, tuple[int, bytes, bytes]], epochs: list[int], owners: dict[str, _Owner]
+    ) -> list[bytes]:
+        """The records of the counting takeovers no valid record needs any more, oldest
+        first (each one's confirmations, then its takeover)."""
         if not epochs:
             return []
         tags = [tag for _, physical, _ in valid.values() if (tag := split_key(physical)[1]) is not None]
@@ -283,8 +414,9 @@ class ChangelogView:
         counting = set(epochs)
         return [
             key
-            for key, (offset, _) in sorted(self._takeovers.items(), key=lambda kv: kv[1][0])
-            if offset in counting and offset < needed_from
+            for owner in sorted(owners.values(), key=lambda o: o.position)
+            if owner.position in counting and owner.position < needed_from
+            for key in owner.keys
         ]
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from ..core.ownership import ChangelogView, StateWithoutCheckpoint, ValidState
+from ..core.ownership import CLOCK_SKEW_MS, ChangelogView, StateWithoutCheckpoint, Takeover, ValidState
 from ..settings import WorkerSettings
 from .assignor import StickyAssignor
 from .internals import group_generation, set_fetch_wait
@@ -712,6 +712,8 @@ class DeliveryDriver:
         #: every restore's steps, the changelog reading, the other partitions' work
         self.longest_stall_restoring_s = 0.0
         self._watch: asyncio.Task | None = None
+        #: takeovers that did not count, to be tried again (``_ask_again``)
+        self._asked_again: set[asyncio.TimerHandle] = set()
 
     def _new_routes(self, settings: WorkerSettings) -> tuple[InputRoute, InputRoute]:
         """The two stages' routes, with the consumer options of the worker's settings."""
@@ -898,31 +900,34 @@ class DeliveryDriver:
         started = time.monotonic()
         changelog = self.changelog(topic)
         turns = dict(begun)
-        await self._keep_unchanged(topic, changelog, turns)
-        if not turns:
-            return
         confirmed = await self._route_of[topic].confirm_generation(turns)
         if confirmed is None:
             return  # a stale member: the next assignment says what is ours
+        await self._keep_unchanged(topic, changelog, turns, confirmed)
+        if not turns:
+            return
         await self._restore_from_changelogs(topic, changelog, turns, confirmed)
         log.debug("took %d partition(s) of %s over in %.2f s", len(turns), topic, time.monotonic() - started)
 
-    async def _keep_unchanged(self, topic: str, changelog: str, turns: dict[int, int]) -> None:
+    async def _keep_unchanged(self, topic: str, changelog: str, turns: dict[int, int], confirmed: Confirmed) -> None:
         """Reinstate, without a restore, the partitions kept through the rebalance whose
-        changelog nobody wrote since this worker's last write (taken out of ``turns``);
-        the others' writes are forgotten: they are restored."""
+        changelog nobody wrote since this worker's last write (taken out of ``turns``): a
+        confirmation of the generation confirmed now lands where its next write was due
+        (``OwnedWrites.confirm``), so that a takeover of an older rebalance landing later
+        counts for nothing. The others' writes are forgotten: they are restored."""
         kept = self._take_kept(topic, turns)
         if not kept:
             return
         ends = await self._log_ends([(log, p) for p in kept for log in (changelog, topic)])
-        for p, state in kept.items():
-            self._keep_if_unchanged(topic, changelog, p, state, turns, ends)
+        await asyncio.gather(
+            *(self._keep_if_unchanged(topic, changelog, p, state, turns, ends, confirmed) for p, state in kept.items())
+        )
 
     def _take_kept(self, topic: str, turns: dict[int, int]) -> dict[int, Checkpointed]:
         """The suspended states of the partitions to take over, taken out of the ledger."""
         return {p: s for p in turns if (s := self.ledger.take_suspended(topic, p)) is not None}
 
-    def _keep_if_unchanged(
+    async def _keep_if_unchanged(
         self,
         topic: str,
         changelog: str,
@@ -930,16 +935,19 @@ class DeliveryDriver:
         state: Checkpointed,
         turns: dict[int, int],
         ends: dict[TopicPartition, int],
+        confirmed: Confirmed,
     ) -> None:
         """Reinstate a kept state when its changelog ends where this worker's last write
-        did (its turn taken out of ``turns``); else forget its writes."""
+        did and its confirmation landed there (its turn taken out of ``turns``); else
+        forget its writes."""
         owned = self.writes.ownership(changelog, p)
-        if owned is not None and ends[(changelog, p)] == owned.next_offset:
-            if self.ledger.install(topic, p, turns.pop(p), state, ends[(topic, p)]) is not None:
-                self.kept += 1
-                self._route_of[topic].look_again()  # read at once, while the others restore
-        else:
+        unchanged = owned is not None and ends[(changelog, p)] == owned.next_offset
+        if not unchanged or not await self.writes.confirm(changelog, p, *confirmed):
             self.writes.forget(changelog, p)
+            return
+        if self.ledger.install(topic, p, turns.pop(p), state, ends[(topic, p)]) is not None:
+            self.kept += 1
+            self._route_of[topic].look_again()  # read at once, while the others restore
 
     async def _restore_from_changelogs(
         self, topic: str, changelog: str, turns: dict[int, int], confirmed: Confirmed
@@ -949,13 +957,15 @@ class DeliveryDriver:
         meanwhile)."""
         owner_epochs = await self._write_takeovers(changelog, turns, confirmed)
         ends, views = await self.changelogs.read(
-            {(changelog, p): epoch + 1 for p, epoch in owner_epochs.items()}, [(topic, p) for p in turns]
+            {(changelog, p): self._read_end(changelog, p, epoch) for p, epoch in owner_epochs.items()},
+            [(topic, p) for p in turns],
         )
         for p, epoch in owner_epochs.items():
             await self.stages.reached("restore")
             valid = views[(changelog, p)].result()
             if valid.epoch != epoch:
                 self._not_counted(topic, changelog, p, epoch, valid.epoch)
+                self._ask_again(topic, confirmed, valid.counting)
                 continue
             try:
                 state, installed = await self._restore(topic, p, valid, epoch)
@@ -978,6 +988,25 @@ class DeliveryDriver:
             "" if counting is None else f" at {counting}",
         )
         self.writes.forget(changelog, p)
+
+    def _ask_again(self, topic: str, confirmed: Confirmed, counting: Takeover | None) -> None:
+        """A takeover that did not count is tried again: the next round confirms the
+        generation first (a stale member stops there). A counting takeover of a newer
+        generation than the one confirmed, when the member is current, means the group
+        started again within ``CLOCK_SKEW_MS`` of it: the next try waits until that bound
+        has passed, and counts (``core.ownership.counts_after``)."""
+        delay_s = self.RETRY_S
+        if counting is not None and counting.generation > confirmed.generation >= 0:
+            delay_s += max(0.0, (counting.at_ms + CLOCK_SKEW_MS - confirmed.at_ms) / 1000)
+        loop = asyncio.get_running_loop()
+        self._asked_again = {h for h in self._asked_again if h.when() > loop.time()}
+        self._asked_again.add(loop.call_later(min(delay_s, 2 * CLOCK_SKEW_MS / 1000), self._wanted[topic].set))
+
+    def _read_end(self, changelog: str, p: int, epoch: int) -> int:
+        """Where a takeover reads its changelog up to: past its confirmation (a takeover
+        landing between the two must be seen)."""
+        owned = self.writes.ownership(changelog, p)
+        return owned.next_offset if owned is not None and owned.epoch == epoch else epoch + 1
 
     async def _write_takeovers(self, changelog: str, turns: dict[int, int], confirmed: Confirmed) -> dict[int, int]:
         """A takeover record in each partition's changelog, all at once: partition -> its epoch."""
@@ -1100,6 +1129,8 @@ class DeliveryDriver:
 
     async def _stop_tasks(self) -> None:
         """Cancel the routes, the takeovers and the watch, and wait until they stopped."""
+        for handle in self._asked_again:
+            handle.cancel()
         tasks = [task for task, _ in self._tasks.values()] + ([self._watch] if self._watch is not None else [])
         for task in tasks:
             task.cancel()

@@ -39,10 +39,15 @@ from typing import Any
 
 from ..core.layout import REWRITTEN_KINDS
 from ..core.ownership import (
+    Confirmation,
     RewrittenKeys,
     Takeover,
+    confirmation_key,
+    confirmation_of,
     counts_after,
+    encode_confirmation,
     encode_takeover,
+    is_confirmation,
     is_takeover,
     takeover_key,
     takeover_of,
@@ -130,11 +135,14 @@ class OwnedWrites:
 
     # -- ownership ---------------------------------------------------------------------
     async def take_over(self, topic: str, partition: int, generation: int = -1, confirmed_at_ms: int = 0) -> int:
-        """Append a takeover record to the changelog partition and wait for it; returns
-        the new epoch (its offset). ``generation`` is the group generation this worker
-        confirmed at ``confirmed_at_ms`` (wall clock, taken before the confirmation was
-        sent): the record counts only if no newer generation took the partition before it
-        (``core.ownership``). Whatever this worker held of the partition is forgotten."""
+        """Append a takeover record to the changelog partition and wait for it, then a
+        confirmation that names the offset it landed at; returns the new epoch (that
+        offset). ``generation`` is the group generation this worker confirmed at
+        ``confirmed_at_ms`` (wall clock, taken before the confirmation was sent): the record
+        counts only if no newer generation took the partition before it
+        (``core.ownership``). Whatever this worker held of the partition is forgotten. The
+        changelog is to be read up to ``ownership(...).next_offset`` (the confirmation
+        included): a takeover landing between the two is one this worker must see."""
         self.forget(topic, partition)
         takeover = Takeover(
             token=takeover_token(),
@@ -142,28 +150,56 @@ class OwnedWrites:
             at_ms=confirmed_at_ms or int(time.time() * 1000),
             generation=generation,
         )
-        epoch = await self._append_takeover(topic, partition, takeover)
+        epoch = await self._append(topic, partition, takeover_key(partition, takeover.token), encode_takeover(takeover))
+        confirmation = Confirmation(
+            token=takeover.token, epoch=epoch, owner=self.owner, at_ms=takeover.at_ms, generation=generation
+        )
+        confirmed = await self._append(
+            topic, partition, confirmation_key(partition, takeover_token()), encode_confirmation(confirmation)
+        )
         owned = self._owned[(topic, partition)] = Ownership(
             token=takeover.token,
             epoch=epoch,
-            next_offset=epoch + 1,
+            next_offset=confirmed + 1,
             takeover=takeover,
             keys=RewrittenKeys(partition, epoch, REWRITTEN_KINDS),
         )
         owned.idle.set()
         return epoch
 
-    async def _append_takeover(self, topic: str, partition: int, takeover: Takeover) -> int:
-        """Append a takeover record and wait for it; returns its offset."""
-        value = encode_takeover(takeover)
-        token = takeover.token
+    async def confirm(self, topic: str, partition: int, generation: int, confirmed_at_ms: int) -> bool:
+        """Keep owning a partition through a rebalance: append a confirmation carrying the
+        group generation confirmed again (at ``confirmed_at_ms``) and wait for it. Whether
+        it counts and landed where this owner's next write was due (nobody wrote the
+        partition since): then a takeover of an older rebalance landing later counts for
+        nothing, and the partition is kept; else it is to be taken over and restored."""
+        owned = self._owned.get((topic, partition))
+        if owned is None or owned.takeover is None or owned.groups or owned.acknowledged or owned.held_back:
+            return False
+        confirmation = Confirmation(
+            token=owned.token, epoch=owned.epoch, owner=self.owner, at_ms=confirmed_at_ms, generation=generation
+        )
+        if not counts_after(confirmation.as_takeover(), owned.takeover):
+            return False  # a group that started again, within the clock-skew bound: a takeover must wait
+        offset = await self._append(
+            topic, partition, confirmation_key(partition, takeover_token()), encode_confirmation(confirmation)
+        )
+        if self._owned.get((topic, partition)) is not owned or offset != owned.next_offset:
+            return False
+        owned.next_offset = offset + 1
+        owned.takeover = confirmation.as_takeover()
+        return True
+
+    async def _append(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
+        """Append one record of this worker's own (a takeover, a confirmation) and wait for
+        it; returns its offset."""
         acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def on_ack(offset: int) -> None:
             if not acked.done():
                 acked.set_result(offset)
 
-        self.output.send(topic, takeover_key(partition, token), value, partition, on_ack=on_ack)
+        self.output.send(topic, key, value, partition, on_ack=on_ack)
         return await acked
 
     def ownership(self, topic: str, partition: int) -> Ownership | None:
@@ -424,11 +460,24 @@ def _other_takeover(
 ) -> tuple[int, Takeover] | None:
     """The first takeover among ``records`` (none of ``ours``) by another worker that counts
     after this one's (``core.ownership.counts_after``), and its offset; None when there is
-    none. A stray one (a stale member's late append) fences nobody."""
+    none. A stray one (a stale member's late append) fences nobody. Another owner's
+    confirmation naming an epoch past this owner's stands for its takeover (whose copy
+    compaction may have dropped)."""
     for offset, key, value in records:
-        if offset in ours or key is None or value is None or not is_takeover(key):
+        if offset in ours or key is None or value is None:
             continue
-        takeover = takeover_of(value)
-        if takeover is not None and takeover.token != owned.token and counts_after(takeover, owned.takeover):
-            return offset, takeover
+        found = _takeover_in(key, value, owned)
+        if found is not None and found.token != owned.token and counts_after(found, owned.takeover):
+            return offset, found
+    return None
+
+
+def _takeover_in(key: bytes, value: bytes, owned: Ownership) -> Takeover | None:
+    """The takeover a record is or stands for, after this owner's (None: none)."""
+    if is_takeover(key):
+        return takeover_of(value)
+    if is_confirmation(key):
+        confirmation = confirmation_of(value)
+        if confirmation is not None and confirmation.epoch > owned.epoch:
+            return confirmation.as_takeover()
     return None

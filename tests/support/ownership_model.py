@@ -219,8 +219,10 @@ class Worker:
             return
         epoch = self.round.result()
         self.round = None
+        owned = self.writes.ownership(CHANGELOG, 0)
+        end = owned.next_offset if owned is not None else epoch + 1  # past its confirmation, as the driver reads
         view = ChangelogView()
-        for offset, key, value in self.world.log.read(0, epoch + 1):
+        for offset, key, value in self.world.log.read(0, end):
             view.add(offset, key, value)
         valid = view.result()
         if valid.epoch != epoch:
