@@ -16,6 +16,8 @@ from click.testing import CliRunner
 
 from specmeter.streams.cli import main
 
+from .support.tools import run_specmeter
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -289,6 +291,43 @@ def test_loadgen_dump_and_expect_carry_tasks_and_inconsistent_histograms(tmp_pat
     assert all(json.loads(line).get("task") is None for line in dump.read_text().splitlines())
     result = CliRunner().invoke(main, [*args, "--tasks", "math:2", "--dump", str(dump)])
     assert result.exit_code == 2 and "NAME:FACTOR" in result.output
+
+
+@pytest.mark.parametrize("tasks", ["garbage", "math:1,code", "math:", ":0.5"])
+def test_loadgen_refuses_a_task_without_its_factor(tmp_path, tasks):
+    """Issue 47.7: `--tasks garbage` made a task called garbage (the help says NAME:FACTOR)."""
+    result = CliRunner().invoke(main, ["loadgen", "--tasks", tasks, "--dump", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "is not NAME:FACTOR with a factor in (0, 1]" in result.output
+    assert not (tmp_path / "d.jsonl").exists() or (tmp_path / "d.jsonl").stat().st_size == 0
+
+
+def test_loadgen_refuses_a_batch_past_its_bound_before_drawing_it(tmp_path):
+    """Issue 47.7: `--sessions-per-batch 100000000` grew to 800 MB with no output."""
+    from specmeter.streams.cli.loadgen import MAX_SESSIONS_PER_BATCH
+
+    dump = tmp_path / "d.jsonl"
+    result = run_specmeter("loadgen", "--sessions-per-batch", "100000000", "--dump", str(dump), timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert f"100,000,000 is past {MAX_SESSIONS_PER_BATCH:,}: a batch's events are drawn into memory" in result.stderr
+    assert "--batches" in result.stderr.splitlines()[-1], "says what to do instead"
+    at_bound = ["loadgen", "--sessions-per-batch", str(MAX_SESSIONS_PER_BATCH), "--batches", "0", "--dump", str(dump)]
+    assert CliRunner().invoke(main, at_bound).exit_code == 0, "the bound itself is taken"
+    help_text = CliRunner().invoke(main, ["loadgen", "--help"], terminal_width=200).output
+    assert f"at most {MAX_SESSIONS_PER_BATCH:,}" in help_text
+
+
+def test_loadgen_shows_the_progress_of_a_dump_on_a_terminal(tmp_path):
+    """A big --dump ran with no output at all; a terminal now gets the batches' progress
+    (on stderr: stdout may be the dump), a pipe only the closing line."""
+    args = ["loadgen", "--batches", "3", "--sessions-per-batch", "5", "--dump", str(tmp_path / "d.jsonl")]
+    terminal = run_specmeter(*args, env={"FORCE_COLOR": "1"})  # rich's own switch for a terminal
+    assert terminal.returncode == 0, terminal.stderr
+    assert "batches (dump)" in terminal.stderr and "3/3" in terminal.stderr
+    piped = run_specmeter(*args)
+    assert piped.stderr.splitlines() == [f"loadgen: 117 events written to {tmp_path / 'd.jsonl'}"]
+    quiet = run_specmeter(*args, "--no-progress", env={"FORCE_COLOR": "1"})
+    assert "batches (dump)" not in quiet.stderr
 
 
 def test_dev_script_help_is_a_clean_usage_text():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -22,7 +22,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..fleet.synthetic import FleetSpec
+    from ..fleet.synthetic import FleetEvent, FleetSpec
 
 
 def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
@@ -31,17 +31,18 @@ def _share_option(name: str, default: float, help: str) -> Callable[[Any], Any]:
 
 
 def _tasks(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, float], ...]:
-    """``loadgen --tasks``: ``NAME:FACTOR,...`` (a name alone: factor 1), or ``none``."""
+    """``loadgen --tasks``: ``NAME:FACTOR,...``, or ``none``."""
     if value.strip().lower() in ("", "none"):
         return ()
     return tuple(_task(item) for item in value.split(","))
 
 
 def _task(item: str) -> tuple[str, float]:
-    """One ``NAME:FACTOR`` of ``--tasks``, the factor in (0, 1]."""
-    name, _, factor = item.strip().partition(":")
+    """One ``NAME:FACTOR`` of ``--tasks``, the factor in (0, 1]: a name without its factor
+    is refused (issue 47.7: ``--tasks garbage`` made a task called garbage)."""
+    name, colon, factor = item.strip().partition(":")
     try:
-        number = float(factor) if factor else 1.0
+        number = float(factor) if colon else -1.0
     except ValueError:
         number = -1.0
     if not name or not 0 < number <= 1:
@@ -49,6 +50,24 @@ def _task(item: str) -> tuple[str, float]:
             f"{item.strip()!r} is not NAME:FACTOR with a factor in (0, 1] (e.g. gsm8k:1,chat:0.9, or none)"
         )
     return name, number
+
+
+#: the most sessions one batch may hold: a batch's events are drawn into memory before the
+#: first is sent (the producers' streams interleave at random, and each marker counts its
+#: records), about 2.6 KB a session: 100,000 take about 260 MB and 17 s (issue 47.7:
+#: 100,000,000 grew to 800 MB with no output before it was killed)
+MAX_SESSIONS_PER_BATCH = 100_000
+
+
+def _sessions_per_batch(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """``--sessions-per-batch``, refused past ``MAX_SESSIONS_PER_BATCH`` with why and what to do."""
+    if value > MAX_SESSIONS_PER_BATCH:
+        raise click.BadParameter(
+            f"{value:,} is past {MAX_SESSIONS_PER_BATCH:,}: a batch's events are drawn into memory before the "
+            f"first is sent (about 2.6 KB a session, {MAX_SESSIONS_PER_BATCH:,} take about 260 MB); give more "
+            "--batches of fewer sessions instead"
+        )
+    return value
 
 
 @click.command(cls=Command, epilog=KAFKA_ENV_HELP)
@@ -66,7 +85,9 @@ def _task(item: str) -> tuple[str, float]:
     type=Number(1, integer=True),
     default=200,
     show_default=True,
-    help="Agentic sessions per training step, spread over the producers.",
+    callback=_sessions_per_batch,
+    help=f"Agentic sessions per training step, spread over the producers; at most {MAX_SESSIONS_PER_BATCH:,} "
+    "(a batch is drawn in memory before it is sent).",
 )
 @click.option(
     "--max-samples-per-session",
@@ -244,7 +265,7 @@ def loadgen(
     if dump is None:  # fail before writing --expect when the broker is not there
         security = preflight.security_from_env()
         preflight.check_before_start(broker, security, records_topic=topic)  # before any progress bar
-    if _written(spec, expect, dump):
+    if _written(spec, expect, dump, no_progress):
         return
     assert security is not None  # no dump: the broker run, checked above
     summary = LoadSummary()
@@ -315,17 +336,35 @@ def _publish(
         )
 
 
-def _written(spec: FleetSpec, expect: IO[bytes] | None, dump: IO[bytes] | None) -> bool:
+def _written(spec: FleetSpec, expect: IO[bytes] | None, dump: IO[bytes] | None, no_progress: bool = True) -> bool:
     """Write ``--expect`` (first: a run can be checked end to end), then ``--dump``; True
     when the events went to the dump instead of the broker."""
     from ..fleet.publish import write_dump, write_expected
-    from ..fleet.synthetic import synthetic_fleet
 
     if expect is not None:
-        n = write_expected(synthetic_fleet(spec), expect)
+        n = write_expected(_progressed(spec, "expected metrics", no_progress), expect)
         click.echo(f"loadgen: expected metrics of {n} batch(es) written to {expect.name}", err=True)
     if dump is None:
         return False
-    n = write_dump(synthetic_fleet(spec), dump)
+    n = write_dump(_progressed(spec, "dump", no_progress), dump)
     click.echo(f"loadgen: {n} events written to {dump.name}", err=True)
     return True
+
+
+def _progressed(spec: FleetSpec, what: str, no_progress: bool) -> Iterator[FleetEvent]:
+    """The fleet's events, with a progress bar of its batches on stderr where stderr is a
+    terminal (issue 47.7: a big --dump ran minutes with no output; stdout may be the dump)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from ..fleet.synthetic import synthetic_fleet
+
+    console = Console(stderr=True)
+    last_producer = f"-{spec.producers - 1}"
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=no_progress or not console.is_terminal) as progress:
+        task = progress.add_task(f"batches ({what})", total=spec.batches)
+        for event in synthetic_fleet(spec):
+            yield event
+            if event.kind == "marker" and event.producer_id.endswith(last_producer):
+                progress.advance(task)
