@@ -9,8 +9,12 @@ import random
 import pytest
 
 from specmeter.streams.core.ownership import (
+    CLOCK_SKEW_MS,
     ChangelogView,
+    Confirmation,
     Takeover,
+    confirmation_key,
+    encode_confirmation,
     encode_takeover,
     owner_key_part,
     split_key,
@@ -126,6 +130,88 @@ def test_a_restore_that_deletes_what_it_was_told_leaves_the_same_state():
     again = log.view().result()
     assert dict(again.entries) == {**dict(first.entries), _key(b, "c", ""): b"b"}
     assert not [k for k in again.deletions if k != takeover_key(0, "a") and split_key(k)[1] != a]
+
+
+# -- confirmations (issue 43) ----------------------------------------------------------------------------
+def _take(log: Log, token: str, generation: int = -1, at_ms: int = 0) -> int:
+    """A takeover and its owner's confirmation naming its epoch, as ``OwnedWrites.take_over`` writes them."""
+    takeover = Takeover(token=token, at_ms=at_ms, generation=generation)
+    epoch = log.append(takeover_key(0, token), encode_takeover(takeover))
+    _confirm(log, token, epoch, generation, at_ms)
+    return epoch
+
+
+def _confirm(log: Log, token: str, epoch: int, generation: int, at_ms: int) -> int:
+    confirmation = Confirmation(token=token, epoch=epoch, at_ms=at_ms, generation=generation)
+    return log.append(confirmation_key(0, f"{token}-{len(log.records)}"), encode_confirmation(confirmation))
+
+
+def test_a_kept_owners_confirmation_makes_an_older_rebalances_takeover_a_stray():
+    log = Log()
+    b = _take(log, "b", generation=7, at_ms=1_000)
+    log.append(_key(b, "c", ""), b"b1")
+    _confirm(log, "b", b, generation=11, at_ms=5_000)  # kept through the rebalance of generation 11
+    log.append(takeover_key(0, "a"), encode_takeover(Takeover(token="a", generation=10, at_ms=4_000)))
+    log.append(_key(b, "c", ""), b"b2")
+    state = log.view().result()
+    assert state.epoch == b and dict(state.entries) == {_key(b, "c", ""): b"b2"}
+    assert takeover_key(0, "a") in state.deletions
+    assert state.counting is not None and state.counting.generation == 11
+
+
+def test_a_confirmation_of_a_takeover_that_did_not_come_first_confirms_nothing():
+    log = Log()
+    b = _take(log, "b", generation=7, at_ms=1_000)
+    a = _take(log, "a", generation=10, at_ms=4_000)  # landed before B's confirmation: it counts
+    _confirm(log, "b", b, generation=11, at_ms=5_000)
+    log.append(_key(b, "c", ""), b"late")
+    state = log.view().result()
+    assert state.epoch == a and state.entries == [] and _key(b, "c", "") in state.deletions
+
+
+def test_a_takeover_appended_twice_keeps_its_epoch_whichever_copy_compaction_keeps():
+    log = Log()
+    x = _take(log, "x", generation=3, at_ms=1_000)
+    log.append(_key(x, "c", ""), b"x1")
+    log.append(*log.records[x][1:])  # the second copy of the takeover record
+    log.append(_key(x, "d", "1"), b"d1")
+    whole, compacted = log.view().result(), log.compacted().view().result()
+    assert whole.epoch == compacted.epoch == x
+    assert whole.entries == compacted.entries == [(_key(x, "c", ""), b"x1"), (_key(x, "d", "1"), b"d1")]
+
+
+def test_an_old_groups_takeover_confirmed_past_the_bound_before_the_counting_one_is_a_stray():
+    log = Log()
+    _take(log, "old", generation=39, at_ms=1_000)
+    new = _take(log, "new", generation=1, at_ms=2_000 + CLOCK_SKEW_MS)  # the group started again
+    log.append(takeover_key(0, "late"), encode_takeover(Takeover(token="late", generation=39, at_ms=900)))
+    log.append(_key(new, "c", ""), b"n")
+    state = log.view().result()
+    assert state.epoch == new and dict(state.entries) == {_key(new, "c", ""): b"n"}
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_valid_state_survives_compaction_with_confirmations_and_copies(seed):
+    """Takeovers with their confirmations, kept owners confirming newer generations,
+    takeover records appended twice, stale owners writing late: the compacted log gives
+    the same state as the whole one."""
+    rng = random.Random(seed)
+    log, owners, clock = Log(), [None], 1_000
+    for _ in range(rng.randint(1, 50)):
+        roll, clock = rng.random(), clock + rng.randint(0, 30)
+        if roll < 0.1:
+            token = f"t{len(owners)}"
+            owners.append(_take(log, token, generation=rng.randint(0, 5), at_ms=clock))
+        elif roll < 0.15 and len(owners) > 1:
+            i = rng.randrange(1, len(owners))
+            _confirm(log, f"t{i}", owners[i], generation=rng.randint(0, 6), at_ms=clock)
+        elif roll < 0.2 and len(owners) > 1:
+            log.append(*log.records[owners[rng.randrange(1, len(owners))]][1:])  # a second copy
+        else:
+            value = None if roll < 0.3 else str(rng.random()).encode()
+            log.append(_key(rng.choice(owners), rng.choice("dcs"), str(rng.randint(0, 3))), value)
+    whole, compacted = log.view().result(), log.compacted().view().result()
+    assert whole.entries == compacted.entries and whole.epoch == compacted.epoch
 
 
 # -- the sticky assignment ------------------------------------------------------------------------------
