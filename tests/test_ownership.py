@@ -218,9 +218,9 @@ def test_the_valid_state_survives_compaction_with_confirmations_and_copies(seed)
 T = "records"
 
 
-def _members(held: dict[str, list[int]], epochs: dict[str, int] | None = None) -> dict[str, Member]:
-    epochs = epochs or {}
-    return {m: Member(frozenset({T}), tuple((T, p) for p in ps), epochs.get(m, 0)) for m, ps in held.items()}
+def _members(held: dict[str, list[int]], assignments: dict[str, int] | None = None) -> dict[str, Member]:
+    assignments = assignments or {}
+    return {m: Member(frozenset({T}), tuple((T, p) for p in ps), assignments.get(m, 0)) for m, ps in held.items()}
 
 
 def _moves(before: dict[str, list[int]], after: dict[str, list[tuple[str, int]]]) -> int:
@@ -243,11 +243,11 @@ def test_a_worker_leaving_moves_only_its_own_partitions():
     assert _moves(held, out) == 3  # 9, 10, 11: d's, and nothing else
 
 
-def test_a_partition_two_members_claim_goes_to_the_newer_epoch():
-    """A worker frozen past its session wakes up claiming what moved meanwhile."""
+def test_a_partition_two_members_hold_goes_to_the_newer_assignment():
+    """A worker frozen past its session wakes up holding what moved meanwhile."""
     held = {"zombie": [0, 1, 2, 3], "new": [2, 3]}
     out = sticky_assignment([(T, p) for p in range(4)], _members(held, {"zombie": 3, "new": 5}))
-    assert out["new"] == [(T, 2), (T, 3)]  # the newer epoch keeps what it holds
+    assert out["new"] == [(T, 2), (T, 3)]  # the newer assignment keeps what it holds
     assert out["zombie"] == [(T, 0), (T, 1)]
     older = sticky_assignment([(T, p) for p in range(4)], _members(held, {"zombie": 5, "new": 3}))
     assert len(older["zombie"]) == 2 and len(older["new"]) == 2  # balanced either way

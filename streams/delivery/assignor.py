@@ -1,13 +1,15 @@
 """A sticky, balanced assignment of a stage's partitions: a rebalance moves only what
 must move, so only the partitions that move are restored.
 
-Each member tells the group, when it joins, the partitions it holds and the epoch of the
-assignment that gave them (``metadata``). The group's leader (``assign``) keeps every
-member's partitions up to a fair share, gives a partition two members claim to the one
-with the newer epoch (a member that was frozen and woke up claims partitions that moved
-meanwhile), and hands the rest to the members below their share. Adding a fourth worker
-to three at 12 partitions moves 3, one from each; a worker leaving moves only its own.
-Every assignment carries a new epoch, one past the highest any member reported.
+Each member tells the group, when it joins, the partitions it holds and the number of the
+assignment that gave them (``metadata``; the **assignment number**, the assignor's own
+counter: not an owner epoch, not a group generation). The group's leader (``assign``)
+keeps every member's partitions up to a fair share, gives a partition two members hold to
+the one with the newer assignment (a member that was frozen and woke up still holds
+partitions that moved meanwhile), and hands the rest to the members below their share.
+Adding a fourth worker to three at 12 partitions moves 3, one from each; a worker leaving
+moves only its own. Every assignment carries a new number, one past the highest any
+member reported.
 
 The rule is ``sticky_assignment`` (pure); ``StickyAssignor`` is aiokafka's assignor
 interface around it (public: ``partition_assignment_strategy``), one instance per route,
@@ -29,17 +31,18 @@ Partition = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """What a member told the group: its topics, what it holds and since which epoch."""
+    """What a member told the group: its topics, what it holds and the number of the
+    assignment that gave it."""
 
     topics: frozenset[str]
     held: tuple[Partition, ...] = ()
-    epoch: int = -1
+    assignment: int = -1
 
 
 def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
     """Every partition to one member subscribed to its topic: balanced (shares differ by
     one at most, among members of the same topics), each member keeping what it holds as
-    far as its share allows; a partition claimed by two goes to the newer epoch."""
+    far as its share allows; a partition two hold goes to the newer assignment."""
     out: dict[str, list[Partition]] = {m: [] for m in members}
     for topic, tps in sorted(_by_topic(partitions).items()):
         subscribed = _subscribed(topic, members)
@@ -77,10 +80,10 @@ def _assign_topic(tps: list[Partition], members: Mapping[str, Member]) -> dict[s
 
 
 def _owners(tps: list[Partition], members: Mapping[str, Member]) -> dict[Partition, str]:
-    """Each existing partition a member holds -> that member (of two, the newer epoch)."""
+    """Each existing partition a member holds -> that member (of two, the newer assignment)."""
     existing = set(tps)
     owner: dict[Partition, str] = {}
-    for member in sorted(members, key=lambda m: (members[m].epoch, m)):  # the newest epoch last: it wins
+    for member in sorted(members, key=lambda m: (members[m].assignment, m)):  # the newest last: it wins
         for tp in members[member].held:
             if tp in existing:
                 owner[tp] = member
@@ -105,11 +108,12 @@ def _fill(out: dict[str, list[Partition]], share: dict[str, int], free: list[Par
 
 class _Metadata(msgspec.Struct, array_like=True):
     held: list[tuple[str, int]] = []
-    epoch: int = -1
+    #: the assignment number (encoded by position: renaming it changed nothing on the wire)
+    assignment: int = -1
 
 
 _decode_metadata = msgspec.msgpack.Decoder(_Metadata).decode
-_decode_epoch = msgspec.msgpack.Decoder(int).decode
+_decode_assignment = msgspec.msgpack.Decoder(int).decode
 
 
 class StickyAssignor:
@@ -121,12 +125,12 @@ class StickyAssignor:
 
     def __init__(self) -> None:
         self.held: list[Partition] = []
-        self.epoch = -1
+        self.assignment = -1
 
     def metadata(self, topics: Iterable[str]) -> object:
         from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-        user_data = msgspec.msgpack.encode(_Metadata(held=self.held, epoch=self.epoch))
+        user_data = msgspec.msgpack.encode(_Metadata(held=self.held, assignment=self.assignment))
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics), user_data)
 
     def assign(self, cluster: object, members: Mapping[str, object]) -> dict[str, object]:
@@ -134,20 +138,20 @@ class StickyAssignor:
 
         infos = {member_id: _member(metadata) for member_id, metadata in members.items()}
         partitions = _partitions(cluster, {t for info in infos.values() for t in info.topics})
-        epoch = max((info.epoch for info in infos.values()), default=-1) + 1
+        number = max((info.assignment for info in infos.values()), default=-1) + 1
         out = {}
         for member_id, given in sticky_assignment(partitions, infos).items():
             out[member_id] = ConsumerProtocolMemberAssignment(
-                self.version, sorted(_numbers_by_topic(given).items()), msgspec.msgpack.encode(epoch)
+                self.version, sorted(_numbers_by_topic(given).items()), msgspec.msgpack.encode(number)
             )
         return out
 
     def on_assignment(self, assignment: object) -> None:
         self.held = [(tp.topic, tp.partition) for tp in assignment.partitions()]  # type: ignore[attr-defined]
         try:
-            self.epoch = _decode_epoch(assignment.user_data)  # type: ignore[attr-defined]
+            self.assignment = _decode_assignment(assignment.user_data)  # type: ignore[attr-defined]
         except msgspec.MsgspecError:
-            self.epoch = -1
+            self.assignment = -1
 
 
 def _partitions(cluster: object, topics: set[str]) -> list[Partition]:
@@ -173,4 +177,4 @@ def _member(metadata: object) -> Member:
         data = _decode_metadata(metadata.user_data or b"")  # type: ignore[attr-defined]
     except msgspec.MsgspecError:
         return Member(topics)
-    return Member(topics, tuple((t, p) for t, p in data.held), data.epoch)
+    return Member(topics, tuple((t, p) for t, p in data.held), data.assignment)
