@@ -10,8 +10,11 @@ The words, one meaning each:
 
 * **owner epoch**: the offset of an owner's takeover record; every key it writes is
   tagged with it.
-* **generation**: the consumer group's generation (Kafka's) in which a member confirmed
-  it holds a partition; carried in its takeover record.
+* **group generation** (``generation`` here): the consumer group's generation (Kafka's) in
+  which a member confirmed it holds a partition; carried in its takeover record and its
+  confirmations. (An LLM generation is the stages' word, never this module's.)
+* **confirmation**: an owner's record naming its epoch and a group generation it
+  confirmed (``Confirmation``).
 * **write version**: a number an owner gives each rewritten key (``RewrittenKeys``).
 
 The rules:
@@ -27,8 +30,13 @@ The rules:
   a group whose generations started again (its metadata expired while no member ran): a
   takeover confirmed more than ``CLOCK_SKEW_MS`` after the one before it counts (a stale
   member confirmed before the rebalance that made it stale, so before any takeover of the
-  newer generation). A takeover's first copy is its epoch; a later copy (a retried
-  append) changes nothing.
+  newer generation); and one confirmed more than ``CLOCK_SKEW_MS`` *before* the counting
+  one counts for nothing (an older group's member appending late).
+* **Confirmations.** Once its takeover is acknowledged, the owner appends a confirmation
+  naming that offset: where the takeover landed is what a confirmation says (else its
+  first copy), so a takeover record appended twice keeps its epoch whichever copy
+  compaction keeps. An owner keeping a partition through a rebalance appends one with the
+  generation it confirmed then: later takeovers are judged against that generation.
 * **Tags.** Every key an owner writes carries its epoch in its first part
   (``P@<epoch>``), and each key it rewrites a version of its own (``P@<epoch>.<version>``):
   no key is ever written twice, so compaction never lets a write that does not count
