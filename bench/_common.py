@@ -17,11 +17,15 @@ BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
 def broker_address() -> str:
-    """KAFKA_BOOTSTRAP_SERVERS, else the local broker of deploy/kafka/broker (started if needed)."""
+    """KAFKA_BOOTSTRAP_SERVERS, else the local broker of deploy/kafka/broker: one running is
+    used and left alone; one started here is tied to this benchmark (it stops when the
+    benchmark ends, however it ends: SPECMETER_KAFKA_PARENT_PID)."""
+    from specmeter.streams.cli.lifetime import tied_to_me
+
     configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if configured:
         return configured
-    proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True, check=True)
+    proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True, check=True, env=tied_to_me())
     return proc.stdout.strip().splitlines()[-1]
 
 

@@ -72,6 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec
 
 from bench._common import add_json_flag, core_name, report
+from specmeter.streams.cli.base import exit_status
+from specmeter.streams.cli.lifetime import Reaper, stop_signals_raise
 from specmeter.streams.settings import WorkerSettings
 from tests.support.golden_cases import assert_metrics_equal
 from tests.support.kafka_broker import KafkaCluster, local_broker_tools_missing
@@ -396,7 +398,11 @@ def main() -> None:
         sys.exit(f"cluster_hold: {missing_tools}")
 
     began = time.monotonic()
+    # what this run starts ends with it (issue 47.3): the cluster's nodes through their watchdogs
+    # (KafkaCluster ties them to this process), the workers, loadgen and the folder through the reaper
+    reaper = Reaper()
     run_dir = Path(tempfile.mkdtemp(prefix="cluster-hold-"))
+    reaper.folder(run_dir)
     tempfile.tempdir = str(run_dir)  # the workers' logs and data folders (Deployment makes them)
     cluster = KafkaCluster(run_dir / "cluster")
     faults = schedule(stream_s, args.smoke)
@@ -406,6 +412,7 @@ def main() -> None:
     chaos: Chaos | None = None
     d: Deployment | None = None
     figures: dict = {}
+    interrupted = False
     try:
         t = time.monotonic()
         bootstrap = cluster.start()
@@ -423,6 +430,7 @@ def main() -> None:
                 "--web-port", str(port), "--web-host", "127.0.0.1", "--ready-write-timeout", f"{write_timeout:g}"
             )
             procs.append(worker)
+            reaper.group(worker.pid)
             d.wait_ready(worker, timeout_s=180)
         for port in ports:
             wait_ready_over_http(port, timeout_s=180.0)
@@ -462,7 +470,9 @@ def main() -> None:
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: the reaper's to end if this run is killed
             )
+        reaper.group(loadgen.pid)
         chaos = Chaos(cluster, faults, t0, quiet_s, sync_wait_s)
         chaos.start()
 
@@ -507,10 +517,14 @@ def main() -> None:
         figures["final_ready"] = final_ready
         figures["died"] = died
         figures["end_s"] = end
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: what it started goes, its folder too
+        interrupted = True
+        print("cluster_hold: interrupted: stopping what it started", file=sys.stderr)
+        raise
     finally:
         if chaos is not None:
             chaos.cancelled.set()
-            chaos.join(300)
+            chaos.join(30)  # a broker start in flight is ended by the cluster's stop below
         for probe in probes:
             probe.stop()
         if loadgen is not None and loadgen.poll() is None:
@@ -526,6 +540,9 @@ def main() -> None:
         for folder in run_dir.glob("*-data-*"):
             shutil.rmtree(folder, ignore_errors=True)
         (run_dir / "expect.jsonl").unlink(missing_ok=True)
+        if interrupted:  # a run that completes keeps its logs (the report names them)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        reaper.done()  # not reached when this clean-up is itself interrupted: the reaper finishes it
 
     assert d is not None
     elapsed = time.monotonic() - began
@@ -687,4 +704,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with stop_signals_raise():  # SIGTERM and SIGHUP stop it as Ctrl-C does: its clean-up runs
+        try:
+            main()
+        except KeyboardInterrupt as interrupt:
+            sys.exit(exit_status(interrupt))  # 130, 143

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,18 +23,34 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(SMOKE_LIM
 
 
 def run_smoke(script: Path, kafka_bootstrap: str) -> subprocess.CompletedProcess:
+    """The smoke run; one past its limit is stopped as Ctrl-C stops it (its clean-up runs:
+    cluster_hold stops its cluster and workers), killed if that takes too long (its
+    brokers' watchdogs and its reaper then stop what it started), and fails the test."""
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--smoke", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
     try:
-        return subprocess.run(
-            [sys.executable, str(script), "--smoke", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=SMOKE_LIMIT_S,
-            env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        )
-    except subprocess.TimeoutExpired as exc:
-        err = exc.stderr or b""  # bytes on POSIX even with text=True
-        tail = (err.decode(errors="replace") if isinstance(err, bytes) else err)[-3000:]
-        pytest.fail(f"{script.name} --smoke ran past {SMOKE_LIMIT_S} s; its stderr ended:\n{tail}")
+        out, err = proc.communicate(timeout=SMOKE_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{script.name} --smoke ran past {SMOKE_LIMIT_S} s; its stderr ended:\n{interrupt(proc)[-3000:]}")
+    except BaseException:  # the test ended otherwise (its own timeout, Ctrl-C)
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def interrupt(proc: subprocess.Popen, grace_s: float = 45) -> str:
+    """SIGINT, SIGKILL after ``grace_s``: the run's stderr."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=grace_s)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])

@@ -419,7 +419,8 @@ def test_demo_prints_its_log_path_and_what_to_try_next(kafka_bootstrap):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (log_line,) = [line for line in proc.stderr.splitlines() if line.startswith("worker log: ")]
-    assert Path(log_line.removeprefix("worker log: ")).is_file()
+    log = Path(log_line.removeprefix("worker log: "))  # the demo's folder, gone with a demo that succeeded (47.3)
+    assert log.name == "worker.log" and log.parent.name.startswith("specmeter-demo-") and not log.parent.exists()
     assert "next (" in proc.stderr and f"specmeter tail --broker {kafka_bootstrap} --topic demo-" in proc.stderr
     assert "curl -s localhost:6066/metrics" in proc.stderr
     assert "every batch matches" in proc.stderr and "drift" in proc.stdout

@@ -9,23 +9,33 @@ KAFKA_BOOTSTRAP_SERVERS is set; start `specmeter worker` with a fresh app id
 three producers would; read the metrics topic until every batch is published;
 check the result against `specmeter aggregate` on the same file; stop the
 worker (and the broker it started); say what to try next.
+
+What it starts ends with it, however it ends (Ctrl-C at any moment, SIGTERM, SIGHUP, an
+error; a SIGKILL through ``lifetime``'s reaper and the broker's watchdog): the worker, the
+local broker it started (not one it found running, nor KAFKA_BOOTSTRAP_SERVERS'), and its
+folder in the temporary directory. ``--keep-broker`` keeps the broker and the worker's log;
+a failed demo keeps the log and prints its path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
-from .base import Number
+from .base import Number, exit_status
+from .lifetime import Reaper, stop_signals_raise, tied_to_me
 
 REPO = Path(__file__).resolve().parents[2]
 #: the bundled sample rollout ships inside the package (it works from an installed wheel)
@@ -34,7 +44,41 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample_rollout.jsonl"
 BROKER = REPO / "deploy" / "kafka" / "broker"
 
 
-def _start_broker(console) -> tuple[str, bool]:
+@dataclass
+class Owned:
+    """What the demo started, and so stops however it ends (issue 47.3): the local broker
+    (unless ``--keep-broker``), the worker, and its folder in the temporary directory
+    (``worker.log`` and the worker's data). The reaper does it if the demo is killed."""
+
+    console: Any
+    keep_broker: bool
+    folder: Path
+    reaper: Reaper
+    broker: bool = False
+    address: str = ""
+    worker: subprocess.Popen | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "worker.log"
+
+    def close(self, outcome: str) -> None:
+        """Stop the broker (the worker has stopped); remove the folder, or keep the worker's
+        log of a failed demo (``outcome``: ok, interrupted or failed) or of one that keeps its broker."""
+        if self.broker and not self.keep_broker:
+            # a session of its own: a second Ctrl-C stops the demo, not the broker's stop
+            subprocess.run([str(BROKER), "stop"], capture_output=True, start_new_session=True)
+        elif self.broker:
+            click.echo(
+                f"the local broker keeps running at {self.address}; stop it with: {_shown(BROKER)} stop", err=True
+            )
+        keep_log = (outcome == "failed" or self.keep_broker) and self.log.exists() and self.log.stat().st_size
+        shutil.rmtree(self.folder / "data" if keep_log else self.folder, ignore_errors=True)
+        if keep_log:
+            click.echo(f"worker log kept: {self.log}", err=True)
+
+
+def _start_broker(owned: Owned) -> tuple[str, bool]:
     """The broker KAFKA_BOOTSTRAP_SERVERS names, else the local one: its address, and
     whether the demo started it."""
     from ..settings import bootstrap_servers
@@ -45,23 +89,29 @@ def _start_broker(console) -> tuple[str, bool]:
             return bootstrap_servers(configured), False
         except ValueError as exc:
             raise click.ClickException(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
-    return _local_broker(console)
+    return _local_broker(owned)
 
 
-def _local_broker(console) -> tuple[str, bool]:
+def _local_broker(owned: Owned) -> tuple[str, bool]:
     """The checkout's local broker, started unless it runs already: its address, and
-    whether the demo started it."""
+    whether the demo started it. One it starts is the demo's from the first moment (an
+    interrupted start stops it too) and, without ``--keep-broker``, tied to the demo's
+    process (``lifetime.tied_to_me``): it stops when the demo ends, however it ends."""
     if not BROKER.exists():
         raise click.ClickException(
             "no local broker script here (an installed package, not a checkout): set "
             "KAFKA_BOOTSTRAP_SERVERS to a running broker's HOST:PORT"
         )
-    was_running = subprocess.run([str(BROKER), "status"], capture_output=True).returncode == 0
-    with console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
-        proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True)
+    running = subprocess.run([str(BROKER), "status"], capture_output=True, text=True)
+    if running.returncode == 0:  # someone else's: the demo leaves it alone
+        return running.stdout.strip().splitlines()[-1], False
+    owned.broker = True
+    env = None if owned.keep_broker else tied_to_me()
+    with owned.console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
+        proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise click.ClickException(f"the local broker did not start:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1], not was_running
+    return proc.stdout.strip().splitlines()[-1], True
 
 
 def _check_broker(broker: str) -> None:
@@ -226,43 +276,57 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool, clean: bo
     """Run the worker on a local broker, feed it a rollout dump, print its metrics."""
     from rich.console import Console
 
-    console = Console(stderr=True)
-    broker, started_broker = _start_broker(console)
+    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    reaper = Reaper()
+    owned = Owned(Console(stderr=True), keep_broker, Path(tempfile.mkdtemp(prefix=f"specmeter-{run}-")), reaper)
+    reaper.folder(owned.folder)
+    outcome = "failed"
+    try:
+        with stop_signals_raise():
+            metrics_topic = _run(owned, run, dump, as_json, timeout)
+        outcome = "ok"
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM, SIGHUP: what the demo started goes
+        outcome = "interrupted"
+        click.echo("demo: interrupted: stopping what it started", err=True)
+        raise SystemExit(exit_status(interrupt)) from None  # 130, 143: the shell's status for the signal
+    finally:
+        _stop_worker(owned.worker)
+        if clean and owned.address:
+            _say_removed(owned.address, run)
+        owned.close(outcome)
+        reaper.done()  # not reached when the clean-up itself is interrupted: the reaper finishes it
+    click.echo(
+        next_steps(owned.address, metrics_topic, broker_running=keep_broker or not owned.broker, cleaned=clean),
+        err=True,
+    )
+
+
+def _run(owned: Owned, run: str, dump: Path, as_json: bool, timeout: float) -> str:
+    """The demo's steps, from the broker to the checked table; returns the metrics topic."""
+    console = owned.console
+    broker, owned.broker = _start_broker(owned)
+    owned.address = broker
     console.print(f"broker: [bold]{broker}[/]")
     _check_broker(broker)
-    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     topics = _demo_topics(broker, run)
-    log_path = Path(tempfile.gettempdir()) / f"specmeter-{run}.log"
-    worker = None
-    succeeded = False
-    click.echo(f"worker log: {log_path}", err=True)  # one line, never wrapped: copy it, tail -f it
-    try:
-        with log_path.open("wb") as log:
-            worker = subprocess.Popen(
-                _worker_args(broker, run, topics), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        _await_ready(console, worker, log_path)
-        console.print(f"worker: ready (app id [bold]{run}[/])")
-        _replay(console, dump, broker, topics.records)
-        expected = _offline(dump)
-        latest, results = _published(console, broker, topics.metrics, expected, timeout)
-        _print_results(results, expected, as_json)
-        _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {log_path})")
-        console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
-        succeeded = True
-    finally:
-        _stop_worker(worker)
-        if clean:
-            _say_removed(broker, run)
-        if started_broker and not keep_broker:
-            subprocess.run([str(BROKER), "stop"], capture_output=True)
-        elif started_broker:
-            click.echo(f"the local broker keeps running at {broker}; stop it with: {_shown(BROKER)} stop", err=True)
-    if succeeded:
-        click.echo(
-            next_steps(broker, topics.metrics, broker_running=keep_broker or not started_broker, cleaned=clean),
-            err=True,
+    click.echo(f"worker log: {owned.log}", err=True)  # one line, never wrapped: copy it, tail -f it
+    with owned.log.open("wb") as log:
+        owned.worker = subprocess.Popen(
+            _worker_args(broker, run, topics, owned.folder / "data"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+    owned.reaper.group(owned.worker.pid)
+    _await_ready(console, owned.worker, owned.log)
+    console.print(f"worker: ready (app id [bold]{run}[/])")
+    _replay(console, dump, broker, topics.records)
+    expected = _offline(dump)
+    latest, results = _published(console, broker, topics.metrics, expected, timeout)
+    _print_results(results, expected, as_json)
+    _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {owned.log})")
+    console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+    return topics.metrics
 
 
 def _shown(path: Path) -> str:
@@ -344,8 +408,8 @@ def _demo_topics(broker: str, run: str):
     return topics
 
 
-def _worker_args(broker: str, run: str, topics) -> list[str]:
-    """The worker's command line: the run's topics, short timeouts, no web server, a fresh data dir."""
+def _worker_args(broker: str, run: str, topics, data_dir: Path) -> list[str]:
+    """The worker's command line: the run's topics, short timeouts, no web server, its data dir."""
     return [
         sys.executable,
         "-m",
@@ -371,7 +435,7 @@ def _worker_args(broker: str, run: str, topics) -> list[str]:
         "10",
         "--no-web",
         "--data-dir",
-        tempfile.mkdtemp(prefix="specmeter-demo-"),
+        str(data_dir),
     ]
 
 

@@ -55,9 +55,19 @@ def _start_container() -> tuple[str, Callable[[], None]]:
     return container.get_bootstrap_server(), container.stop
 
 
+def tied_to_me(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` with the brokers deploy/kafka/broker starts tied to this process: they stop
+    when it ends, however it ends (a killed test run, a benchmark past its limit)."""
+    from specmeter.streams.cli.lifetime import tied_to_me
+
+    return tied_to_me(env)
+
+
 def _start_local() -> tuple[str, Callable[[], None]]:
+    """The local broker, started unless it runs: one this session starts is tied to the
+    pytest process (the suite's lifetime; ``stop`` ends it sooner), one it finds is left alone."""
     was_running = subprocess.run([str(BROKER_SCRIPT), "status"], capture_output=True).returncode == 0
-    proc = subprocess.run([str(BROKER_SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(BROKER_SCRIPT), "start"], capture_output=True, text=True, timeout=900, env=tied_to_me())
     if proc.returncode != 0:
         raise NoBroker(f"deploy/kafka/broker start failed:\n{proc.stderr[-4000:]}")
     address = proc.stdout.strip().splitlines()[-1]
@@ -96,7 +106,9 @@ class PrivateBroker:
 
     def __init__(self, state_dir: Path, **env: str) -> None:
         self.state_dir = state_dir
-        self.env = {**os.environ, "SPECMETER_KAFKA_DIR": str(state_dir), "SPECMETER_KAFKA_HEAP": "512m", **env}
+        # tied to this process: a test run killed midway takes the broker along
+        own = {"SPECMETER_KAFKA_DIR": str(state_dir), "SPECMETER_KAFKA_HEAP": "512m"}
+        self.env = tied_to_me({**os.environ, **own, **env})
 
     def _run(self, *args: str, timeout: float = 300) -> str:
         proc = subprocess.run(
@@ -142,7 +154,8 @@ class KafkaCluster:
 
     def __init__(self, state_dir: Path, **env: str) -> None:
         self.state_dir = state_dir
-        self.env = {**os.environ, "SPECMETER_KAFKA_CLUSTER_DIR": str(state_dir), **env}
+        # tied to this process (a test run or a benchmark): killed midway, it takes the nodes along
+        self.env = tied_to_me({**os.environ, "SPECMETER_KAFKA_CLUSTER_DIR": str(state_dir), **env})
         #: the three brokers' bootstrap list, once started
         self.bootstrap = ""
 
