@@ -22,6 +22,7 @@ __all__ = [
     "normalize_counter",
     "normalize_weight_version",
     "ACCEPT_PAIRS",
+    "measured_proposed",
 ]
 
 #: (accepted key, proposed key), newest SGLang first.
@@ -103,21 +104,69 @@ def normalize_weight_version(value: Any) -> str | None:
     return None
 
 
-def counters_from_meta_info(meta_info: Mapping[str, Any]) -> SpecCounters:
+def measured_proposed(meta_info: Mapping[str, Any]) -> int | None:
+    """The drafts SGLang measured as proposed, where it says: the sum of
+    ``spec_num_proposed_drafts_by_position`` (drafts proposed at each position), else
+    sum_i i * ``spec_proposed_drafts_histogram[i]`` (verify steps that drafted i tokens).
+
+    These keys come with decoupled speculative decoding (SGLang's
+    test/registered/spec/test_speculative_response_metrics.py builds them from
+    ``TokenizerManager._calculate_spec_decoding_metrics``); without them
+    ``spec_num_proposed_drafts`` is nominal, verify steps × (num_draft_tokens − 1),
+    even where fewer were drafted. An empty list, a malformed one or none: None.
+    """
+    by_position = _normalize_histogram(meta_info.get("spec_num_proposed_drafts_by_position"))
+    if by_position:
+        return normalize_counter(sum(by_position))
+    by_length = _normalize_histogram(meta_info.get("spec_proposed_drafts_histogram"))
+    if by_length:
+        return normalize_counter(sum(length * steps for length, steps in enumerate(by_length)))
+    return None
+
+
+def _accept_pair(meta_info: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """accepted/proposed from the first alias pair with *both* keys present, else the first
+    with one; pairs are never mixed."""
+    pair = next((p for p in ACCEPT_PAIRS if p[0] in meta_info and p[1] in meta_info), None)
+    if pair is None:
+        pair = next((p for p in ACCEPT_PAIRS if p[0] in meta_info or p[1] in meta_info), None)
+    if pair is None:
+        return None, None
+    return normalize_counter(meta_info.get(pair[0])), normalize_counter(meta_info.get(pair[1]))
+
+
+def _nothing_verified(meta_info: Mapping[str, Any]) -> bool:
+    """No accept-pair key, and ``spec_verify_ct`` absent or 0: what SGLang writes for a
+    request that had no verify step (its ``fill_spec_decoding_meta`` sets every spec key
+    only when ``spec_verify_ct > 0``; 0.5.4-0.5.10 wrote ``spec_verify_ct`` 0 alone)."""
+    if any(key in meta_info for pair in ACCEPT_PAIRS for key in pair):
+        return False
+    return "spec_verify_ct" not in meta_info or normalize_counter(meta_info["spec_verify_ct"]) == 0
+
+
+def counters_from_meta_info(meta_info: Mapping[str, Any], *, speculative: bool = False) -> SpecCounters:
     """The counters read from one SGLang ``meta_info`` dict (docs/contract.md).
 
     accepted/proposed come from the first alias pair with *both* keys present
     (even if a value is null or invalid); failing that, the first pair with one
-    key present, the other half unknown. Pairs are never mixed. SGLang's own
-    per-request ``spec_accept_rate``/``spec_accept_length`` are ignored.
+    key present, the other half unknown. Pairs are never mixed. Where SGLang
+    measured its proposals (``measured_proposed``), proposed is the measured count,
+    not the nominal one. SGLang's own per-request ``spec_accept_rate``/
+    ``spec_accept_length`` are ignored.
+
+    ``speculative``: the caller knows the server runs speculative decoding. SGLang
+    writes no spec key for a request with no verify step, the same meta_info a server
+    without speculative decoding gives; by default such a generation's counters stay
+    unknown, with ``speculative=True`` they are the observed 0 drafts accepted, 0
+    proposed, 0 verify steps.
     """
-    pair = next((p for p in ACCEPT_PAIRS if p[0] in meta_info and p[1] in meta_info), None)
-    if pair is None:
-        pair = next((p for p in ACCEPT_PAIRS if p[0] in meta_info or p[1] in meta_info), None)
-    accepted = proposed = None
-    if pair is not None:
-        accepted = normalize_counter(meta_info.get(pair[0]))
-        proposed = normalize_counter(meta_info.get(pair[1]))
+    accepted, proposed = _accept_pair(meta_info)
+    measured = measured_proposed(meta_info)
+    if measured is not None:
+        proposed = measured
+    verify = normalize_counter(meta_info.get("spec_verify_ct"))
+    if speculative and _nothing_verified(meta_info):
+        accepted, proposed, verify = 0, 0, 0
     if "spec_correct_drafts_histogram" in meta_info:
         histogram = _normalize_histogram(meta_info["spec_correct_drafts_histogram"])
     elif "spec_accept_histogram" in meta_info:
@@ -127,7 +176,7 @@ def counters_from_meta_info(meta_info: Mapping[str, Any]) -> SpecCounters:
     return SpecCounters(
         accepted=accepted,
         proposed=proposed,
-        verify=normalize_counter(meta_info.get("spec_verify_ct")),
+        verify=verify,
         completion=normalize_counter(meta_info.get("completion_tokens")),
         accept_histogram=histogram,
         weight_version=normalize_weight_version(meta_info.get("weight_version")),

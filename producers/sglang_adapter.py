@@ -12,6 +12,11 @@ also work on outputs fetched over HTTP by a process without sglang installed.
         publisher, out, batch_id=f"step-{step}", session_ids=sessions, tasks=datasets,
         draft_lags=policy_step - draft_refreshed_at_step,  # the draft's lag: the caller knows both
     )
+
+Through the OpenAI-compatible API (``/v1/chat/completions``, ``/v1/completions``) the
+counters come back in ``sglext.spec_tokens_details`` when the request sets
+``"return_spec_tokens_details": true`` (SGLang PR #33518): ``records_from_openai_response``
+reads a response, or a streamed response's chunks, the same way (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -21,10 +26,20 @@ from typing import Any
 
 from specmeter.schemas import GenerationRecord
 
-from ._builders import record_from_meta_info
+from ._adapter_common import Caller, Slot, build_record, one_or_each
+from ._builders import _generation_id, record_from_counters
+from ._meta_info import counters_from_meta_info
+from ._meta_info_openai import assemble_stream, choice_counters, parse_response, sse_events
 from ._publisher import Publisher
 
-__all__ = ["records_from_outputs", "publish_outputs", "require_sglang"]
+__all__ = [
+    "records_from_outputs",
+    "records_from_openai_response",
+    "publish_outputs",
+    "publish_openai_response",
+    "sse_events",
+    "require_sglang",
+]
 
 
 def require_sglang() -> Any:
@@ -55,6 +70,7 @@ def records_from_outputs(
     run_id: str | None = None,
     tasks: str | Sequence[str | None] | None = None,
     draft_lags: int | Sequence[int | None] | None = None,
+    speculative: bool = False,
 ) -> list[GenerationRecord]:
     """One record per output dict, in order.
 
@@ -73,6 +89,9 @@ def records_from_outputs(
             outputs, or one per output. SGLang knows neither version's age; the caller
             (the rollout framework that updates the policy and the draft) does. None:
             unknown (``by_draft_lag`` breaks a batch down by it: the staleness curve).
+        speculative: the server runs speculative decoding, so an output without any spec
+            key had no verify step: its counters are the observed zeros, not unknown
+            (``counters_from_meta_info``; docs/engines.md).
 
     Raises:
         ValueError: lengths do not match, or an output lacks ``meta_info``/its ``id``.
@@ -95,10 +114,11 @@ def records_from_outputs(
         if not isinstance(meta_info, Mapping):
             raise ValueError("an SGLang output has no `meta_info` dict (was return_text_in_logprobs used?)")
         records.append(
-            record_from_meta_info(
-                meta_info,
+            record_from_counters(
+                counters_from_meta_info(meta_info, speculative=speculative),
                 batch_id=batch_id,
                 session_id=session,
+                generation_id=_generation_id(meta_info, None, "record_from_meta_info"),
                 sample_id=sample,
                 state_hash=state_hash,
                 producer_id=producer_id,
@@ -127,10 +147,12 @@ async def publish_outputs(
     state_hashes: Sequence[str | None] | None = None,
     tasks: str | Sequence[str | None] | None = None,
     draft_lags: int | Sequence[int | None] | None = None,
+    speculative: bool = False,
 ) -> int:
     """Publish the records of committed outputs, in the publisher's run; returns how
     many. Only publish what your rollout keeps: discarded branches and aborted
-    requests are not metrics. ``tasks`` and ``draft_lags`` as for ``records_from_outputs``."""
+    requests are not metrics. ``tasks``, ``draft_lags`` and ``speculative`` as for
+    ``records_from_outputs``."""
     records = records_from_outputs(
         outputs,
         batch_id=batch_id,
@@ -139,8 +161,98 @@ async def publish_outputs(
         state_hashes=state_hashes,
         tasks=tasks,
         draft_lags=draft_lags,
+        speculative=speculative,
         producer_id=publisher.settings.producer_id,
         run_id=publisher.settings.run_id,
+    )
+    for record in records:
+        await publisher.publish(record)
+    return len(records)
+
+
+def records_from_openai_response(
+    response: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    batch_id: str,
+    session_id: str,
+    sample_ids: Sequence[str | None] | None = None,
+    producer_id: str | None = None,
+    run_id: str | None = None,
+    weight_version: str | None = None,
+    task: str | None = None,
+    draft_lags: int | Sequence[int | None] | None = None,
+    speculative: bool = False,
+) -> list[GenerationRecord]:
+    """One record per choice of an SGLang ``/v1/chat/completions`` or ``/v1/completions``
+    response requested with ``"return_spec_tokens_details": true``, in order of ``choices``.
+
+    Args:
+        response: the response's JSON, or a streamed response's chunks (each event's
+            JSON, in order; ``sse_events`` reads them from the body): the counters come on
+            a chunk of their own near the end and the completion on the usage chunk
+            (``stream_options.include_usage``).
+        session_id: the session every choice belongs to (one request, one session).
+        sample_ids: each choice's trajectory (None: its own sample).
+        weight_version: the policy's; None: the response's ``metadata.weight_version``.
+        task: the prompt's dataset or task family.
+        draft_lags: one for every choice, or one per choice (docs/contract.md §3.6).
+        speculative: as for ``records_from_outputs``: a choice SGLang wrote no spec key
+            for had no verify step (only when the request did ask for the details).
+
+    The record of a single choice has ``generation_id`` the response's ``id``; with
+    several, ``f"{id}:{index}"``. Counters follow ``counters_from_meta_info`` exactly
+    (the details are meta_info's keys), so a rollout gets the same records' counters as
+    through ``/generate``; what cannot be told is unknown, never 0 (docs/engines.md).
+
+    Raises:
+        ValueError: not such a response (the message names the path), or lengths differ.
+    """
+    whole = assemble_stream(response) if isinstance(response, Sequence) else response
+    view = parse_response(whole)
+    if not view.id:
+        raise ValueError("an SGLang OpenAI-compatible response has an empty id")
+    counters = choice_counters(view, speculative=speculative)
+    samples = one_or_each(sample_ids, len(counters), "sample ids", per="choices")
+    lags = one_or_each(draft_lags, len(counters), "draft lags", per="choices")
+    version = weight_version
+    if version is None and view.metadata is not None and isinstance(view.metadata.weight_version, str):
+        version = view.metadata.weight_version or None
+    caller = Caller(batch_id=batch_id, producer_id=producer_id, run_id=run_id, weight_version=version)
+    choices = view.choices or []
+    records = []
+    for position, (choice_counter, sample, lag) in enumerate(zip(counters, samples, lags, strict=True)):
+        index = choices[position].index if choices else 0
+        generation_id = view.id if len(counters) == 1 else f"{view.id}:{index}"
+        slot = Slot(session_id=session_id, generation_id=generation_id, sample_id=sample, task=task, draft_lag=lag)
+        records.append(build_record(choice_counter, caller, slot))
+    return records
+
+
+async def publish_openai_response(
+    publisher: Publisher,
+    response: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    batch_id: str,
+    session_id: str,
+    sample_ids: Sequence[str | None] | None = None,
+    weight_version: str | None = None,
+    task: str | None = None,
+    draft_lags: int | Sequence[int | None] | None = None,
+    speculative: bool = False,
+) -> int:
+    """Publish the records of one committed OpenAI-compatible response, in the publisher's
+    run; returns how many. Arguments as ``records_from_openai_response``."""
+    records = records_from_openai_response(
+        response,
+        batch_id=batch_id,
+        session_id=session_id,
+        sample_ids=sample_ids,
+        producer_id=publisher.settings.producer_id,
+        run_id=publisher.settings.run_id,
+        weight_version=weight_version,
+        task=task,
+        draft_lags=draft_lags,
+        speculative=speculative,
     )
     for record in records:
         await publisher.publish(record)
