@@ -222,3 +222,111 @@ def test_publish_request_outputs_in_the_publisher_s_run():
 
 def test_adapter_does_not_import_vllm():
     assert "vllm" not in sys.modules
+
+
+# --- issue 44.2: draft lags, the by-draft-length histogram, the EOS over-count, the refusal,
+# multi-prompt nulls and /inference/v1/generate
+
+
+def test_draft_lags_reach_every_record_on_both_entry_points():
+    outs = [
+        request("r0", completion(0, 4, steps(1, [(1, 1)])), completion(1, 2, steps(1, [(1, 0)]))),
+        request("r1", completion(0, 3, None)),
+    ]
+    records = records_from_request_outputs(outs, batch_id="b", session_ids="s", draft_lags=[0, 2])
+    assert [(r.generation_id, r.draft_lag) for r in records] == [("r0:0", 0), ("r0:1", 0), ("r1", 2)]
+    assert {r.draft_lag for r in records_from_request_outputs(outs, batch_id="b", session_ids="s", draft_lags=5)} == {5}
+    response = {"id": "cmpl-4", "choices": [{"index": 0}], "metrics": {"speculative_decoding": DOC_EXAMPLE}}
+    (record,) = records_from_response(response, batch_id="b", session_id="s", draft_lags=3)
+    assert record.draft_lag == 3
+    two = {"id": "cmpl-5", "choices": [{"index": 0}, {"index": 1}]}
+    assert [r.draft_lag for r in records_from_response(two, batch_id="b", session_id="s", draft_lags=[1, None])] == [
+        1,
+        None,
+    ]
+    with pytest.raises(ValueError, match="2 request outputs but 3 draft lags"):
+        records_from_request_outputs(outs, batch_id="b", session_ids="s", draft_lags=[0, 1, 2])
+
+
+def test_the_by_draft_length_histogram_where_the_plain_one_is_absent():
+    """PR #56278 (main-branch docs): {"k": [k + 1 counts]}. Summed bin by bin it is the plain
+    histogram; what was drafted is sum_k k × steps(k), measured under variable drafting."""
+    metrics = {"acceptance_histogram_by_draft_length": {"3": [4, 1, 0, 2], "1": [3, 2]}, "num_spec_tokens": 3}
+    counters = counters_from_spec_decode_metrics(metrics, 30)
+    assert counters.accept_histogram == [7, 3, 0, 2]
+    assert (counters.verify, counters.accepted, counters.proposed) == (12, 3 + 6, 3 * 7 + 1 * 5)
+    # the docs' example carries both: the plain histogram and num_draft_tokens are kept
+    assert counters_from_spec_decode_metrics(DOC_EXAMPLE).proposed == 129
+    broken = {"acceptance_histogram_by_draft_length": {"3": [1, -2, 0, 0]}}
+    assert counters_from_spec_decode_metrics(broken).accept_histogram is None
+
+
+def test_the_eos_over_count_passes_through_unchanged_and_aggregate_counts_it_inconsistent(tmp_path):
+    """vLLM issue #56101 (open against 0.29.0): drafts accepted after an EOS inside the
+    accepted prefix are counted, so accepted can exceed the completion. The adapter never
+    clips it; SPEC revision 6 counts the generation inconsistent in `specmeter aggregate`."""
+    from click.testing import CliRunner
+
+    from specmeter.streams.cli import main
+
+    over = {**DOC_EXAMPLE, "num_accepted_draft_tokens": 10, "acceptance_histogram": [39, 1, 0, 3]}
+    response = {"id": "cmpl-eos", "choices": [{"index": 0}], "usage": {"completion_tokens": 6}}
+    response["metrics"] = {"speculative_decoding": over}
+    (record,) = records_from_response(response, batch_id="step-1", session_id="s", draft_lags=0)
+    assert (record.accepted, record.completion) == (10, 6), "reported as is, never clipped to the completion"
+    fine = records_from_response(
+        {**response, "id": "cmpl-ok", "usage": {"completion_tokens": 54}}, batch_id="step-1", session_id="s"
+    )
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in [record, *fine]))
+    result = CliRunner().invoke(main, ["aggregate", "--format", "jsonl", "--speculative-algorithm", "EAGLE", str(path)])
+    assert result.exit_code == 0, result.output
+    (batch,) = [msgspec.json.decode(line) for line in result.stdout.splitlines()]
+    assert batch["metrics"]["spec/inconsistent_generation_count"] == 1
+    assert batch["metrics"]["spec/accepted_total"] == 20, "still aggregated as reported"
+
+
+def test_several_prompts_in_one_completions_request_give_null_counters():
+    """/v1/completions with a list of prompts answers one choice per prompt and reports
+    ``metrics.speculative_decoding`` null, as for n > 1."""
+    response = {
+        "id": "cmpl-multi",
+        "choices": [{"index": 0, "text": "x"}, {"index": 1, "text": "y"}, {"index": 2, "text": "z"}],
+        "usage": {"completion_tokens": 30},
+        "metrics": {"speculative_decoding": None},
+    }
+    records = records_from_response(response, batch_id="b", session_id="s", sample_ids=["p0", "p1", "p2"])
+    assert [(r.generation_id, r.sample_id) for r in records] == [
+        ("cmpl-multi:0", "p0"),
+        ("cmpl-multi:1", "p1"),
+        ("cmpl-multi:2", "p2"),
+    ]
+    assert all((r.accepted, r.proposed, r.verify, r.completion) == (None,) * 4 for r in records)
+
+
+def test_the_inference_generate_endpoint_carries_the_same_object():
+    """/inference/v1/generate (vLLM PR #43310, token in, token out): ``request_id``, choices
+    with ``token_ids``, and the same ``metrics.speculative_decoding``."""
+    response = {
+        "request_id": "gen-11",
+        "choices": [{"index": 0, "token_ids": list(range(54)), "finish_reason": "stop", "logprobs": None}],
+        "metrics": {"speculative_decoding": DOC_EXAMPLE},
+    }
+    (record,) = records_from_response(response, batch_id="b", session_id="s", draft_lags=1)
+    assert (record.generation_id, record.accepted, record.proposed, record.verify, record.completion) == (
+        "gen-11",
+        10,
+        129,
+        43,
+        54,
+    )
+
+
+def test_the_docs_say_vllm_0_29_refuses_the_flag_without_a_speculative_config():
+    """vLLM 0.29.0 does not start with --per-request-spec-decode-metrics set and no
+    --speculative-config (it no longer silently reports null); docs/vllm.md says so."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "vllm.md").read_text()
+    assert "refuses to start" in page and "--speculative-config" in page
+    assert "#56101" in page and "/inference/v1/generate" in page and "acceptance_histogram_by_draft_length" in page
