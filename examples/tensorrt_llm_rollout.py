@@ -18,7 +18,7 @@ import urllib.request
 from typing import Any
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.producers.tensorrt_llm_adapter import records_from_response
+from specmeter.producers.tensorrt_llm_adapter import publish_response
 
 TRTLLM_URL = os.environ.get("TRTLLM_URL", "http://127.0.0.1:8000")
 MODEL = os.environ.get("MODEL", "meta-llama/Llama-3.1-8B-Instruct")
@@ -38,17 +38,9 @@ async def rollout_step(publisher: Any, base_url: str, prompts: list[str], *, bat
     for number, prompt in enumerate(prompts):
         body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 256}
         answer = await asyncio.to_thread(post, f"{base_url}/v1/chat/completions", body)
-        records = records_from_response(
-            answer,
-            batch_id=batch_id,
-            session_id=f"{batch_id}/prompt-{number}",
-            producer_id=publisher.settings.producer_id,
-            run_id=publisher.settings.run_id,
-            draft_lags=draft_lag,
+        published += await publish_response(
+            publisher, answer, batch_id=batch_id, session_id=f"{batch_id}/prompt-{number}", draft_lags=draft_lag
         )
-        for record in records:
-            await publisher.publish(record)
-        published += len(records)
     return published
 
 

@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from specmeter.producers import Publisher, PublisherSettings
-from specmeter.producers.vllm_adapter import records_from_response
+from specmeter.producers.vllm_adapter import publish_response
 
 VLLM_URL = os.environ.get("VLLM_URL", "http://127.0.0.1:8000")
 MODEL = os.environ.get("MODEL", "Qwen/Qwen3-8B")
@@ -37,17 +37,9 @@ async def rollout_step(publisher: Any, base_url: str, prompts: list[str], *, bat
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 256, "temperature": 1.0}
         answer = await asyncio.to_thread(post, f"{base_url}/v1/completions", body)
         # ... the trainer keeps `answer` here ...
-        records = records_from_response(
-            answer,
-            batch_id=batch_id,
-            session_id=f"{batch_id}/prompt-{number}",
-            producer_id=publisher.settings.producer_id,
-            run_id=publisher.settings.run_id,
-            draft_lags=draft_lag,
+        published += await publish_response(
+            publisher, answer, batch_id=batch_id, session_id=f"{batch_id}/prompt-{number}", draft_lags=draft_lag
         )
-        for record in records:
-            await publisher.publish(record)
-        published += len(records)
     return published
 
 

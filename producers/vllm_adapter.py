@@ -58,6 +58,7 @@ __all__ = [
     "records_from_request_outputs",
     "records_from_response",
     "publish_request_outputs",
+    "publish_response",
     "require_vllm",
 ]
 
@@ -314,6 +315,35 @@ async def publish_request_outputs(
         run_id=publisher.settings.run_id,
         weight_version=weight_version,
         tasks=tasks,
+        draft_lags=draft_lags,
+    )
+    for record in records:
+        await publisher.publish(record)
+    return len(records)
+
+
+async def publish_response(
+    publisher: Publisher,
+    response: Mapping[str, Any],
+    *,
+    batch_id: str,
+    session_id: str,
+    sample_ids: Sequence[str | None] | None = None,
+    weight_version: str | None = None,
+    task: str | None = None,
+    draft_lags: int | Sequence[int | None] | None = None,
+) -> int:
+    """Publish the records of one committed vLLM response, in the publisher's run;
+    returns how many. Arguments as ``records_from_response``."""
+    records = records_from_response(
+        response,
+        batch_id=batch_id,
+        session_id=session_id,
+        sample_ids=sample_ids,
+        producer_id=publisher.settings.producer_id,
+        run_id=publisher.settings.run_id,
+        weight_version=weight_version,
+        task=task,
         draft_lags=draft_lags,
     )
     for record in records:

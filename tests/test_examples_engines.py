@@ -109,6 +109,7 @@ def test_the_vllm_example_publishes_exact_records_with_the_draft_lag():
     assert sent == 1 and received[0]["prompt"] == "p"
     (record,) = publisher.records
     assert counters(record) == (10, 129, 43, 54, [39, 1, 0, 3]) and record.draft_lag == 1
+    assert (record.producer_id, record.run_id) == ("rollout-0", "grpo-7"), "in the publisher's run"
     batch = aggregated(publisher.records)
     assert batch.metrics["spec/accept_rate"] == 10 / 129
     assert [entry.draft_lag for entry in batch.by_draft_lag] == [1]
@@ -125,6 +126,6 @@ def test_the_tensorrt_llm_example_is_exact_with_pr_19311_and_unknown_without():
         with engine({"/v1/chat/completions": answer}) as (url, _):
             asyncio.run(example.rollout_step(publisher, url, ["p"], batch_id="step-0", draft_lag=0))
         (record,) = publisher.records
-        assert counters(record) == want and record.draft_lag == 0
+        assert counters(record) == want and (record.draft_lag, record.run_id) == (0, "grpo-7")
     batch = aggregated(publisher.records)
     assert batch.metrics["spec/accept_count_coverage"] == 0.0, "a released server's answer is not reported"
