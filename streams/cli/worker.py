@@ -18,7 +18,7 @@ def _topic_options(func):
         own = name == "partials"  # named from the app id unless given
         func = click.option(
             f"--{name}-topic",
-            default="" if own else getattr(DEFAULTS.topics, name),
+            default=None if own else getattr(DEFAULTS.topics, name),
             show_default=not own,
             help=_PARTIALS_HELP if own else f"Name of the {name} topic.",
         )(func)
@@ -203,7 +203,7 @@ def _topic_options(func):
 def worker(
     broker: str,
     records_topic: str,
-    partials_topic: str,
+    partials_topic: str | None,
     metrics_topic: str,
     deadletter_topic: str,
     app_id: str,
@@ -279,7 +279,7 @@ def worker(
         log_level=log_level.lower(),
         security=security,
         topics=TopicNames(
-            records=records_topic, partials=partials_topic, metrics=metrics_topic, deadletter=deadletter_topic
+            records=records_topic, partials=partials_topic or "", metrics=metrics_topic, deadletter=deadletter_topic
         ),
     )
     preflight.check_before_start(broker, security, settings)

@@ -116,6 +116,10 @@ class Takeover(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: the consumer group's generation it confirmed (-1: written before generations were
     #: carried, or offline: counts like any generation)
     generation: int = -1
+    #: the format its owner writes (``core.formats``; 0: written before formats were
+    #: carried): the keys tagged with this takeover's epoch follow it. Appended: a reader
+    #: of format 0 decodes the fields before it and ignores it
+    format: int = 0
 
 
 class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -136,10 +140,14 @@ class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: when the owner confirmed ``generation`` (wall clock, ms)
     at_ms: int = 0
     generation: int = -1
+    #: the format its owner writes (``core.formats``)
+    format: int = 0
 
     def as_takeover(self) -> Takeover:
         """The takeover it stands for, judged by ``counts_after``: its generation and time."""
-        return Takeover(token=self.token, owner=self.owner, at_ms=self.at_ms, generation=self.generation)
+        return Takeover(
+            token=self.token, owner=self.owner, at_ms=self.at_ms, generation=self.generation, format=self.format
+        )
 
 
 _takeover_decoder = msgspec.msgpack.Decoder(Takeover)

@@ -11,6 +11,10 @@ Adding a fourth worker to three at 12 partitions moves 3, one from each; a worke
 moves only its own. Every assignment carries a new number, one past the highest any
 member reported.
 
+Each member's userdata also names the newest format it writes, and each assignment the
+group's format, the oldest of them (``core.formats``): a group of format 0 (a member of
+the release before formats were carried) gets the plain number that release reads.
+
 The rule is ``sticky_assignment`` (pure); ``StickyAssignor`` is aiokafka's assignor
 interface around it (public: ``partition_assignment_strategy``), one instance per route,
 so that the two stages' groups in one process keep apart what each holds.
@@ -22,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
+
+from ..core.formats import FORMAT, OLDEST_FORMAT, FormatRefused, group_format, refusal
 
 __all__ = ["StickyAssignor", "Member", "sticky_assignment"]
 
@@ -37,6 +43,8 @@ class Member:
     topics: frozenset[str]
     held: tuple[Partition, ...] = ()
     assignment: int = -1
+    #: the newest format it writes (0: a member of the release before formats were carried)
+    format: int = 0
 
 
 def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
@@ -110,10 +118,35 @@ class _Metadata(msgspec.Struct, array_like=True):
     held: list[tuple[str, int]] = []
     #: the assignment number (encoded by position: renaming it changed nothing on the wire)
     assignment: int = -1
+    #: appended (format 1): a member of format 0 sends two fields, and reads two of three
+    format: int = 0
+
+
+class _Assignment(msgspec.Struct, array_like=True):
+    """An assignment's userdata in a group of format 1 or later (format 0: the plain number)."""
+
+    assignment: int
+    format: int
 
 
 _decode_metadata = msgspec.msgpack.Decoder(_Metadata).decode
-_decode_assignment = msgspec.msgpack.Decoder(int).decode
+_decode_assignment = msgspec.msgpack.Decoder(int | _Assignment).decode
+
+
+def assignment_userdata(number: int, group: int) -> bytes:
+    """What the leader hands each member: the assignment number, and the group's format
+    where every member reads it (a group of format 0 gets the plain number its old
+    members decode)."""
+    return msgspec.msgpack.encode(number if group == 0 else _Assignment(assignment=number, format=group))
+
+
+def read_assignment_userdata(data: bytes) -> tuple[int, int]:
+    """(assignment number, group format) of an assignment's userdata; (-1, 0) for neither form."""
+    try:
+        decoded = _decode_assignment(data)
+    except msgspec.MsgspecError:
+        return -1, 0
+    return (decoded, 0) if isinstance(decoded, int) else (decoded.assignment, decoded.format)
 
 
 class StickyAssignor:
@@ -123,14 +156,21 @@ class StickyAssignor:
     name = "specmeter-sticky"
     version = 0
 
-    def __init__(self) -> None:
+    def __init__(self, *, format: int = FORMAT, oldest_format: int = OLDEST_FORMAT) -> None:
         self.held: list[Partition] = []
         self.assignment = -1
+        #: the newest format this member writes, and the oldest it can (tests pick others)
+        self.format = format
+        self.oldest_format = oldest_format
+        #: the format the group's last assignment said it writes
+        self.group_format = format
+        #: set when that format is older than this member can write (``core.formats``)
+        self.refused: FormatRefused | None = None
 
     def metadata(self, topics: Iterable[str]) -> object:
         from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-        user_data = msgspec.msgpack.encode(_Metadata(held=self.held, assignment=self.assignment))
+        user_data = msgspec.msgpack.encode(_Metadata(held=self.held, assignment=self.assignment, format=self.format))
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics), user_data)
 
     def assign(self, cluster: object, members: Mapping[str, object]) -> dict[str, object]:
@@ -139,19 +179,18 @@ class StickyAssignor:
         infos = {member_id: _member(metadata) for member_id, metadata in members.items()}
         partitions = _partitions(cluster, {t for info in infos.values() for t in info.topics})
         number = max((info.assignment for info in infos.values()), default=-1) + 1
+        userdata = assignment_userdata(number, group_format(info.format for info in infos.values()))
         out = {}
         for member_id, given in sticky_assignment(partitions, infos).items():
             out[member_id] = ConsumerProtocolMemberAssignment(
-                self.version, sorted(_numbers_by_topic(given).items()), msgspec.msgpack.encode(number)
+                self.version, sorted(_numbers_by_topic(given).items()), userdata
             )
         return out
 
     def on_assignment(self, assignment: object) -> None:
         self.held = [(tp.topic, tp.partition) for tp in assignment.partitions()]  # type: ignore[attr-defined]
-        try:
-            self.assignment = _decode_assignment(assignment.user_data)  # type: ignore[attr-defined]
-        except msgspec.MsgspecError:
-            self.assignment = -1
+        self.assignment, self.group_format = read_assignment_userdata(assignment.user_data)  # type: ignore[attr-defined]
+        self.refused = refusal(self.group_format, self.oldest_format)
 
 
 def _partitions(cluster: object, topics: set[str]) -> list[Partition]:
@@ -177,4 +216,4 @@ def _member(metadata: object) -> Member:
         data = _decode_metadata(metadata.user_data or b"")  # type: ignore[attr-defined]
     except msgspec.MsgspecError:
         return Member(topics)
-    return Member(topics, tuple((t, p) for t, p in data.held), data.assignment)
+    return Member(topics, tuple((t, p) for t, p in data.held), data.assignment, data.format)

@@ -231,6 +231,8 @@ def _rebalance_listener(route: InputRoute) -> Any:
             await route.driver.revoked(route.topic, [tp.partition for tp in revoked])
 
         async def on_partitions_assigned(self, assigned: Any) -> None:
+            if route.group_format_refused():
+                return
             route.driver.assigned(route.topic, [tp.partition for tp in assigned])
 
     return Rebalance()
@@ -319,6 +321,9 @@ class InputRoute:
         #: partition -> the state its consumer position was set for
         self._following: dict[int, Checkpointed] = {}
         self.consumer: Any = None
+        #: the group's assignor (this member's): the group's format comes with each assignment
+        self.assignor = StickyAssignor()
+        self._group_format = self.assignor.group_format
         self._committed: dict[TopicPartition, int] = {}
         self._committed_at = 0.0
         self._commit_failures = 0
@@ -360,10 +365,30 @@ class InputRoute:
         """The route's consumer: a member of the stage's group, with the sticky assignor."""
         return self.driver.new_consumer(
             group_id=self.group_id,
-            partition_assignment_strategy=(StickyAssignor(),),
+            partition_assignment_strategy=(self.assignor,),
             **self.group_options,
             **self.fetch_options,
         )
+
+    def group_format_refused(self) -> bool:
+        """After an assignment: say the group's format when it changed (a rolling upgrade's
+        progress), and whether it is one this release cannot write (``core.formats``): then
+        the output fails, so nothing is written, and the worker stops with the reason."""
+        assignor = self.assignor
+        if assignor.group_format != self._group_format:
+            self._group_format = assignor.group_format
+            log.info(
+                "%s: the group writes format %d (this release writes %d to %d)",
+                self.topic,
+                assignor.group_format,
+                assignor.oldest_format,
+                assignor.format,
+            )
+        if assignor.refused is None:
+            return False
+        log.critical("%s: %s", self.topic, assignor.refused)
+        self.driver.writes.output.fail(self.topic, assignor.refused)
+        return True
 
     async def _read(self, consumer: Any) -> None:
         last_input = time.monotonic()

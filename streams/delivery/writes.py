@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.formats import FORMAT
 from ..core.layout import REWRITTEN_KINDS
 from ..core.ownership import (
     Confirmation,
@@ -149,10 +150,16 @@ class OwnedWrites:
             owner=self.owner,
             at_ms=confirmed_at_ms or int(time.time() * 1000),
             generation=generation,
+            format=FORMAT,
         )
         epoch = await self._append(topic, partition, takeover_key(partition, takeover.token), encode_takeover(takeover))
         confirmation = Confirmation(
-            token=takeover.token, epoch=epoch, owner=self.owner, at_ms=takeover.at_ms, generation=generation
+            token=takeover.token,
+            epoch=epoch,
+            owner=self.owner,
+            at_ms=takeover.at_ms,
+            generation=generation,
+            format=FORMAT,
         )
         confirmed = await self._append(
             topic, partition, confirmation_key(partition, takeover_token()), encode_confirmation(confirmation)
@@ -177,7 +184,12 @@ class OwnedWrites:
         if owned is None or owned.takeover is None or owned.groups or owned.acknowledged or owned.held_back:
             return False
         confirmation = Confirmation(
-            token=owned.token, epoch=owned.epoch, owner=self.owner, at_ms=confirmed_at_ms, generation=generation
+            token=owned.token,
+            epoch=owned.epoch,
+            owner=self.owner,
+            at_ms=confirmed_at_ms,
+            generation=generation,
+            format=FORMAT,
         )
         if not counts_after(confirmation.as_takeover(), owned.takeover):
             return False  # a group that started again, within the clock-skew bound: a takeover must wait

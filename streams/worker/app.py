@@ -36,6 +36,7 @@ from specmeter.schemas import (
 )
 
 from ..core.counts import WorkerCounters
+from ..core.formats import FormatRefused
 from ..core.layout import changelog_topics
 from ..core.ownership import ValidState
 from ..core.stage1 import Effects, PartitionProcessor, shorten
@@ -170,7 +171,9 @@ class StreamShell:
         if self.fatal is not None:
             return
         self.fatal = (
-            f"producing to {topic} failed after the producer's retries "
+            f"{topic}: {exc}"  # a refusal of the worker's own (a group format it cannot write) says why itself
+            if isinstance(exc, FormatRefused)
+            else f"producing to {topic} failed after the producer's retries "
             f"({type(exc).__name__}: {shorten(str(exc), 200)}); the worker stops, writing nothing more, "
             f"rather than skip an output or a state write. Operator action: check the broker "
             f"(message.max.bytes, ACLs, disk, an outage longer than --delivery-timeout) and restart; "
