@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+
+from specmeter.streams.core.formats import FORMAT
 
 from .support.kafka_helpers import create_topic
 from .support.previous_release import NoPreviousRelease, export_previous_release, previous_release_env
@@ -107,6 +110,10 @@ def test_two_workers_of_the_previous_release_replaced_one_at_a_time_under_a_stre
         assert_duplicates_identical(published)
         assert_conserved(produced_records(events), published, deployment.dead_letters())
         assert first.poll() is None and second.poll() is None, deployment.log_tail()
+        # the new worker wrote the old format beside an old member, the new one once it left
+        said = deployment.logs[deployment.workers.index(first)].read_text(errors="replace")
+        formats = re.findall(r"the group writes format (\d+)", said)
+        assert formats[:1] == ["0"] and formats[-1] == str(FORMAT), formats
     except BaseException:
         print(deployment.log_tail(6000))
         raise
