@@ -12,21 +12,87 @@ tests.support.leftovers --rounds 20`` runs the random version of the same.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from .support.kafka_broker import local_broker_tools_missing
+from .support.kafka_broker import BROKER_SCRIPT, local_broker_tools_missing
 from .support.leftovers import demo, helper_parent, interrupt_once, processes_naming, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+#: a parent that registers a child's process group and a folder with a reaper, then idles
+REAPER_PARENT = """
+import subprocess, sys, time
+from pathlib import Path
+from specmeter.streams.cli.lifetime import Reaper
+reaper = Reaper()
+sleeper = [sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]]
+child = subprocess.Popen(sleeper, start_new_session=True, stdout=subprocess.DEVNULL)
+reaper.group(child.pid)
+reaper.folder(Path(sys.argv[1]))
+if sys.argv[2] == "done":
+    reaper.done()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
 
 
-@pytest.fixture(autouse=True)
+@pytest.mark.parametrize("clean_end", [False, True], ids=["killed", "said-done"])
+def test_the_reaper_ends_a_killed_programs_groups_and_folders_and_nothing_after_done(tmp_path, clean_end):
+    folder = tmp_path / "owned"
+    folder.mkdir()
+    (folder / "file").write_text("x")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", REAPER_PARENT, str(folder), "done" if clean_end else "-"], stdout=subprocess.PIPE
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip()
+        parent.kill()
+        parent.wait(10)
+        # the reaper acts within a second of the parent's end: 5 s show it did not
+        gone = wait_until(lambda: not processes_naming(str(folder)) and not folder.exists(), 5 if clean_end else 30)
+        if clean_end:  # the program cleaned up itself (said done): the reaper touched nothing
+            assert not gone and folder.exists() and processes_naming(str(folder))
+        else:
+            assert gone, processes_naming(str(folder))
+    finally:
+        parent.kill()
+        parent.communicate()
+        for line in processes_naming(str(folder)):  # the sleep a passing case left (by pid)
+            subprocess.run(["kill", line.split()[0]], check=False)
+
+
+def test_the_broker_watchdog_stops_its_process_once_the_parent_ends_and_then_ends(tmp_path):
+    """``deploy/kafka/broker _watch PARENT PIDFILE`` (SPECMETER_KAFKA_PARENT_PID's
+    watchdog), on a stand-in for the JVM: it lives while the parent does, ends with it,
+    and the pid file goes."""
+    parent = subprocess.Popen(["sleep", "600"])
+    jvm = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", str(tmp_path)], start_new_session=True
+    )
+    pidfile = tmp_path / "broker.pid"
+    pidfile.write_text(f"{jvm.pid}\n")
+    watchdog = subprocess.Popen([str(BROKER_SCRIPT), "_watch", str(parent.pid), str(pidfile)])
+    try:
+        assert watchdog.poll() is None and not wait_until(lambda: jvm.poll() is not None, 3)
+        parent.kill()
+        parent.wait(10)  # reaped at once: a zombie parent counts as ended too
+        assert jvm.wait(15) == -signal.SIGTERM and watchdog.wait(15) == 0
+        assert not pidfile.exists()
+    finally:
+        for proc in (parent, jvm, watchdog):
+            proc.kill()
+
+
+@pytest.fixture
 def _tools():
     if missing := local_broker_tools_missing():
         pytest.skip(missing)
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.usefixtures("_tools")
 @pytest.mark.parametrize(
     ("program", "moment", "signum", "status"),
     [
@@ -43,6 +109,9 @@ def test_an_interrupted_program_leaves_nothing(tmp_path, program, moment, signum
     assert exit_status == status, (tmp_path / "err").read_text()[-3000:]
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.usefixtures("_tools")
 def test_a_demo_leaves_a_broker_it_found_running_and_a_killed_helper_takes_its_broker_along(tmp_path):
     """The demo on a private broker a test helper started (the demo finds it running):
     SIGTERM mid-run ends the demo's worker and folder, not the broker; the helper's parent

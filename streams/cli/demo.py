@@ -264,7 +264,9 @@ def next_steps(broker: str, metrics_topic: str, broker_running: bool, cleaned: b
 @click.option(
     "--keep-broker",
     is_flag=True,
-    help="Leave the local broker it started running afterwards (the demo prints the command that stops it).",
+    help="Leave the local broker it started running afterwards, and keep the worker's log (the demo prints the "
+    "command that stops the broker and where the log is). Without it, what the demo started goes when it ends, "
+    "however it ends.",
 )
 @click.option(
     "--clean",

@@ -45,11 +45,16 @@ def stop_signals_raise() -> Iterator[None]:
     """Within: SIGTERM (``kill``, ``timeout``, a container's stop) and SIGHUP (the terminal
     closed) raise ``Stopped`` in the main thread, handled where Ctrl-C is, so the program's
     clean-up runs (exit status 128 + the signal where the command uses ``base.exit_status``)."""
+    import threading
+
     from .base import Stopped
 
     def handler(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield

@@ -71,11 +71,13 @@ class Run:
 
     def start(self) -> Run:
         self.tmp.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TMPDIR": str(self.tmp), "SPECMETER_KAFKA_DIR": str(self.root / "kafka"), **self.env}
+        own = {"TMPDIR": str(self.tmp), "SPECMETER_KAFKA_DIR": str(self.root / "kafka"), "SPECMETER_KAFKA_HEAP": "512m"}
+        env = {**os.environ, **own, **self.env}
         if "KAFKA_BOOTSTRAP_SERVERS" not in self.env:  # the program starts its broker (under root)
             env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
         with (self.root / "out").open("wb") as out, (self.root / "err").open("wb") as err:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=err, env=env, cwd=REPO)
+            # a session of its own: Ctrl-C reaches its whole process group, as at a terminal
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=err, env=env, cwd=REPO, start_new_session=True)
         return self
 
     def said(self, text: str) -> bool:
@@ -89,9 +91,13 @@ class Run:
             raise AssertionError(f"never saw {what} (exit {self.proc.poll()}):\n{self.tail()}")
 
     def interrupt(self, signum: int, timeout_s: float = 90.0) -> int:
-        """Send ``signum``; its exit status once it has ended."""
+        """SIGINT to its process group (Ctrl-C at a terminal: the broker script it runs gets it
+        too), another signal to it alone (``kill``, ``timeout``); its exit status once it has ended."""
         assert self.proc is not None
-        self.proc.send_signal(signum)
+        if signum == signal.SIGINT:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
         return self.proc.wait(timeout_s)
 
     def leftovers(self) -> list[str]:
@@ -192,6 +198,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=47)
     args = parser.parse_args()
+    # started in the background (nohup, &), this process and its children would ignore
+    # SIGINT: a program's Ctrl-C handler comes back where the handler is Python's again
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = random.Random(args.seed)
     import tempfile
 
