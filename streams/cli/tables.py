@@ -16,11 +16,12 @@ tokens per verify step (its quartiles and the share that barely speculates).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from specmeter.schemas import BatchMetrics, DraftLagMetrics, TaskMetrics, WeightVersionMetrics
+
+from ..core.order import batch_order, natural
 
 __all__ = [
     "metrics_table",
@@ -62,24 +63,6 @@ def _fixed(width: int) -> tuple[tuple[str, int], ...]:
     return _FIXED if width >= _WIDE else tuple(c for c in _FIXED if c[0] != "gens")
 
 
-def _natural(text: str | None) -> tuple:
-    """Natural order: step-2 before step-10, v9 before v10; None (unknown) last."""
-    if text is None:
-        return (1, ())
-    return (0, tuple(_natural_part(p) for p in re.split(r"(\d+)", text) if p))
-
-
-def _natural_part(part: str) -> tuple:
-    """A run of digits ordered by its number, before any text."""
-    return (0, int(part), "") if part.isdigit() else (1, 0, part)
-
-
-def batch_order(m: BatchMetrics) -> tuple:
-    """Rows by run, then batch, both in natural order (step-2 before step-10); the
-    default run (no run_id) first."""
-    return (m.run_id is not None, _natural(m.run_id), _natural(m.batch_id))
-
-
 def _rate(value: Any) -> str:
     if not isinstance(value, (int, float)):
         return "-"
@@ -98,7 +81,7 @@ def drift_text(entries: list[WeightVersionMetrics] | None, width: int) -> str:
         return "-"
     parts = [
         f"{_fit_left(e.weight_version or '?', 10)} {_rate(e.metrics.get('spec/accept_rate'))}"
-        for e in sorted(entries, key=lambda e: _natural(e.weight_version))
+        for e in sorted(entries, key=lambda e: natural(e.weight_version))
     ]
     return _fit_left(_newest_fitting(parts, width), width)
 
@@ -132,7 +115,7 @@ def _by_size(entries: list[TaskMetrics]) -> list[TaskMetrics]:
     """Tasks with the most generations first (ties by name), the unknown task last."""
     return sorted(
         entries,
-        key=lambda e: (e.task is None, -e.metrics.get("spec/unique_generation_count", 0), _natural(e.task)),
+        key=lambda e: (e.task is None, -e.metrics.get("spec/unique_generation_count", 0), natural(e.task)),
     )
 
 

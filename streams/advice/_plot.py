@@ -1,0 +1,77 @@
+"""The advice drawn (``advise --plot FILE.svg``): a declaration of panels for the one chart
+module (``specmeter.streams.chart``).
+
+One panel per curve family, stacked: the speedup against the budget k per group (the
+tokens per verify step without a draft cost), budget 0 (no speculation, 1.0) included,
+each recommended budget ringed; with ``by="draft_lag"`` the staleness curve, tokens per
+verify step and accept rate against the draft lag, each where measured. A series' legend
+says ``lag N`` for a draft lag (a bare number said nothing, issue 47.5).
+"""
+
+from __future__ import annotations
+
+from ..chart import Line, LinePanel, stacked_svg
+from ._budget import BudgetPoint
+from ._model import Advice, Curve
+
+__all__ = ["advice_svg", "advice_panels"]
+
+_LAG = "draft lag (policy updates behind)"
+
+
+def advice_svg(advice: Advice) -> str:
+    """The advice's curves (and staleness curve) as one SVG document."""
+    return stacked_svg(advice_panels(advice))
+
+
+def advice_panels(advice: Advice) -> list[LinePanel]:
+    """What the plot draws: the budget panel, then the staleness panels."""
+    return _budget_panel(advice) + _staleness_panels(advice)
+
+
+def _budget_panel(advice: Advice) -> list[LinePanel]:
+    """The speedup (tokens per verify step without a draft cost) against the budget, a
+    series per group; none without a curve."""
+    if not advice.curves:
+        return []
+    costed = advice.draft_cost is not None
+    title = f"speedup at draft cost c={advice.draft_cost:g}" if costed else "tokens per verify step"
+    lines = [_budget_line(advice.by, curve, costed) for curve in advice.curves]
+    return [LinePanel(title + " by budget", "budget k (draft tokens per step; 0: no speculation)", title, lines)]
+
+
+def _budget_line(by: str | None, curve: Curve, costed: bool) -> Line:
+    """A group's series, budget 0 first, its recommended budget ringed."""
+    points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
+    xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
+    ring = None if curve.best is None else xy[curve.best]
+    return Line(_series_name(by, curve.group), xy, _series_label(by, curve.group), ring)
+
+
+def _series_name(by: str | None, group: object) -> str:
+    if by is None:
+        return "all generations"
+    return "(unknown)" if group is None else str(group)
+
+
+def _series_label(by: str | None, group: object) -> str:
+    """A curve's legend label: its task or weight version, ``lag N`` for a draft lag."""
+    name = _series_name(by, group)
+    return f"lag {name}" if by == "draft_lag" else name
+
+
+def _staleness_panels(advice: Advice) -> list[LinePanel]:
+    """Tokens per verify step and accept rate against the draft lag, each where measured."""
+    stale = advice.staleness
+    known = [p for p in stale.points if p.draft_lag is not None] if stale is not None else []
+    tokens = [(float(p.draft_lag or 0), p.tokens_per_verify) for p in known if p.tokens_per_verify is not None]
+    rates = [(float(p.draft_lag or 0), p.accept_rate) for p in known if p.accept_rate is not None]
+    panels: list[LinePanel] = []
+    if tokens:
+        title = "staleness: tokens per verify step by draft lag"
+        panels.append(LinePanel(title, _LAG, "tokens/verify", [Line("tokens per verify step", tokens)]))
+    if rates:
+        panels.append(
+            LinePanel("staleness: accept rate by draft lag", _LAG, "accept rate", [Line("accept rate", rates)])
+        )
+    return panels
