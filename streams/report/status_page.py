@@ -2,8 +2,9 @@
 
 ``RecentBatches`` keeps the newest revision of the last batches this worker published
 (stage 2 of its partials partitions: with several workers, each page shows its share);
-``render_page`` draws them as one HTML page of server-rendered SVG (``report.svg``),
-nothing fetched, refreshed every ``refresh_s`` seconds by a meta refresh:
+``render_page`` draws them as one HTML page of server-rendered SVG (the one chart
+module, ``streams.chart``; the panels: ``PANELS``, one table of definitions), nothing
+fetched, refreshed every ``refresh_s`` seconds by a meta refresh:
 
 * per batch, oldest to newest: the accept rate, tokens per verify step, and coverage
   (partitions reported of those expected; an incomplete batch in another colour);
@@ -22,11 +23,12 @@ import html
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from specmeter.schemas import BatchMetrics
 
-from .svg import Mark, bar_chart, point_chart
+from ..chart import Chart, Mark, draw
 
 __all__ = ["RecentBatches", "render_page", "DISTRIBUTION_BUCKETS", "bucket_range", "spread_drawn", "staleness"]
 
@@ -254,162 +256,137 @@ def _absent(panel_id: str, heading: str, note: str) -> str:
     )
 
 
-def _per_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
+def _accept_rate(batches: Sequence[BatchMetrics]) -> Drawn:
+    note = "Paired accepted / paired proposed draft tokens (spec/accept_rate), per batch, oldest first."
+    marks = _batch_marks(batches, "spec/accept_rate", "accept rate", ".4f")
+    chart = Chart("points", "accept_rate", "Accept rate per batch", marks, 1.0, y_label="accept rate", x_label="batch")
+    return note, chart
+
+
+def _tokens_per_verify(batches: Sequence[BatchMetrics]) -> Drawn:
+    note = "Paired completion tokens / paired verify steps (spec/tokens_per_verify), per batch."
+    marks = _batch_marks(batches, "spec/tokens_per_verify", "tokens per verify step", ".3f")
+    title = "Tokens per verify step per batch"
+    return note, Chart("points", "tokens_per_verify", title, marks, y_label="tokens / step", x_label="batch")
+
+
+def _coverage(batches: Sequence[BatchMetrics]) -> Drawn:
     complete = sum(1 for m in batches if m.complete)
     expected = max((m.partitions_expected for m in batches), default=1)
-    return [
-        _panel(
-            "accept_rate",
-            "Accept rate",
-            "Paired accepted / paired proposed draft tokens (spec/accept_rate), per batch, oldest first.",
-            point_chart(
-                "accept_rate",
-                "Accept rate per batch",
-                _batch_marks(batches, "spec/accept_rate", "accept rate", ".4f"),
-                y_max=1.0,
-                y_label="accept rate",
-                x_label="batch",
-            ),
-        ),
-        _panel(
-            "tokens_per_verify",
-            "Tokens per verify step",
-            "Paired completion tokens / paired verify steps (spec/tokens_per_verify), per batch.",
-            point_chart(
-                "tokens_per_verify",
-                "Tokens per verify step per batch",
-                _batch_marks(batches, "spec/tokens_per_verify", "tokens per verify step", ".3f"),
-                y_label="tokens / step",
-                x_label="batch",
-            ),
-        ),
-        _panel(
-            "coverage",
-            "Coverage",
-            f"{complete} of {len(batches)} batches complete; partitions reported of those expected, "
-            "an incomplete batch in orange.",
-            bar_chart(
-                "coverage",
-                "Partitions reported per batch",
-                _coverage_marks(batches),
-                y_max=float(expected),
-                y_format=".0f",
-                y_label="partitions",
-                x_label="batch",
-                attrs={"complete": str(complete), "batches": str(len(batches))},
-            ),
-        ),
-    ]
+    note = (
+        f"{complete} of {len(batches)} batches complete; partitions reported of those expected, "
+        "an incomplete batch in orange."
+    )
+    attrs = {"complete": str(complete), "batches": str(len(batches))}
+    marks = _coverage_marks(batches)
+    title = "Partitions reported per batch"
+    return note, Chart("bar", "coverage", title, marks, float(expected), ".0f", "partitions", "batch", attrs)
 
 
-def _newest_batch_panels(batches: Sequence[BatchMetrics]) -> list[str]:
-    out = []
+def _drift(batches: Sequence[BatchMetrics]) -> Drawn | None:
     m = _newest(batches, "by_weight_version")
-    if m is not None:
-        out.append(
-            _panel(
-                "drift",
-                "Drift by weight version",
-                f"Accept rate of each policy version in batch {_batch_name(m)}: acceptance falls as the "
-                "policy moves away from the version the draft model was trained on.",
-                bar_chart(
-                    "drift",
-                    "Accept rate by weight version",
-                    _version_marks(m),
-                    y_max=1.0,
-                    y_label="accept rate",
-                    x_label="weight version",
-                    attrs={"batch": m.batch_id, "run": m.run_id or ""},
-                    value_format=".3f",
-                ),
-            )
-        )
-    else:
-        out.append(_absent("drift", "Drift by weight version", "No recent batch has a weight-version breakdown."))
+    if m is None:
+        return None
+    note = (
+        f"Accept rate of each policy version in batch {_batch_name(m)}: acceptance falls as the "
+        "policy moves away from the version the draft model was trained on."
+    )
+    title = "Accept rate by weight version"
+    chart = Chart("bar", "drift", title, _version_marks(m), 1.0, ".2f", "accept rate", "weight version", _of(m), ".3f")
+    return note, chart
+
+
+def _positions(batches: Sequence[BatchMetrics]) -> Drawn | None:
     m = _newest(batches, "accept_rate_by_position")
-    if m is not None:
-        out.append(
-            _panel(
-                "positions",
-                "Acceptance by draft position",
-                f"Share of verify steps that accepted their k-th draft token, batch {_batch_name(m)}.",
-                bar_chart(
-                    "positions",
-                    "Acceptance by draft position",
-                    _position_marks(m),
-                    y_max=1.0,
-                    y_label="accepted",
-                    x_label="draft position k",
-                    attrs={"batch": m.batch_id, "run": m.run_id or ""},
-                    value_format=".3f",
-                ),
-            )
-        )
-    else:
-        out.append(_absent("positions", "Acceptance by draft position", "No recent batch has an acceptance histogram."))
-    return out
+    if m is None:
+        return None
+    note = f"Share of verify steps that accepted their k-th draft token, batch {_batch_name(m)}."
+    title = "Acceptance by draft position"
+    chart = Chart(
+        "bar", "positions", title, _position_marks(m), 1.0, ".2f", "accepted", "draft position k", _of(m), ".3f"
+    )
+    return note, chart
 
 
-def _revision5_panels(batches: Sequence[BatchMetrics]) -> list[str]:
-    out = []
+def _staleness_curve(batches: Sequence[BatchMetrics]) -> Drawn | None:
     marks = _staleness_marks(batches)
-    if marks:
-        with_lags = sum(1 for m in batches if m.by_draft_lag)
-        out.append(
-            _panel(
-                "staleness",
-                "Staleness curve",
-                f"Paired accepted / paired proposed by draft lag (policy updates the draft is behind), "
-                f"summed over {with_lags} recent batches.",
-                point_chart(
-                    "staleness",
-                    "Accept rate by draft lag",
-                    marks,
-                    y_max=1.0,
-                    y_label="accept rate",
-                    x_label="draft lag",
-                    attrs={"batches": str(with_lags)},
-                ),
-            )
-        )
-    else:
-        out.append(
-            _absent(
-                "staleness",
-                "Staleness curve",
-                "No recent batch carries a draft-lag breakdown (by_draft_lag, revision 5).",
-            )
-        )
+    if not marks:
+        return None
+    with_lags = sum(1 for m in batches if m.by_draft_lag)
+    note = (
+        f"Paired accepted / paired proposed by draft lag (policy updates the draft is behind), "
+        f"summed over {with_lags} recent batches."
+    )
+    attrs = {"batches": str(with_lags)}
+    chart = Chart(
+        "points", "staleness", "Accept rate by draft lag", marks, 1.0, ".2f", "accept rate", "draft lag", attrs
+    )
+    return note, chart
+
+
+def _spread(batches: Sequence[BatchMetrics]) -> Drawn | None:
     m = _newest(batches, "tokens_per_verify_distribution")
-    if m is not None:
-        out.append(
-            _panel(
-                "spread",
-                "Spread of tokens per verify step",
-                _spread_note(m),
-                bar_chart(
-                    "spread",
-                    "Generations by tokens per verify step",
-                    _spread_marks(m),
-                    y_format=".0f",
-                    y_label="generations",
-                    x_label="tokens per verify step",
-                    attrs={
-                        "batch": m.batch_id,
-                        "run": m.run_id or "",
-                        "buckets": str(len(m.tokens_per_verify_distribution or [])),
-                    },
-                ),
-            )
-        )
-    else:
-        out.append(
-            _absent(
-                "spread",
-                "Spread of tokens per verify step",
-                "No recent batch carries a distribution (tokens_per_verify_distribution, revision 5).",
-            )
-        )
+    if m is None:
+        return None
+    attrs = {**_of(m), "buckets": str(len(m.tokens_per_verify_distribution or []))}
+    title = "Generations by tokens per verify step"
+    chart = Chart("bar", "spread", title, _spread_marks(m), None, ".0f", "generations", "tokens per verify step", attrs)
+    return _spread_note(m), chart
+
+
+def _of(m: BatchMetrics) -> dict[str, str]:
+    """A newest-batch chart's attributes: the batch and run it draws."""
+    return {"batch": m.batch_id, "run": m.run_id or ""}
+
+
+#: a panel's note and chart, from the recent batches
+Drawn = tuple[str, Chart]
+
+
+@dataclass(frozen=True)
+class PanelDefinition:
+    """One panel of the page: its id and heading, what draws it (None: nothing to draw),
+    and what the page says instead (None: always drawn)."""
+
+    panel_id: str
+    heading: str
+    draw: Callable[[Sequence[BatchMetrics]], Drawn | None]
+    absent: str = ""
+
+
+#: the page's panels, in order: per batch, the newest batch that has them, over the batches
+PANELS = (
+    PanelDefinition("accept_rate", "Accept rate", _accept_rate),
+    PanelDefinition("tokens_per_verify", "Tokens per verify step", _tokens_per_verify),
+    PanelDefinition("coverage", "Coverage", _coverage),
+    PanelDefinition("drift", "Drift by weight version", _drift, "No recent batch has a weight-version breakdown."),
+    PanelDefinition(
+        "positions", "Acceptance by draft position", _positions, "No recent batch has an acceptance histogram."
+    ),
+    PanelDefinition(
+        "staleness",
+        "Staleness curve",
+        _staleness_curve,
+        "No recent batch carries a draft-lag breakdown (by_draft_lag, revision 5).",
+    ),
+    PanelDefinition(
+        "spread",
+        "Spread of tokens per verify step",
+        _spread,
+        "No recent batch carries a distribution (tokens_per_verify_distribution, revision 5).",
+    ),
+)
+
+
+def _panels(batches: Sequence[BatchMetrics]) -> list[str]:
+    """Each defined panel drawn, or said absent."""
+    out = []
+    for p in PANELS:
+        drawn = p.draw(batches)
+        if drawn is None:
+            out.append(_absent(p.panel_id, p.heading, p.absent))
+        else:
+            out.append(_panel(p.panel_id, p.heading, drawn[0], draw(drawn[1])))
     return out
 
 
@@ -470,5 +447,5 @@ def render_page(
     if not batches:
         return head + '<p class="empty" id="no-batches">No batch published by this worker yet.</p></body></html>\n'
     newest = _newest(batches) or batches[-1]
-    panels = _per_batch_panels(batches) + _newest_batch_panels(batches) + _revision5_panels(batches)
+    panels = _panels(batches)
     return head + _summary(newest) + '\n<div class="grid">\n' + "\n".join(panels) + "\n</div></body></html>\n"
