@@ -534,7 +534,7 @@ class InputRoute:
     def _moved_offsets(self) -> dict[TopicPartition, int]:
         """The checkpoints that moved since the last commit, once ``commit_interval`` passed
         (none before)."""
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()  # the loop's clock: monotonic (virtual in the simulation)
         if now - self._committed_at < self.driver.settings.commit_interval_s:
             return {}
         self._committed_at = now
@@ -598,7 +598,7 @@ class InputRoute:
             return None
         tps = [TP(self.topic, p) for p in partitions]
         offsets = await _committed_offsets(consumer, tps)
-        generation, confirmed_at_ms = group_generation(consumer), int(time.time() * 1000)
+        generation, confirmed_at_ms = group_generation(consumer), self.driver.wall_ms()
         request = asyncio.ensure_future(consumer.commit(offsets))
         request.add_done_callback(lambda done: self._recommit_after(done, offsets))
         try:
@@ -708,6 +708,9 @@ class DeliveryDriver:
         #: options -> a consumer of the worker's own (a fake one in tests without a broker)
         self.new_consumer = new_consumer or (lambda **options: _consumer(settings.broker, kafka, **options))
         self.stages = stages
+        #: the wall clock (ms) a takeover's confirmation is timed by: the seam a simulation
+        #: gives each worker a clock of its own (skewed) through
+        self.wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         self.records, self.partials = t.records, t.partials
         self.ledger = Ledger((self.records, self.partials))
         self.changelogs = ChangelogReader(self.new_consumer)

@@ -1,0 +1,507 @@
+"""A deterministic simulation of the worker's delivery layer (issue 43, point 1: a first slice).
+
+The worker's own ``DeliveryDriver`` (its routes, the kept and restore paths, ``OwnedWrites``,
+``ChangelogView``) runs for three workers over the in-memory Kafka of ``tests/test_delivery.py``:
+one records topic of two partitions and its changelog, a group coordinator with generations
+(and group restarts: the group deleted, its generations starting again at 1), members
+expired while frozen (their commits refused, their fetches and writes going on), writes in
+flight that land one at a time whenever the scheduler says (a frozen worker's too),
+compaction of the changelog at any step, and takeover records appended twice.
+
+Each worker runs on an event loop of its own whose clock is virtual (``VirtualLoop``: it
+jumps to the next timer when nothing is ready), advanced to the simulation's time only when
+the scheduler lets it run: a frozen worker does nothing and wakes with its timers due. Its
+wall clock is the simulation's time plus a skew of its own (``DeliveryDriver.wall_ms``, the
+seam). One seed is one schedule, and replays exactly.
+
+The invariants, checked where they happen (a violation raised inside a worker's task fails
+the output, and the scheduler raises it):
+
+* **no stray fence**: a worker is fenced only by a takeover confirmed in a rebalance not
+  older than the one in which it last installed the partition (kept or restored);
+* **a restore never goes back**: once the schedule settles, each changelog partition's
+  valid checkpoint is not below any checkpoint whose outputs were released;
+* **liveness**: once the group is quiet, every partition is restored and read to the end
+  of its input within a bound (past the 60 s clock-skew bound of a restarted group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+from collections import deque
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from specmeter.streams.core.ownership import (
+    CLOCK_SKEW_MS,
+    ChangelogView,
+    confirmation_of,
+    is_confirmation,
+    is_takeover,
+    split_key,
+    takeover_of,
+)
+from specmeter.streams.delivery.assignor import Member, sticky_assignment
+from specmeter.streams.delivery.ledger import Ledger
+
+from ..test_delivery import FakeConsumer, FakeLogs, FakeStages, _driver
+
+R = "records"
+CL = f"{R}-changelog"
+PARTITIONS = 2
+
+
+class Violation(AssertionError):
+    """An invariant broken; the message names the seed and the schedule's trace."""
+
+
+class Stopped(Exception):
+    """A worker stopped as designed (writes in flight past a revocation's deadline): it is restarted."""
+
+
+class _NoSelector(selectors.BaseSelector):
+    """A selector without I/O: waiting ``timeout`` moves the loop's virtual clock on."""
+
+    def __init__(self) -> None:
+        self._map: dict[Any, selectors.SelectorKey] = {}
+        self.loop: VirtualLoop | None = None
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = selectors.SelectorKey(fileobj, fileobj if isinstance(fileobj, int) else fileobj.fileno(), events, data)
+        self._map[fileobj] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._map.pop(fileobj)
+
+    def select(self, timeout: float | None = None) -> list:
+        if timeout and self.loop is not None:
+            self.loop.now += timeout
+        return []
+
+    def get_map(self) -> Any:
+        return self._map
+
+    def close(self) -> None:
+        self._map.clear()
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock is virtual: with nothing ready it jumps to the next timer."""
+
+    def __init__(self) -> None:
+        selector = _NoSelector()
+        self.now = 0.0
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self.now
+
+    def run_to(self, when: float) -> None:
+        """Run everything due up to ``when`` (virtual seconds)."""
+        self.run_until_complete(asyncio.sleep(max(0.0, when - self.now)))
+
+
+class SimConsumer(FakeConsumer):
+    """A group member as the coordinator sees it: the generation (and group incarnation) it
+    joined; a commit from any other is refused, as Kafka's coordinator refuses a stale member."""
+
+    def __init__(self, logs: FakeLogs, sim: Simulation, **options: Any) -> None:
+        super().__init__(logs, **options)
+        self.sim = sim
+        self.joined: tuple[int, int] = (-1, -1)  # (incarnation, generation)
+        self.latest: tuple[int, int] = (-1, -1)
+        #: the rebalance (sequence number) it last joined: its assignor's assignment number
+        self.joined_in = -1
+        self.lock: asyncio.Lock | None = None
+
+    @property
+    def _coordinator(self) -> SimpleNamespace:
+        return SimpleNamespace(generation=self.joined[1])
+
+    async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
+        """What is fetchable now, else what is after ``timeout_ms`` of virtual time (what lands
+        meanwhile waits for the next fetch: a fetch's wait costs no work)."""
+        await asyncio.sleep(0.001)
+        out = self._take(tps)
+        if out:
+            return out
+        await asyncio.sleep(timeout_ms / 1000)
+        return self._take(tps)
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        from aiokafka.errors import CommitFailedError
+
+        if self.group_id and self.joined != (self.sim.incarnation, self.sim.generation):
+            raise CommitFailedError("the group rebalanced (a stale generation)")
+        await super().commit(offsets)
+
+    async def join(self, joined: tuple[int, int], partitions: list[int]) -> None:
+        """A rebalance as aiokafka runs it: revoked, joined at the new generation, assigned;
+        one at a time, and only the latest of those waiting (a member rejoins once)."""
+        from aiokafka.structs import TopicPartition as TP
+
+        self.latest = joined
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        async with self.lock:
+            if self.latest != joined:
+                return  # a newer rebalance came meanwhile: it is the one this member joins
+            await self.listener.on_partitions_revoked(list(self.positions))
+            self.joined, self.joined_in = joined, self.sim.seq
+            self.positions = {TP(self.topics[0], p): 0 for p in partitions}
+            self.paused = set()
+            await self.listener.on_partitions_assigned(list(self.positions))
+
+
+class SimOutput:
+    """A worker's producer: what it sends waits until the scheduler lands it in the log."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.queue: deque[tuple[str, bytes | None, bytes | None, int, Callable[[int], None] | None]] = deque()
+        self.failed: BaseException | None = None
+
+    def send(self, topic, key, value, partition=None, on_ack=None) -> None:
+        if self.failed is None:
+            self.queue.append((topic, key, value, partition or 0, on_ack))
+
+    def fail(self, topic: str, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+
+
+class Worker:
+    """One worker: its loop, its driver over the shared logs, its clock skew."""
+
+    def __init__(self, sim: Simulation, name: str, skew_ms: int) -> None:
+        self.sim, self.name, self.skew_ms = sim, name, skew_ms
+        self.loop = VirtualLoop()
+        self.loop.now = sim.now
+        self.frozen = False
+        self.stages = FakeStages(sim.logs)
+        self.output = SimOutput(self)
+        self.member: SimConsumer | None = None
+        #: partition -> (the rebalance's sequence number, the group's incarnation, the time) of
+        #: its last confirmation that went through
+        self.confirmed_in: dict[int, tuple[int, int, int]] = {}
+        #: partition -> (its epoch, the confirmation in which it installed the partition)
+        self.installed_in: dict[int, tuple[int, tuple[int, int, int]]] = {}
+        asyncio.set_event_loop(self.loop)
+        self.driver = _driver(sim.logs, self.stages)
+        self.driver.new_consumer = self._new_consumer
+        self.driver.changelogs.new_consumer = self._new_consumer
+        self.driver.writes.output = self.output  # type: ignore[assignment]
+        self.driver.wall_ms = lambda: sim.base_ms + int(sim.now * 1000) + skew_ms
+        self.driver.revoke_wait_s = 15.0
+        self.driver.settings.commit_interval_s = 1.0
+        for route in self.driver.routes:
+            route.FETCH_TIMEOUT_MS = 500
+
+        async def no_watch() -> None:  # the stall watch ticks every 5 ms: no measure here, much work
+            pass
+
+        self.driver._watch_loop = no_watch  # type: ignore[method-assign]  # noqa: SLF001
+        self._instrument()
+        self.loop.run_until_complete(self._start())
+
+    def _new_consumer(self, **options: Any) -> SimConsumer:
+        consumer = SimConsumer(self.sim.logs, self.sim, **options)
+        if options.get("group_id") == "g-stage1":
+            self.member = consumer
+        return consumer
+
+    async def _start(self) -> None:
+        self.driver.start()
+        await asyncio.sleep(0.01)
+
+    def _instrument(self) -> None:
+        """Note the rebalance each confirmation belongs to, each install, and check each fence."""
+        route, writes = self.driver.routes[0], self.driver.writes
+        confirm, fenced = route.confirm_generation, writes.on_fenced
+        worker = self
+
+        class Noted(Ledger):
+            def install(self, topic: str, p: int, turn: int, state: Any, end: int) -> Any:
+                claim = super().install(topic, p, turn, state, end)
+                owned = writes.ownership(CL, p)
+                if claim is not None and owned is not None:
+                    worker.installed_in[p] = (owned.epoch, worker.confirmed_in.get(p, (-1, -1, 0)))
+                return claim
+
+        self.driver.ledger = Noted(self.driver.ledger.topics)
+
+        async def confirm_generation(partitions: Any) -> Any:
+            partitions = list(partitions)
+            seq = self.sim.seq
+            confirmed = await confirm(partitions)
+            if confirmed is not None:
+                noted = (seq, self.sim.incarnation, confirmed.at_ms)
+                self.sim.confirmations[(confirmed.generation, confirmed.at_ms)] = noted
+                for p in partitions:
+                    self.confirmed_in[p] = noted
+            return confirmed
+
+        def on_fenced(changelog: str, p: int) -> None:
+            self.sim.check_fence(self, p)
+            fenced(changelog, p)
+
+        route.confirm_generation = confirm_generation  # type: ignore[method-assign]
+        writes.on_fenced = on_fenced
+
+    def run(self) -> None:
+        """Run its loop up to the simulation's time (unless frozen); a failure in a task fails."""
+        if not self.frozen:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_to(self.sim.now)
+        failed = self.output.failed
+        if isinstance(failed, Violation):
+            raise failed
+        if isinstance(failed, TimeoutError):
+            raise Stopped(repr(failed))
+        if failed is not None:
+            raise self.sim.violation(f"{self.name} failed: {failed!r}")
+
+    def close(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.output.failed = self.output.failed or RuntimeError("closing")  # nothing more lands
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(self.loop), return_exceptions=True))
+        self.loop.close()
+
+
+class Simulation:
+    """The scheduler: the logs, the coordinator, the workers and the trace."""
+
+    def __init__(self, seed: int, *, workers: int = 3) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.logs = FakeLogs()
+        self.now = 0.0
+        self.base_ms = 1_700_000_000_000
+        self.incarnation, self.generation, self.seq = 0, 0, 0
+        #: (generation, at_ms) of each confirmation that went through -> its rebalance's sequence number
+        self.confirmations: dict[tuple[int, int], int] = {}
+        self.trace: list[str] = []
+        #: writes of stopped workers that may still land
+        self.orphans: deque = deque()
+        self.workers = [Worker(self, f"w{i}", self.rng.randint(-20_000, 20_000)) for i in range(workers)]
+        for p in range(PARTITIONS):
+            self.logs.logs.setdefault(R, {}).setdefault(p, [])
+            self.logs.logs.setdefault(CL, {}).setdefault(p, [])
+
+    def say(self, line: str) -> None:
+        self.trace.append(f"{self.now:9.3f} {line}")
+
+    def violation(self, what: str) -> Violation:
+        return Violation(f"seed {self.seed}: {what}\n  " + "\n  ".join(self.trace[-40:]))
+
+    # -- the checks ------------------------------------------------------------------------
+    def check_fence(self, worker: Worker, p: int) -> None:
+        """A fence is legit only by a takeover confirmed in a rebalance not older than the
+        one in which the fenced worker installed the partition; or by one of an older group
+        incarnation confirmed within the clock-skew bound of it (the bound the protocol
+        states: ``docs/ownership.md``, rule 2)."""
+        epoch, installed = worker.installed_in.get(p, (-1, (-1, -1, 0)))
+        for offset, key, value in self.logs.logs[CL][p]:
+            found = _takeover_at(offset, key, value, epoch)
+            noted = self.confirmations.get((found.generation, found.at_ms)) if found is not None else None
+            if noted is not None and _may_fence(noted, installed):
+                return
+        raise self.violation(f"a stray takeover fenced {worker.name} on partition {p} (installed in {installed})")
+
+    def check_settled(self) -> None:
+        """Every partition read to its end, and its changelog's valid checkpoint not below
+        any released one."""
+        for p in range(PARTITIONS):
+            released = max((c for w in self.workers for t, q, c in w.stages.released if q == p), default=-1)
+            view = ChangelogView()
+            for offset, key, value in self.logs.logs[CL][p]:
+                view.add(offset, key, value)
+            valid = view.result()
+            checkpoint = max((int(v) for k, v in valid.entries if split_key(k)[0].endswith(b"\x1fc")), default=-1)
+            if checkpoint < released:
+                raise self.violation(f"partition {p}: the valid checkpoint {checkpoint} is below {released}, released")
+
+    # -- the steps -------------------------------------------------------------------------
+    def run(self, worker: Worker) -> None:
+        """Let a worker run; one that stopped (fail fast) is restarted, a prefix of its writes
+        in flight landing later, and the group rebalances."""
+        try:
+            worker.run()
+        except Stopped as stopped:
+            queued = list(worker.output.queue)
+            self.orphans.extend(queued[: self.rng.randint(0, len(queued))])
+            self.say(f"{worker.name} stops ({stopped}) and restarts")
+            worker.close()
+            self.workers[self.workers.index(worker)] = Worker(self, worker.name, worker.skew_ms)
+            self.rebalance()
+
+    def land_orphan(self) -> None:
+        if self.orphans:
+            topic, key, value, partition, _ = self.orphans.popleft()
+            offset = self.logs.append(topic, partition, value, key)
+            self.say(f"  a stopped worker's write lands at {topic}[{partition}]@{offset}")
+
+    def rebalance(self, *, restart: bool = False) -> None:
+        """A new generation (of a new group incarnation after a restart) among the live workers."""
+        if restart:
+            self.incarnation, self.generation = self.incarnation + 1, 0
+        self.generation += 1
+        self.seq += 1
+        live = [w for w in self.workers if not w.frozen]
+        if not live:
+            return
+        given = self._assign(live) if self.rng.random() < 0.7 else self._scatter(live)
+        self.say(f"rebalance {self.incarnation}.{self.generation}: {given}")
+        for w in live:
+            if w.member is not None:
+                w.loop.create_task(w.member.join((self.incarnation, self.generation), given[w.name]))
+
+    def _assign(self, live: list[Worker]) -> dict[str, list[int]]:
+        """The project's own sticky assignment among the live members: each reports what it
+        holds and the rebalance that gave it (a member woken from a freeze still holds what
+        moved meanwhile; the newer rebalance wins)."""
+        members = {
+            w.name: Member(frozenset({R}), tuple((R, tp.partition) for tp in w.member.positions), w.member.joined_in)
+            for w in live
+            if w.member is not None
+        }
+        out = sticky_assignment([(R, p) for p in range(PARTITIONS)], members)
+        return {name: [p for _, p in tps] for name, tps in out.items()}
+
+    def _scatter(self, live: list[Worker]) -> dict[str, list[int]]:
+        """An assignment of another mind (a leader of another release): each partition anywhere."""
+        given: dict[str, list[int]] = {w.name: [] for w in live}
+        for p in range(PARTITIONS):
+            given[self.rng.choice(live).name].append(p)
+        return given
+
+    def land(self, worker: Worker) -> None:
+        if not worker.output.queue:
+            return
+        topic, key, value, partition, on_ack = worker.output.queue.popleft()
+        offset = self.logs.append(topic, partition, value, key)
+        self.say(f"  {worker.name}'s write lands at {topic}[{partition}]@{offset}: {key!r}")
+        if on_ack is not None:
+            worker.loop.call_soon(on_ack, offset)
+
+    def freeze_mid_takeover(self) -> None:
+        """A worker whose takeover record is in flight freezes (it lands while the worker is away)."""
+        taking = [w for w in self.workers if not w.frozen and any(k and is_takeover(k) for _, k, *_ in w.output.queue)]
+        if taking:
+            worker = self.rng.choice(taking)
+            worker.frozen = True
+            self.say(f"{worker.name} freezes, a takeover in flight")
+
+    def compact(self) -> None:
+        """What compaction keeps of the changelog: the latest record per key (offsets kept)."""
+        for log in self.logs.logs[CL].values():
+            latest = {k: o for o, k, _ in log if k is not None}
+            log[:] = [(o, k, v) if k is None or latest[k] == o else (o, None, None) for o, k, v in log]
+        self.say("compaction")
+
+    def duplicate(self) -> None:
+        """A takeover record lands a second time (a retried send)."""
+        p = self.rng.randrange(PARTITIONS)
+        copies = [(k, v) for _, k, v in self.logs.logs[CL][p] if k is not None and v is not None and is_takeover(k)]
+        if copies:
+            key, value = copies[-1] if self.rng.random() < 0.7 else self.rng.choice(copies)  # mostly the owner's
+            self.say(f"a second copy of {key!r} lands at {self.logs.append(CL, p, value, key)}")
+
+    def step(self) -> None:
+        rng = self.rng
+        roll = rng.random()
+        worker = rng.choice(self.workers)
+        if roll < 0.05:
+            self.rebalance(restart=rng.random() < 0.25)
+        elif roll < 0.09:
+            worker.frozen = not worker.frozen
+            self.say(f"{worker.name} {'freezes' if worker.frozen else 'wakes'}")
+            if not worker.frozen and rng.random() < 0.5:
+                self.rebalance()  # it rejoins the group its session expired from
+        elif roll < 0.10:
+            self.freeze_mid_takeover()
+        elif roll < 0.11:
+            self.compact()
+        elif roll < 0.13:
+            self.duplicate()
+        elif roll < 0.25:
+            p = rng.randrange(PARTITIONS)
+            self.logs.append(R, p, b"r")
+        elif roll < 0.27:
+            self.land_orphan()
+        elif roll < 0.6:
+            self.land(worker)
+        else:
+            self.now += rng.choice((0.005, 0.02, 0.02, 0.1, 0.1, 0.5, 2.0)) if rng.random() < 0.95 else 40.0
+            self.run(worker)
+
+    def settle(self, bound_s: float = 300.0) -> None:
+        """Everyone wakes and joins a last rebalance; within ``bound_s`` every partition is
+        read to its end by its owner and nothing is left in flight."""
+        for w in self.workers:
+            w.frozen = False
+        self.rebalance()
+        deadline = self.now + bound_s
+        while self.now < deadline:
+            while self.orphans:
+                self.land_orphan()
+            for w in list(self.workers):
+                while w.output.queue:
+                    self.land(w)
+                self.run(w)
+            if self._done():
+                return
+            self.now += 0.5
+        raise self.violation("liveness: a partition was not read to its end within the bound after the group was quiet")
+
+    def _done(self) -> bool:
+        for p in range(PARTITIONS):
+            end = self.logs.end(R, p)
+            owners = [w for w in self.workers if w.driver.ledger.timers_run(R, p)]
+            states = [w.driver.ledger.following(R).get(p) for w in owners]
+            if len(owners) != 1 or states[0] is None or states[0].checkpoint != end - 1:
+                return False
+        return not any(w.output.queue for w in self.workers)
+
+
+def _takeover_at(offset: int, key: bytes | None, value: bytes | None, epoch: int) -> Any:
+    """The takeover a changelog record after ``epoch`` is or stands for (None: none)."""
+    if offset <= epoch or key is None or value is None:
+        return None
+    if is_takeover(key):
+        return takeover_of(value)
+    confirmation = confirmation_of(value) if is_confirmation(key) else None
+    return confirmation.as_takeover() if confirmation is not None and confirmation.epoch > epoch else None
+
+
+def _may_fence(found: tuple[int, int, int], installed: tuple[int, int, int]) -> bool:
+    """Whether a takeover confirmed at ``found`` (rebalance, incarnation, time) may fence an
+    owner that installed at ``installed``."""
+    if found[0] >= installed[0]:
+        return True
+    return found[1] < installed[1] and found[2] + CLOCK_SKEW_MS >= installed[2]
+
+
+def run_simulation(seed: int, *, steps: int = 150) -> Simulation:
+    """One schedule; raises ``Violation`` when an invariant breaks."""
+    sim = Simulation(seed)
+    try:
+        sim.rebalance()
+        for _ in range(steps):
+            sim.step()
+        sim.settle()
+        sim.check_settled()
+    finally:
+        for w in sim.workers:
+            if not w.loop.is_closed():
+                w.close()
+        asyncio.set_event_loop(None)
+    return sim
