@@ -57,22 +57,36 @@ def normalize_counter(value: Any) -> int | None:
     """
     if value is None or isinstance(value, bool) or type(value).__name__ == "bool_":
         return None
+    number = _counter_number(value)
+    return number if number is not None and 0 <= number <= MAX_COUNTER else None
+
+
+def _counter_number(value: Any) -> int | None:
+    """The integer a counter value spells (not yet held to 0 .. ``MAX_COUNTER``), or None."""
     if isinstance(value, float):
-        if not value.is_integer() or value < 0 or value > MAX_COUNTER:  # NaN/inf fail is_integer
-            return None
-        return int(value)
+        return _float_counter(value)
     if isinstance(value, str):
-        if not value or not value.isascii() or not value.isdigit() or len(value.lstrip("0")) > _MAX_DIGITS:
-            return None
-        number = int(value)
-    elif hasattr(type(value), "__index__"):
-        try:
-            number = operator.index(value)
-        except TypeError:
-            return None
-    else:
+        return _digits_counter(value)
+    if not hasattr(type(value), "__index__"):
         return None
-    return number if 0 <= number <= MAX_COUNTER else None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _float_counter(value: float) -> int | None:
+    """An integral float in range (5.0 -> 5); NaN and inf fail ``is_integer``."""
+    if not value.is_integer() or value < 0 or value > MAX_COUNTER:
+        return None
+    return int(value)
+
+
+def _digits_counter(value: str) -> int | None:
+    """A string of ASCII digits ("07" -> 7), at most ``_MAX_DIGITS`` of them past leading zeros."""
+    if not value or not value.isascii() or not value.isdigit() or len(value.lstrip("0")) > _MAX_DIGITS:
+        return None
+    return int(value)
 
 
 def _normalize_histogram(value: Any) -> list[int] | None:
@@ -202,21 +216,24 @@ def fold_attempts(attempts: Iterable[SpecCounters]) -> SpecCounters:
     attempts = list(attempts)
     if not attempts:
         return SpecCounters()
-    histograms = [a.accept_histogram for a in attempts]
-    histogram: list[int] | None = None
-    if all(h is not None for h in histograms):
-        histogram = [0] * max(len(h) for h in histograms)  # type: ignore[arg-type]
-        for h in histograms:
-            for i, count in enumerate(h):  # type: ignore[arg-type]
-                histogram[i] += count
-        if any(count > MAX_COUNTER for count in histogram):
-            histogram = None
     versions = {a.weight_version for a in attempts}
     return SpecCounters(
         accepted=_fold([a.accepted for a in attempts]),
         proposed=_fold([a.proposed for a in attempts]),
         verify=_fold([a.verify for a in attempts]),
         completion=_fold([a.completion for a in attempts]),
-        accept_histogram=histogram,
+        accept_histogram=_fold_histograms([a.accept_histogram for a in attempts]),
         weight_version=versions.pop() if len(versions) == 1 else None,
     )
+
+
+def _fold_histograms(histograms: list[list[int] | None]) -> list[int] | None:
+    """The attempts' histograms added element-wise (shorter ones padded with zeros); unknown
+    if an attempt reported none or a bin passes ``MAX_COUNTER``."""
+    if any(h is None for h in histograms):
+        return None
+    histogram = [0] * max(len(h) for h in histograms)  # type: ignore[arg-type]
+    for h in histograms:
+        for i, count in enumerate(h):  # type: ignore[arg-type]
+            histogram[i] += count
+    return None if any(count > MAX_COUNTER for count in histogram) else histogram

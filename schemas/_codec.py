@@ -145,12 +145,8 @@ def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> Deco
         invalid part with its reason and raw bytes.
     """
     if max_bytes is not None and len(data) > max_bytes:
-        return DecodedMessage(
-            records=[],
-            invalid=[
-                _invalid(data, "too_large", f"message of {len(data)} bytes exceeds max_message_bytes={max_bytes}")
-            ],
-        )
+        detail = f"message of {len(data)} bytes exceeds max_message_bytes={max_bytes}"
+        return DecodedMessage(records=[], invalid=[_invalid(data, "too_large", detail)])
     try:
         message = _records_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -159,6 +155,12 @@ def decode_records_message(data: bytes, *, max_bytes: int | None = None) -> Deco
         return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", str(exc))])
     except (RecursionError, MemoryError) as exc:  # pathological nesting
         return DecodedMessage(records=[], invalid=[_invalid(data, "undecodable", repr(exc))])
+    return _decoded(message)
+
+
+def _decoded(message: RecordsMessage) -> DecodedMessage:
+    """A message that decoded whole: a batch's records (split where one names another run
+    than its envelope), a record, or a marker."""
     if type(message) is RecordBatch:
         run_id = message.run_id
         if run_id is not None and any(r.run_id is not None and r.run_id != run_id for r in message.records):
@@ -222,23 +224,37 @@ def _decode_leniently(data: bytes, whole_error: str) -> DecodedMessage:
     if isinstance(envelope_producer, _Unreadable) or isinstance(envelope_run, _Unreadable):
         # the envelope's own fields are invalid: no record in it has a readable identity
         return DecodedMessage(records=[], invalid=[_invalid(data, "invalid", whole_error)])
+    return _salvaged(batch.records, obj["records"], envelope_producer, envelope_run)
+
+
+def _salvaged(raws: list[Any], elements: list[Any], envelope_producer: Any, envelope_run: Any) -> DecodedMessage:
+    """A packed batch's records one by one: the valid ones kept, each invalid one named
+    with its path (``$.records[i]``), and those of another run than the envelope's."""
     records: list[GenerationRecord] = []
     invalid: list[InvalidRecord] = []
-    for index, (raw, element) in enumerate(zip(batch.records, obj["records"], strict=True)):
+    for index, (raw, element) in enumerate(zip(raws, elements, strict=True)):
         try:
             record = _record_decoder.decode(raw)
         except msgspec.MsgspecError as exc:
-            detail = str(exc).replace("at `$", f"at `$.records[{index}]", 1)
-            bad = _invalid(bytes(raw), "invalid", detail, element, envelope_run=envelope_run)
-            if bad.producer_id is None and envelope_producer is not None:
-                bad = msgspec.structs.replace(bad, producer_id=envelope_producer)
-            invalid.append(bad)
+            invalid.append(_bad_record(index, bytes(raw), element, str(exc), envelope_producer, envelope_run))
             continue
         if envelope_run is not None and record.run_id is not None and record.run_id != envelope_run:
             invalid.append(_wrong_run(index, record, bytes(raw), envelope_run, envelope_producer))
             continue
         records.append(record)
     return DecodedMessage(records=records, invalid=invalid, producer_id=envelope_producer, run_id=envelope_run)
+
+
+def _bad_record(
+    index: int, raw: bytes, element: Any, error: str, envelope_producer: Any, envelope_run: Any
+) -> InvalidRecord:
+    """A record of a batch that does not decode, its error's path from the batch's root;
+    the envelope's producer where the record names none."""
+    detail = error.replace("at `$", f"at `$.records[{index}]", 1)
+    bad = _invalid(raw, "invalid", detail, element, envelope_run=envelope_run)
+    if bad.producer_id is None and envelope_producer is not None:
+        bad = msgspec.structs.replace(bad, producer_id=envelope_producer)
+    return bad
 
 
 def decode_json_line(line: bytes | str) -> GenerationRecord | BatchMarker | InvalidRecord:

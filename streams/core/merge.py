@@ -147,22 +147,37 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         batch_id=partials[0].batch_id,
         run_id=partials[0].run_id,
         partition=-1,
-        revision=max(p.revision for p in partials),
-        close_reason=partials[0].close_reason,
-        closed_at_ms=max(p.closed_at_ms for p in partials),
-        records_received=_per_producer(p.records_received for p in partials),
-        records_sent=_per_producer(p.records_sent for p in partials),
-        marker_producers=_union(p.marker_producers for p in partials),
-        expected_producers=max(p.expected_producers for p in partials),
-        speculative_algorithms=_union(p.speculative_algorithms for p in partials),
-        counters_seen=any(p.counters_seen for p in partials),
-        accept_histogram=add_histograms(p.accept_histogram for p in partials),
-        accept_ratio_parts=merge_expansions(p.accept_ratio_parts for p in partials),
-        length_ratio_parts=merge_expansions(p.length_ratio_parts for p in partials),
-        tokens_per_verify_distribution=merge_distributions(p.tokens_per_verify_distribution for p in partials),
+        **_merged_bookkeeping(partials),
+        **_merged_counts(partials),
         **_merged_breakdowns(partials),
-        **{name: sum(getattr(p, name) for p in partials) for name in _SUMMED},
     )
+
+
+def _merged_bookkeeping(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
+    """The close bookkeeping: the newest revision and close, per-producer counts summed,
+    markers and algorithms unioned."""
+    return {
+        "revision": max(p.revision for p in partials),
+        "close_reason": partials[0].close_reason,
+        "closed_at_ms": max(p.closed_at_ms for p in partials),
+        "records_received": _per_producer(p.records_received for p in partials),
+        "records_sent": _per_producer(p.records_sent for p in partials),
+        "marker_producers": _union(p.marker_producers for p in partials),
+        "expected_producers": max(p.expected_producers for p in partials),
+        "speculative_algorithms": _union(p.speculative_algorithms for p in partials),
+    }
+
+
+def _merged_counts(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
+    """The counts: histograms, expansions and distributions merged exactly, the rest summed."""
+    return {
+        "counters_seen": any(p.counters_seen for p in partials),
+        "accept_histogram": add_histograms(p.accept_histogram for p in partials),
+        "accept_ratio_parts": merge_expansions(p.accept_ratio_parts for p in partials),
+        "length_ratio_parts": merge_expansions(p.length_ratio_parts for p in partials),
+        "tokens_per_verify_distribution": merge_distributions(p.tokens_per_verify_distribution for p in partials),
+        **{name: sum(getattr(p, name) for p in partials) for name in _SUMMED},
+    }
 
 
 def _check_one_batch(partials: Sequence[PartialAggregate]) -> None:

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from typing import Any
 
 from specmeter.producers import KafkaSecurity
@@ -274,7 +274,7 @@ class StreamShell:
 
     # -- effects: a write group each (``delivery.writes``) --------------------------------------------
     def _submit_stage1(self, partition: int, effects: Effects, *, restore: bool = False) -> None:
-        """One write group (a restore's: a barrier, ``OwnedWrites.submit``)."""
+        """Stage 1's write group: its changelog, then its partials and dead letters sent."""
 
         async def release() -> None:
             await self.reached("stage1-changelog")
@@ -282,32 +282,33 @@ class StreamShell:
             if effects.partials:
                 await self.reached("stage1-partials")
 
-        self.writes.submit(
-            self.stage1_log,
-            partition,
-            self._armed(effects.changelog),
-            release,
-            effects.verified_deletions,
-            barrier=restore,
-        )
+        self._submit(self.stage1_log, partition, effects, release, restore)
 
     def _submit_stage2(
         self, partition: int, effects: MergeEffects, *, repeat: bool = False, restore: bool = False
     ) -> None:
-        """One write group (a restore's: a barrier, ``OwnedWrites.submit``)."""
+        """Stage 2's write group: its changelog, then its metrics published."""
 
         async def release() -> None:
             self._publish(effects, repeat=repeat)
             if effects.published and not repeat:
                 await self.reached("stage2-published")
 
+        self._submit(self.stage2_log, partition, effects, release, restore)
+
+    def _submit(
+        self,
+        topic: str,
+        partition: int,
+        effects: Effects | MergeEffects,
+        release: Callable[[], Awaitable[None]],
+        restore: bool,
+    ) -> None:
+        """One stage's write group, the same for both (a restore's: a barrier,
+        ``OwnedWrites.submit``): the effects' changelog (armed where a test asked), their
+        verified deletions, and ``release``: what the writes let out once durable."""
         self.writes.submit(
-            self.stage2_log,
-            partition,
-            self._armed(effects.changelog),
-            release,
-            effects.verified_deletions,
-            barrier=restore,
+            topic, partition, self._armed(effects.changelog), release, effects.verified_deletions, barrier=restore
         )
 
     def _armed(self, writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
