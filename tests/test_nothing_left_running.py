@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,25 @@ def test_a_demo_leaves_a_broker_it_found_running_and_a_killed_helper_takes_its_b
         assert helper.leftovers() == []
     finally:
         helper.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_failed_demo_keeps_only_its_workers_log_and_says_where(tmp_path, kafka_bootstrap):
+    """A demo that fails (here: its worker refuses to start, its TLS settings naming no
+    file) stops, leaves the broker it was given alone, and keeps the worker's log (its data
+    goes), printing the path."""
+    tls = {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CAFILE": str(tmp_path / "no-ca.pem")}
+    run = demo(tmp_path, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, **tls)
+    try:
+        assert run.proc is not None
+        status = run.proc.wait(180)
+    finally:
+        run.close()
+    kept = [line.removeprefix("worker log kept: ") for line in run.tail().splitlines() if "worker log kept: " in line]
+    assert status == 1 and len(kept) == 1, run.tail()
+    log = Path(kept[0])
+    assert log.is_file() and "KAFKA_SSL_CAFILE" in log.read_text()
+    assert [p.name for p in run.tmp.iterdir()] == [log.parent.name]
+    assert [p.name for p in log.parent.iterdir()] == [log.name]
+    assert wait_until(lambda: not processes_naming(str(tmp_path), f"reaper-of {run.proc.pid}"), 10)

@@ -69,9 +69,8 @@ class Owned:
             # a session of its own: a second Ctrl-C stops the demo, not the broker's stop
             subprocess.run([str(BROKER), "stop"], capture_output=True, start_new_session=True)
         elif self.broker:
-            click.echo(
-                f"the local broker keeps running at {self.address}; stop it with: {_shown(BROKER)} stop", err=True
-            )
+            at = f" at {self.address}" if self.address else ""  # an interrupted start: not known yet
+            click.echo(f"the local broker keeps running{at}; stop it with: {_shown(BROKER)} stop", err=True)
         keep_log = (outcome == "failed" or self.keep_broker) and self.log.exists() and self.log.stat().st_size
         shutil.rmtree(self.folder / "data" if keep_log else self.folder, ignore_errors=True)
         if keep_log:

@@ -118,9 +118,9 @@ class Run:
             self.proc.wait(10)
 
 
-def demo(root: Path, **env: str) -> Run:
+def demo(root: Path, timeout: str = "120", *args: str, **env: str) -> Run:
     """The demo (``deploy/dev demo``), starting its own broker unless ``env`` names one."""
-    return Run(root, [sys.executable, "-m", "specmeter.streams.demo", "--timeout", "120"], env).start()
+    return Run(root, [sys.executable, "-m", "specmeter.streams.demo", "--timeout", timeout, *args], env).start()
 
 
 def cluster_hold(root: Path) -> Run:
