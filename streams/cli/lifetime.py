@@ -66,12 +66,12 @@ def stop_signals_raise() -> Iterator[None]:
 def identity(pid: int) -> str:
     """A process's start time while it runs ('' once it ended, a zombie too): a pid the
     system gave to another process since has another identity. Without /proc: 'up' or ''."""
+    if not Path("/proc/self/stat").exists():  # not Linux
+        return _alive(pid)
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except FileNotFoundError:
+    except OSError:  # no such process
         return ""
-    except OSError:
-        return _alive(pid)
     return "" if fields[0] == "Z" else fields[19]
 
 
