@@ -378,15 +378,15 @@ async def _remove_app_state(broker: str, app_id: str) -> tuple[int, int]:
 
 
 async def _delete_group(admin, group: str, tries: int = 20) -> None:
-    """Delete one consumer group (aiokafka has no call for it: its DeleteGroups request); one
-    whose members are still leaving (GROUP_NOT_EMPTY) is tried again for a few seconds."""
+    """Delete one consumer group (aiokafka has no call for it: ``delivery.internals``, the
+    one room for its private members, sends the DeleteGroups request); one whose members
+    are still leaving (GROUP_NOT_EMPTY) is tried again for a few seconds."""
     from aiokafka.errors import for_code
-    from aiokafka.protocol.admin import DeleteGroupsRequest
+
+    from ..delivery.internals import delete_consumer_group
 
     for _ in range(tries):
-        node = await admin.find_coordinator(group)
-        response = await admin._send_request_to_node(node, DeleteGroupsRequest([group]))  # noqa: SLF001
-        code = dict(response.results).get(group, 0)
+        code = await delete_consumer_group(admin, group)
         if code in (0, 69):  # none, GROUP_ID_NOT_FOUND
             return
         if code != 68:  # GROUP_NOT_EMPTY: its members are still leaving
