@@ -121,12 +121,7 @@ def advise(
             breakdown or no histogram in the batches read.
         ValueError: a cost negative or not finite; a refresh cost without ``by="draft_lag"``.
     """
-    if by is not None and by not in BREAKDOWNS:
-        raise ValueError(f"by must be one of {sorted(BREAKDOWNS)} or None, not {by!r}")
-    _check_cost("draft_cost", draft_cost)
-    _check_cost("refresh_cost", refresh_cost)
-    if refresh_cost is not None and by != "draft_lag":
-        raise ValueError("refresh_cost needs by='draft_lag' (the staleness curve)")
+    _check_arguments(by, draft_cost, refresh_cost)
     newest = _newest(metrics)
     run = _choose_run({r for r, _ in newest}, run_id)
     batches = _last_batches(newest, run, last)
@@ -136,6 +131,16 @@ def advise(
     if not curves and not (stale and stale.points):
         raise _no_curve(run, ids, skipped)
     return Advice(run, ids, by, draft_cost, curves, skipped, stale)
+
+
+def _check_arguments(by: str | None, draft_cost: float | None, refresh_cost: float | None) -> None:
+    """``by`` a breakdown or None, the costs finite and >= 0, a refresh cost only by draft lag."""
+    if by is not None and by not in BREAKDOWNS:
+        raise ValueError(f"by must be one of {sorted(BREAKDOWNS)} or None, not {by!r}")
+    _check_cost("draft_cost", draft_cost)
+    _check_cost("refresh_cost", refresh_cost)
+    if refresh_cost is not None and by != "draft_lag":
+        raise ValueError("refresh_cost needs by='draft_lag' (the staleness curve)")
 
 
 def _last_batches(newest: dict[tuple[str | None, str], BatchMetrics], run: str | None, last: int) -> list[BatchMetrics]:

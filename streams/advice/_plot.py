@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..chart import Line, LinePanel, stacked_svg
 from ._budget import BudgetPoint
 from ._model import Advice, Curve
+from ._staleness import LagPoint
 
 __all__ = ["advice_svg", "advice_panels"]
 
@@ -64,8 +65,8 @@ def _staleness_panels(advice: Advice) -> list[LinePanel]:
     """Tokens per verify step and accept rate against the draft lag, each where measured."""
     stale = advice.staleness
     known = [p for p in stale.points if p.draft_lag is not None] if stale is not None else []
-    tokens = [(float(p.draft_lag or 0), p.tokens_per_verify) for p in known if p.tokens_per_verify is not None]
-    rates = [(float(p.draft_lag or 0), p.accept_rate) for p in known if p.accept_rate is not None]
+    tokens = _lag_series(known, "tokens_per_verify")
+    rates = _lag_series(known, "accept_rate")
     panels: list[LinePanel] = []
     if tokens:
         title = "staleness: tokens per verify step by draft lag"
@@ -75,3 +76,8 @@ def _staleness_panels(advice: Advice) -> list[LinePanel]:
             LinePanel("staleness: accept rate by draft lag", _LAG, "accept rate", [Line("accept rate", rates)])
         )
     return panels
+
+
+def _lag_series(known: list[LagPoint], value: str) -> list[tuple[float, float]]:
+    """(lag, value) of each known lag whose ``value`` was measured."""
+    return [(float(p.draft_lag or 0), getattr(p, value)) for p in known if getattr(p, value) is not None]

@@ -232,17 +232,7 @@ def _engine_notes(by: str | None, curves: list[Curve]) -> list[str]:
 def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[str]:
     """What the matrix's recommended column abbreviates, one line per kind of remark."""
     kind = (advice.by or "group").replace("_", " ")
-    off, ties, edges = [], [], []
-    for curve in curves:
-        r = curve.recommendation
-        assert r is not None
-        name = _group_label(advice.by, curve.group)
-        if not r.speculate:
-            off.append(name)
-        if len(r.tied) > 1:
-            ties.append(f"{name} ({' = '.join(f'k={k}' for k in r.tied)})")
-        if r.at_edge:
-            edges.append(f"{name} (k={r.budget})")
+    off, ties, edges = _remarks(advice.by, curves)
     lines = []
     if off:
         lines.append(f"No budget beats decoding without speculation for {kind} {', '.join(off)}: turn it off there.")
@@ -258,6 +248,23 @@ def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[st
             "whether a larger one pays more is beyond the data."
         )
     return lines
+
+
+def _remarks(by: str | None, curves: list[Curve]) -> tuple[list[str], list[str], list[str]]:
+    """The groups that should not speculate, those whose budgets tie (with the ties), and
+    those recommended at the edge of the data (with the budget)."""
+    off, ties, edges = [], [], []
+    for curve in curves:
+        r = curve.recommendation
+        assert r is not None
+        name = _group_label(by, curve.group)
+        if not r.speculate:
+            off.append(name)
+        if len(r.tied) > 1:
+            ties.append(f"{name} ({' = '.join(f'k={k}' for k in r.tied)})")
+        if r.at_edge:
+            edges.append(f"{name} (k={r.budget})")
+    return off, ties, edges
 
 
 def _refresh_notes(s: Staleness | None) -> list[str]:
