@@ -27,8 +27,10 @@ import contextlib
 import logging
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
+
+import msgspec
 
 from specmeter.schemas import BatchMarker, GenerationRecord, encode_records_message
 
@@ -41,6 +43,7 @@ from ._errors import (
     TopicMissingError,
 )
 from ._framing import frame_batch, frame_overhead
+from ._kafka_logs import connection_reason, quiet_kafka_logs
 from ._settings import PublisherSettings, plain_bootstrap, unavailable_message
 
 __all__ = ["Publisher", "partition_for_key"]
@@ -73,11 +76,14 @@ class Publisher:
         self._partitions = 0
         self._partition_of: dict[str, int] = {}
         self._buffers: dict[int, list[bytes]] = defaultdict(list)
+        #: each buffered record's batch id, beside its bytes (what a stop that gives up names)
+        self._buffer_batches: dict[int, list[str | None]] = defaultdict(list)
         self._buffer_bytes: dict[int, int] = defaultdict(int)
         self._buffer_since: dict[int, float] = {}
         self._queued = 0  # accepted, not yet acknowledged
         self._sent: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        self._inflight: set[asyncio.Task] = set()
+        #: each delivery task and what it carries: its records' batch ids, or the batch of its marker
+        self._inflight: dict[asyncio.Task, _Carried] = {}
         self._wake: asyncio.Event | None = None
         self._room: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -170,13 +176,16 @@ class Publisher:
 
         s = self.settings
         client = self._producer.client
-        try:
-            await self._producer.start()
-            response = await client.send(
-                client.get_random_node(), MetadataRequest([s.topic], allow_auto_topic_creation=False)
-            )
-        except KafkaError as exc:
-            raise BrokerUnavailableError(unavailable_message(bootstrap, type(exc).__name__)) from exc
+        # aiokafka's lines on why it cannot connect are said in the error, not beside it (issue 47.7)
+        with quiet_kafka_logs() as said:
+            try:
+                await self._producer.start()
+                response = await client.send(
+                    client.get_random_node(), MetadataRequest([s.topic], allow_auto_topic_creation=False)
+                )
+            except KafkaError as exc:
+                reason = connection_reason(said) if said else type(exc).__name__
+                raise BrokerUnavailableError(unavailable_message(bootstrap, reason)) from exc
         (topic,) = response.topics
         error_code, partitions = topic[0], topic[-1]
         if error_code not in (0, UnknownTopicOrPartitionError.errno):
@@ -190,29 +199,75 @@ class Publisher:
         return len(partitions)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
-        """Deliver what is queued (up to ``timeout_s``), then disconnect. Idempotent."""
+        """Deliver everything accepted and wait for its acknowledgements (up to ``timeout_s``),
+        then disconnect. Idempotent.
+
+        A stop in a task being cancelled (Ctrl-C, SIGTERM, a job cancelled) delivers too: the
+        deliveries are tasks of their own that a cancellation of the caller does not reach
+        (issue 47.2: cancelling them left 37 records unsent and stop waiting out its 30 s).
+        Only a broker that does not acknowledge within ``timeout_s`` loses records, and the
+        error line names them per batch so they can be re-published; the connections then
+        close at once."""
         if self._closed:
             return
         self._closed = True
         if not self._started:
             return
+        flushing = asyncio.get_running_loop().create_task(self.flush(), name="specmeter-publisher-stop")
         try:
-            await asyncio.wait_for(self.flush(), timeout_s)
-        except TimeoutError:
-            log.error(
-                "publisher stop: %d record(s) still unacknowledged after %.0fs: they are lost "
-                "unless re-published (broker unreachable?)",
-                self._queued,
-                timeout_s,
-            )
+            await asyncio.wait({flushing}, timeout=timeout_s)
+        except asyncio.CancelledError:  # the stop itself cancelled: what is left is lost
+            self._say_lost("publisher stop cancelled")
+            raise
+        else:
+            if not flushing.done():
+                self._say_lost(
+                    f"publisher stop: the broker at {self.settings.bootstrap_servers} acknowledged nothing "
+                    f"more within {timeout_s:g}s"
+                )
         finally:
-            if self._runner is not None:
-                self._runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._runner
-            for task in list(self._inflight):
-                task.cancel()
-            await self._producer.stop()
+            await self._disconnect(flushing, given_up=not flushing.done())
+
+    def _say_lost(self, why: str) -> None:
+        """The error line of a stop that gives up: the records and markers left unacknowledged,
+        per batch, so that they can be re-published."""
+        if not (self._queued or self._unacknowledged_markers()):
+            return
+        log.error(
+            "%s: %d record(s) are lost unless re-published%s",
+            why,
+            self._queued,
+            _lost_batches(self._unacknowledged_records(), self._unacknowledged_markers()),
+        )
+
+    def _unacknowledged_records(self) -> Counter[str | None]:
+        """Records accepted and not acknowledged, per batch (None: raw bytes of no batch)."""
+        left: Counter[str | None] = Counter()
+        for batches in self._buffer_batches.values():
+            left.update(batches)
+        for carried in self._inflight.values():
+            left.update(carried.batches)
+        return left
+
+    def _unacknowledged_markers(self) -> list[str]:
+        return sorted({c.marker for c in self._inflight.values() if c.marker is not None})
+
+    async def _disconnect(self, flushing: asyncio.Task, *, given_up: bool) -> None:
+        """Cancel the flush, the background task and every delivery, then stop the producer:
+        ``given_up``, without sending what it still holds.
+
+        Why aiokafka's private ``_sender``: ``AIOKafkaProducer.stop`` first waits until every
+        message it holds is delivered, and an idempotent producer retries without end while
+        the broker is away: a stop that gave up waited forever (the worker's
+        ``internals.stop_without_sending`` does the same; tests/test_faust_pins.py checks the
+        member against the pinned aiokafka)."""
+        tasks = [flushing, *self._inflight, *((self._runner,) if self._runner is not None else ())]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if given_up:
+            await self._producer._sender.close()  # noqa: SLF001 - see the docstring
+        await self._producer.stop()
 
     async def __aenter__(self) -> Publisher:
         await self.start()
@@ -268,7 +323,9 @@ class Publisher:
                 )
             self._queued += 1
             self._sent[record.batch_id][partition] += 1
-            self._spawn(partition, encode_records_message(record), 1, key=record.session_id.encode())
+            self._spawn(
+                partition, encode_records_message(record), _Carried([record.batch_id]), key=record.session_id.encode()
+            )
             return
         data = encode_records_message(record)  # packed: the envelope names producer and run
         self._queued += 1
@@ -277,6 +334,7 @@ class Publisher:
         if not buffer:
             self._buffer_since[partition] = time.monotonic()
         buffer.append(data)
+        self._buffer_batches[partition].append(record.batch_id)
         size = self._buffer_bytes[partition] + len(data)
         self._buffer_bytes[partition] = size
         if size >= s.max_message_bytes:
@@ -294,7 +352,7 @@ class Publisher:
         self._queued += 1
         if batch_id is not None:
             self._sent[batch_id][partition] += 1
-        self._spawn(partition, value, 1, key=session_id.encode() if session_id else None)
+        self._spawn(partition, value, _Carried([batch_id]), key=session_id.encode() if session_id else None)
 
     async def publish(self, record: GenerationRecord, *, timeout_s: float | None = None) -> None:
         """Accept one record; waits only while the queue is full.
@@ -332,12 +390,16 @@ class Publisher:
 
     # -- batches ----------------------------------------------------------------
     async def flush(self) -> None:
-        """Send everything buffered now and wait until Kafka acknowledged it all."""
+        """Send everything buffered now and wait until Kafka acknowledged it all.
+
+        Cancelling a flush stops the wait, not the deliveries: they go on in their own tasks
+        (``stop`` waits for them)."""
         if not self._started:
             return
         self._drain(force=True)
         while self._inflight or self._queued:
-            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+            if self._inflight:
+                await asyncio.wait(list(self._inflight))
             self._drain(force=True)
             if not self._inflight and self._queued:
                 await asyncio.sleep(0.01)
@@ -358,7 +420,7 @@ class Publisher:
             self._refuse()
         await self.flush()
         sent = dict(self._sent.pop(batch_id, {}))
-        deliveries = []
+        deliveries = set()
         for partition in range(self._partitions):
             marker = BatchMarker(
                 batch_id=batch_id,
@@ -368,8 +430,10 @@ class Publisher:
                 expected_producers=expected_producers,
                 run_id=self.settings.run_id,
             )
-            deliveries.append(self._deliver(partition, encode_records_message(marker), 0, key=batch_id.encode()))
-        await asyncio.gather(*deliveries)
+            deliveries.add(
+                self._spawn(partition, encode_records_message(marker), _Carried([], batch_id), key=batch_id.encode())
+            )
+        await asyncio.wait(deliveries)  # a cancelled close_batch leaves its markers to ``stop``
         return sent
 
     def open_batches(self) -> list[str]:
@@ -400,24 +464,36 @@ class Publisher:
             ):
                 continue
             records = self._buffers.pop(partition)
+            batches = self._buffer_batches.pop(partition)
             self._buffer_bytes.pop(partition, None)
             self._buffer_since.pop(partition, None)
-            chunk: list[bytes] = []
-            overhead = self._frame_overhead
-            size = overhead
-            for data in records:
-                if chunk and size + len(data) > s.max_message_bytes:
-                    self._spawn(partition, frame_batch(chunk, s.producer_id, s.run_id), len(chunk))
-                    chunk, size = [], overhead
-                chunk.append(data)
-                size += len(data)
-            if chunk:
-                self._spawn(partition, frame_batch(chunk, s.producer_id, s.run_id), len(chunk))
+            self._pack(partition, records, batches)
 
-    def _spawn(self, partition: int, value: bytes, count: int, key: bytes | None = None) -> None:
-        task = asyncio.get_running_loop().create_task(self._deliver(partition, value, count, key=key))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+    def _pack(self, partition: int, records: list[bytes], batches: list[str | None]) -> None:
+        """Deliver a partition's records as messages of at most ``max_message_bytes``."""
+        limit, overhead = self.settings.max_message_bytes, self._frame_overhead
+        first, size = 0, overhead
+        for i, data in enumerate(records):
+            if i > first and size + len(data) > limit:
+                self._spawn_frame(partition, records[first:i], batches[first:i])
+                first, size = i, overhead
+            size += len(data)
+        if first < len(records):
+            self._spawn_frame(partition, records[first:], batches[first:])
+
+    def _spawn_frame(self, partition: int, records: list[bytes], batches: list[str | None]) -> None:
+        s = self.settings
+        self._spawn(partition, frame_batch(records, s.producer_id, s.run_id), _Carried(batches))
+
+    def _spawn(self, partition: int, value: bytes, carried: _Carried, key: bytes | None = None) -> asyncio.Task:
+        """A delivery task of its own: cancelling whoever waits for it does not cancel it."""
+        task = asyncio.get_running_loop().create_task(self._deliver(partition, value, len(carried.batches), key=key))
+        self._inflight[task] = carried
+        task.add_done_callback(self._delivered)
+        return task
+
+    def _delivered(self, task: asyncio.Task) -> None:
+        self._inflight.pop(task, None)
 
     async def _deliver(self, partition: int, value: bytes, count: int, *, key: bytes | None = None) -> None:
         """Send one message until Kafka acknowledges it; retries never give up while running."""
@@ -468,3 +544,27 @@ def _breaks_sequence(exc: BaseException) -> bool:
             errors.RequestTimedOutError,
         ),
     )
+
+
+class _Carried(msgspec.Struct):
+    """What one delivery carries: its records' batch ids (None: raw bytes of no batch), or
+    none and the batch whose marker it is."""
+
+    batches: list[str | None]
+    marker: str | None = None
+
+
+def _lost_batches(records: Counter[str | None], markers: list[str], shown: int = 20) -> str:
+    """``: batch b-12 (20), batch b-13 (17); the markers of b-11``: record counts per batch,
+    the first ``shown`` batches of each."""
+    named = [f"{'no batch' if b is None else 'batch ' + b} ({n})" for b, n in records.most_common()]
+    parts = [_first(named, shown, "batches")] if named else []
+    if markers:
+        parts.append(f"the markers of {_first(markers, shown, 'batches')}")
+    return ": " + "; ".join(parts) if parts else ""
+
+
+def _first(items: list[str], shown: int, what: str) -> str:
+    """The first ``shown`` items, and how many more."""
+    more = f" and {len(items) - shown} more {what}" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more

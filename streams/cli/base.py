@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from specmeter.producers._kafka_logs import connection_reason as _reason
 from specmeter.schemas import MAX_ID
 
 from ..errors import SpecmeterError
@@ -59,29 +60,6 @@ class CommandFailed(click.ClickException):
         click.echo(f"{self.command}: {self.message}", err=True)
         if self.fix:
             click.echo(f"  {self.fix}", err=True)
-
-
-def _reason(messages: list[str]) -> str:
-    """aiokafka's connection errors, as a person says them."""
-    text = " ".join(messages)
-    for needle, said in (
-        ("Connect call failed", "connection refused"),
-        ("Connection refused", "connection refused"),
-        ("Name or service not known", "unknown host"),
-        ("nodename nor servname", "unknown host"),
-        ("Temporary failure in name resolution", "unknown host"),
-        ("timed out", "timed out"),
-        ("TimeoutError", "timed out"),
-    ):
-        if needle in text:
-            return said
-    return _last_line(messages)
-
-
-def _last_line(messages: list[str]) -> str:
-    """The last line aiokafka logged, cut to 160 characters, when none says it plainly."""
-    last = messages[-1] if messages else "no answer"
-    return last if len(last) <= 160 else last[:157] + "..."
 
 
 def _env_naming(path: str | None) -> list[str]:

@@ -10,14 +10,12 @@ what is wrong and what to set.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from specmeter.producers import KafkaSecurity
+from specmeter.producers._kafka_logs import quiet_kafka_logs
 
 from ..errors import SpecmeterError
 from ..settings import WorkerSettings
@@ -130,35 +128,6 @@ def _check_login(security: KafkaSecurity) -> None:
             f"KAFKA_SECURITY_PROTOCOL={security.protocol} needs KAFKA_SASL_USERNAME and "
             "KAFKA_SASL_PASSWORD (or KAFKA_SASL_USERNAME_FILE / KAFKA_SASL_PASSWORD_FILE)"
         )
-
-
-class _Tap(logging.Handler):
-    """Keeps aiokafka's connection errors instead of printing them."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.messages.append(record.getMessage())
-        except Exception:  # noqa: BLE001 - a bad log call must not hide the real error
-            pass
-
-
-@contextmanager
-def quiet_kafka_logs() -> Iterator[list[str]]:
-    """aiokafka's log lines while the block runs, collected instead of printed."""
-    logger = logging.getLogger("aiokafka")
-    tap = _Tap()
-    propagate = logger.propagate
-    logger.addHandler(tap)
-    logger.propagate = False
-    try:
-        yield tap.messages
-    finally:
-        logger.removeHandler(tap)
-        logger.propagate = propagate
 
 
 async def check_broker(

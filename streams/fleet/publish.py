@@ -8,8 +8,11 @@ offline core computes for the very same events, so a run can be checked end to e
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,7 +55,7 @@ async def publish_fleet(
     summary = LoadSummary() if summary is None else summary
     started = time.monotonic()
     try:
-        for event in events:
+        async for event in _drawn(events):
             publisher = await _publisher(publishers, settings, event.producer_id)
             await _publish(publisher, event.payload, summary)
             if on_event is not None:
@@ -65,6 +68,80 @@ async def publish_fleet(
             await publisher.stop()
     summary.seconds = time.monotonic() - started
     return summary
+
+
+async def _drawn(events: Iterable[FleetEvent]) -> AsyncIterator[FleetEvent]:
+    """The events; a generator's drawn in a thread of its own (a sequence's as they are).
+
+    A synthetic batch takes up to seconds to draw: drawn in the event loop, it held off
+    Ctrl-C and SIGTERM until it was drawn and the next record waited for Kafka (issue
+    47.2: loadgen stopped up to 2 s after the signal). The thread stops at its next event
+    once the fleet stops, and is a daemon: a stop never waits for a draw to end."""
+    if isinstance(events, Sequence):
+        for event in events:
+            yield event
+        return
+    drawer = _Drawer(iter(events), asyncio.get_running_loop())
+    try:
+        while chunk := await drawer.next_events():
+            for event in chunk:
+                yield event
+    finally:
+        drawer.stop()
+
+
+class _Drawer:
+    """Draws events in a daemon thread, up to ``ahead`` of the loop that publishes them."""
+
+    def __init__(self, events: Iterator[FleetEvent], loop: asyncio.AbstractEventLoop, ahead: int = 4096) -> None:
+        self._events, self._loop = events, loop
+        self._ready: deque[FleetEvent] = deque()
+        self._room = threading.Semaphore(ahead)
+        self._stopped = threading.Event()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        threading.Thread(target=self._draw, name="specmeter-fleet-draw", daemon=True).start()
+
+    def _draw(self) -> None:
+        try:
+            for event in self._events:
+                while not self._room.acquire(timeout=0.1):
+                    if self._stopped.is_set():
+                        return
+                if self._stopped.is_set():
+                    return
+                self._ready.append(event)
+                self._wake()
+        except BaseException as exc:  # noqa: BLE001 - raised in the loop by next_events
+            self._error = exc
+        finally:
+            self._finished = True
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_events(self) -> list[FleetEvent]:
+        """The events drawn since the last call (waiting for one); [] once all are drawn."""
+        while not self._ready:
+            if self._finished:
+                if self._error is not None:
+                    raise self._error
+                return []
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        drawn = [self._ready.popleft() for _ in range(len(self._ready))]
+        self._room.release(len(drawn))
+        return drawn
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 async def _publisher(publishers: dict[str, Publisher], settings: PublisherSettings, producer_id: str) -> Publisher:
