@@ -231,6 +231,7 @@ class Worker:
                 owned = writes.ownership(CL, p)
                 if claim is not None and owned is not None:
                     worker.installed_in[p] = (owned.epoch, worker.confirmed_in.get(p, (-1, -1, 0)))
+                    worker.sim.check_install(worker, p, owned.epoch, state.checkpoint)
                 return claim
 
         self.driver.ledger = Noted(self.driver.ledger.topics)
@@ -291,6 +292,8 @@ class Simulation:
         self.trace: list[str] = []
         #: writes of stopped workers that may still land
         self.orphans: deque = deque()
+        #: violations found inside a worker's task that would not fail it (raised by ``run``)
+        self.failures: list[Violation] = []
         self.workers = [Worker(self, f"w{i}", self.rng.randint(-20_000, 20_000)) for i in range(workers)]
         for p in range(PARTITIONS):
             self.logs.logs.setdefault(R, {}).setdefault(p, [])
@@ -316,15 +319,32 @@ class Simulation:
                 return
         raise self.violation(f"a stray takeover fenced {worker.name} on partition {p} (installed in {installed})")
 
+    def check_install(self, worker: Worker, p: int, epoch: int, checkpoint: int) -> None:
+        """A current owner's install never goes back: its checkpoint is not below any
+        released one (a stale reader, whose takeover a newer one followed, may). Noted here
+        and raised by the scheduler: the round it runs in retries what fails."""
+        if self._valid(p).epoch != epoch:
+            return
+        released = self._released(p)
+        if checkpoint < released:
+            self.failures.append(
+                self.violation(f"{worker.name} installed partition {p} at checkpoint {checkpoint}, below {released}")
+            )
+
+    def _released(self, p: int) -> int:
+        return max((c for w in self.workers for _, q, c in w.stages.released if q == p), default=-1)
+
+    def _valid(self, p: int) -> Any:
+        view = ChangelogView()
+        for offset, key, value in self.logs.logs[CL][p]:
+            view.add(offset, key, value)
+        return view.result()
+
     def check_settled(self) -> None:
         """Every partition read to its end, and its changelog's valid checkpoint not below
         any released one."""
         for p in range(PARTITIONS):
-            released = max((c for w in self.workers for t, q, c in w.stages.released if q == p), default=-1)
-            view = ChangelogView()
-            for offset, key, value in self.logs.logs[CL][p]:
-                view.add(offset, key, value)
-            valid = view.result()
+            released, valid = self._released(p), self._valid(p)
             checkpoint = max((int(v) for k, v in valid.entries if split_key(k)[0].endswith(b"\x1fc")), default=-1)
             if checkpoint < released:
                 raise self.violation(f"partition {p}: the valid checkpoint {checkpoint} is below {released}, released")
@@ -335,6 +355,8 @@ class Simulation:
         in flight landing later, and the group rebalances."""
         try:
             worker.run()
+            if self.failures:
+                raise self.failures[0]
         except Stopped as stopped:
             queued = list(worker.output.queue)
             self.orphans.extend(queued[: self.rng.randint(0, len(queued))])
@@ -440,7 +462,9 @@ class Simulation:
         elif roll < 0.6:
             self.land(worker)
         else:
-            self.now += rng.choice((0.005, 0.02, 0.02, 0.1, 0.1, 0.5, 2.0)) if rng.random() < 0.95 else 40.0
+            self.now += (
+                rng.choice((0.005, 0.02, 0.02, 0.1, 0.1, 0.5, 2.0)) if rng.random() < 0.95 else rng.choice((40.0, 90.0))
+            )
             self.run(worker)
 
     def settle(self, bound_s: float = 300.0) -> None:
