@@ -224,13 +224,23 @@ def advise_command(
         raise OptionRefused("--refresh-cost needs --by draft_lag (the staleness curve it is weighed against)")
     if plot is not None:
         _check_plot(plot)
+    metrics = _metrics(file, broker, topic)
+    advice = advise(metrics, run_id=run_id, last=last, by=by, draft_cost=draft_cost, refresh_cost=refresh_cost)
+    _print(advice, plot, as_json)
+
+
+def _metrics(file: IO[bytes] | None, broker: str, topic: str) -> Iterable[BatchMetrics]:
+    """What the command reads: FILE, stdin where it is meant (``_stdin_meant``), or the topic."""
     if file is None and _stdin_meant(click.get_current_context()):
         file = click.get_binary_stream("stdin")
     if file is not None:
-        metrics: Iterable[BatchMetrics] = metrics_from_lines(file, input_name(file))
-    else:
-        metrics = _read_topic(broker, topic)
-    advice = advise(metrics, run_id=run_id, last=last, by=by, draft_cost=draft_cost, refresh_cost=refresh_cost)
+        return metrics_from_lines(file, input_name(file))
+    return _read_topic(broker, topic)
+
+
+def _print(advice: Advice, plot: str | None, as_json: bool) -> None:
+    """What the command prints: the plot first (``--plot``), then the JSON document or the
+    terminal's text and where the plot went."""
     if plot is not None:
         _write_plot(plot, advice)
     if as_json:
