@@ -301,6 +301,16 @@ class Publisher:
             QueueFullError: ``max_queued_records`` are waiting for Kafka.
             PublisherClosedError / PublisherNotStartedError.
         """
+        self._check_accepts(record)
+        partition = self._partition(record.session_id)
+        if not self.settings.pack:  # one keyed message per record, as any Kafka client would
+            self._send_alone(record, partition)
+        else:
+            self._buffer(record, partition)
+
+    def _check_accepts(self, record: GenerationRecord) -> None:
+        """Refuse a record while the queue is full or the publisher not running, and one of
+        another run."""
         s = self.settings
         if self._queued >= s.max_queued_records or not self._started or self._closed:
             self._refuse()
@@ -309,25 +319,31 @@ class Publisher:
                 f"record of run {record.run_id!r} given to the publisher of run {s.run_id!r}: one Publisher "
                 "publishes one run (PublisherSettings.run_id); the record was not accepted"
             )
-        partition = self._partition_of.get(record.session_id)
-        if partition is None:
-            partition = self._partition_of[record.session_id] = partition_for_key(
-                record.session_id.encode(), self._partitions
-            )
-        if not s.pack:  # one keyed message per record, as any Kafka client would: it names its own
-            if record.producer_id is None or record.run_id != s.run_id:
-                import msgspec
 
-                record = msgspec.structs.replace(
-                    record, producer_id=record.producer_id or s.producer_id, run_id=s.run_id
-                )
-            self._queued += 1
-            self._sent[record.batch_id][partition] += 1
-            self._spawn(
-                partition, encode_records_message(record), _Carried([record.batch_id]), key=record.session_id.encode()
-            )
-            return
-        data = encode_records_message(record)  # packed: the envelope names producer and run
+    def _partition(self, session_id: str) -> int:
+        """The records partition of a session (every record of a session on one)."""
+        partition = self._partition_of.get(session_id)
+        if partition is None:
+            partition = self._partition_of[session_id] = partition_for_key(session_id.encode(), self._partitions)
+        return partition
+
+    def _send_alone(self, record: GenerationRecord, partition: int) -> None:
+        """One keyed message for the record, which names its own producer and run."""
+        s = self.settings
+        if record.producer_id is None or record.run_id != s.run_id:
+            import msgspec
+
+            record = msgspec.structs.replace(record, producer_id=record.producer_id or s.producer_id, run_id=s.run_id)
+        self._queued += 1
+        self._sent[record.batch_id][partition] += 1
+        self._spawn(
+            partition, encode_records_message(record), _Carried([record.batch_id]), key=record.session_id.encode()
+        )
+
+    def _buffer(self, record: GenerationRecord, partition: int) -> None:
+        """The record into its partition's packed batch (the envelope names producer and run);
+        the sender woken once the batch is full."""
+        data = encode_records_message(record)
         self._queued += 1
         self._sent[record.batch_id][partition] += 1
         buffer = self._buffers[partition]
@@ -337,7 +353,7 @@ class Publisher:
         self._buffer_batches[partition].append(record.batch_id)
         size = self._buffer_bytes[partition] + len(data)
         self._buffer_bytes[partition] = size
-        if size >= s.max_message_bytes:
+        if size >= self.settings.max_message_bytes:
             self._wake.set()  # type: ignore[union-attr]
 
     def publish_raw(self, value: bytes, *, session_id: str | None = None, batch_id: str | None = None) -> None:
