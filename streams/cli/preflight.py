@@ -155,11 +155,7 @@ async def check_broker(
         try:
             await _start_admin(admin, broker, messages)
             planned = None if settings is None else await _check_worker(admin, settings)
-            existing = None if records_topic is None else await admin.list_topics()
-            # not listed may mean not ours to see: the producer then says the authorization
-            # error itself, which names the right that is missing
-            if records_topic is not None and existing is not None and records_topic not in existing:
-                existing = None if records_topic in await unauthorized_topics(admin, [records_topic]) else existing
+            existing = None if records_topic is None else await _topics_seen(admin, records_topic)
         finally:
             await admin.close()
     if planned is not None and planned[0].mismatched:
@@ -168,6 +164,16 @@ async def check_broker(
         from ..readers.topic_lookup import TopicNotFound
 
         raise TopicNotFound(records_topic, broker, existing, 0.0, _start_the_worker, role="records")
+
+
+async def _topics_seen(admin: Any, records_topic: str) -> list[str] | None:
+    """The topics listed, to find ``records_topic`` in; None where it is not listed because
+    it is not ours to see: the producer then says the authorization error itself, which
+    names the right that is missing."""
+    existing = await admin.list_topics()
+    if records_topic not in existing and records_topic in await unauthorized_topics(admin, [records_topic]):
+        return None
+    return existing
 
 
 def _start_the_worker(similar: list[str], of_role: list[str]) -> str:
