@@ -128,6 +128,8 @@ class OwnedWrites:
         self.on_fenced = on_fenced
         #: who this worker is, in its takeover records (for operators reading a changelog)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        #: a fresh token for a takeover or a confirmation's key (a seeded one in a simulation)
+        self.new_token: Callable[[], str] = takeover_token
         self._owned: dict[ChangelogPartition, Ownership] = {}
         self._tasks: set[asyncio.Task] = set()
         #: groups whose offsets skipped some, and fencings, over the worker's life (stats)
@@ -146,7 +148,7 @@ class OwnedWrites:
         included): a takeover landing between the two is one this worker must see."""
         self.forget(topic, partition)
         takeover = Takeover(
-            token=takeover_token(),
+            token=self.new_token(),
             owner=self.owner,
             at_ms=confirmed_at_ms or int(time.time() * 1000),
             generation=generation,
@@ -162,7 +164,7 @@ class OwnedWrites:
             format=FORMAT,
         )
         confirmed = await self._append(
-            topic, partition, confirmation_key(partition, takeover_token()), encode_confirmation(confirmation)
+            topic, partition, confirmation_key(partition, self.new_token()), encode_confirmation(confirmation)
         )
         owned = self._owned[(topic, partition)] = Ownership(
             token=takeover.token,
@@ -194,7 +196,7 @@ class OwnedWrites:
         if not counts_after(confirmation.as_takeover(), owned.takeover):
             return False  # a group that started again, within the clock-skew bound: a takeover must wait
         offset = await self._append(
-            topic, partition, confirmation_key(partition, takeover_token()), encode_confirmation(confirmation)
+            topic, partition, confirmation_key(partition, self.new_token()), encode_confirmation(confirmation)
         )
         if self._owned.get((topic, partition)) is not owned or offset != owned.next_offset:
             return False

@@ -196,6 +196,7 @@ class Worker:
         self.driver.new_consumer = self._new_consumer
         self.driver.changelogs.new_consumer = self._new_consumer
         self.driver.writes.output = self.output  # type: ignore[assignment]
+        self.driver.writes.new_token = lambda: f"{name}-{sim.tokens.getrandbits(64):016x}"
         self.driver.wall_ms = lambda: sim.base_ms + int(sim.now * 1000) + skew_ms
         self.driver.revoke_wait_s = 15.0
         self.driver.settings.commit_interval_s = 1.0
@@ -282,6 +283,7 @@ class Simulation:
 
     def __init__(self, seed: int, *, workers: int = 3) -> None:
         self.rng = random.Random(seed)
+        self.tokens = random.Random(~seed)  # takeover tokens: of the seed, apart from the schedule's draws
         self.seed = seed
         self.logs = FakeLogs()
         self.now = 0.0
