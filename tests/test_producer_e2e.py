@@ -17,7 +17,7 @@ from specmeter.producers import Publisher, PublisherSettings, QueueFullError
 from specmeter.schemas import GenerationRecord, decode_records_message
 
 from .support.golden_cases import assert_metrics_equal
-from .support.kafka_broker import BROKER_SCRIPT
+from .support.kafka_broker import BROKER_SCRIPT, tied_to_me
 from .support.kafka_helpers import create_topic, read_topic
 from .support.worker_harness import Deployment, latest_by_batch
 
@@ -173,7 +173,8 @@ def _generations_once_marked(address: str, topic: str, *, markers: int) -> set[s
 def test_queue_bound_while_the_broker_is_away(tmp_path, unique_name):
     """publish keeps returning until the bound, then raises the documented error; nothing
     accepted is lost once the broker is back. Uses a private broker it can stop."""
-    env = {**os.environ, "SPECMETER_KAFKA_DIR": str(tmp_path / "kafka")}
+    # tied to this test run: a run killed meanwhile takes the private broker along
+    env = tied_to_me({**os.environ, "SPECMETER_KAFKA_DIR": str(tmp_path / "kafka")})
     broker = [str(BROKER_SCRIPT)]
     start = subprocess.run([*broker, "start"], env=env, capture_output=True, text=True, timeout=300)
     assert start.returncode == 0, start.stderr

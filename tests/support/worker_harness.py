@@ -54,6 +54,16 @@ def produced_records(events: list[FleetEvent]) -> int:
     return sum(1 for e in events if e.kind != "marker")
 
 
+def _die_with_parent() -> None:
+    """In a worker about to start: SIGKILL when the test process that started it ends, however
+    it ends (Linux's parent-death signal; elsewhere nothing), so a killed test run leaves no
+    worker behind. Its own session still keeps a terminal's Ctrl-C away from it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class Deployment:
     """One isolated specmeter deployment: its own app id and topics."""
@@ -123,6 +133,7 @@ class Deployment:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                preexec_fn=_die_with_parent,
             )
         self.workers.append(proc)
         self.logs.append(log)
