@@ -206,13 +206,61 @@ def bar_chart(
     """One bar per mark, left to right, from 0 up to its value (the axis tops at ``y_max``,
     or at a round number above the largest value); ``value_format``: each bar's value
     written above it so."""
-    out = _open(chart_id, "bar", title, attrs or {})
+
+    def bars(top: float) -> list[str]:
+        return _bars(marks, top, value_format)
+
+    return _framed(chart_id, "bar", title, marks, attrs, (y_max, y_format, y_label, x_label), bars)
+
+
+def point_chart(
+    chart_id: str,
+    title: str,
+    marks: Sequence[Mark],
+    *,
+    y_max: float | None = None,
+    y_format: str = ".2f",
+    y_label: str = "",
+    x_label: str = "",
+    attrs: Mapping[str, str] | None = None,
+) -> str:
+    """One point per mark, evenly spaced left to right, joined by a line."""
+
+    def points(top: float) -> list[str]:
+        return _points(marks, top)
+
+    return _framed(chart_id, "points", title, marks, attrs, (y_max, y_format, y_label, x_label), points)
+
+
+def _framed(
+    chart_id: str,
+    kind: str,
+    title: str,
+    marks: Sequence[Mark],
+    attrs: Mapping[str, str] | None,
+    axes: tuple[float | None, str, str, str],
+    series: Callable[[float], list[str]],
+) -> str:
+    """A chart's frame: its ``<svg>`` with its accessible name, the y axis scaled to the
+    marks (``axes``: y_max, y_format, y_label, x_label), the series ``series(top)`` draws,
+    the x axis' title; "nothing to draw yet" for no mark."""
+    y_max, y_format, y_label, x_label = axes
+    out = _open(chart_id, kind, title, attrs or {})
     if not marks:
         return _empty(out, "nothing to draw yet")
     top = _scale_top(marks, y_max, y_format)
     out += _axes(top, y_format, y_label)
-    plot_w = WIDTH - _LEFT - _RIGHT
-    slot = plot_w / len(marks)
+    out += series(top)
+    if x_label:
+        out.append(_x_title(x_label))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _bars(marks: Sequence[Mark], top: float, value_format: str | None) -> list[str]:
+    """A bar per mark in its slot, its value above it (``value_format``), its label under it."""
+    out = []
+    slot = (WIDTH - _LEFT - _RIGHT) / len(marks)
     gap = min(slot * 0.2, 6.0)
     base = HEIGHT - _BOTTOM
     for i, mark in enumerate(marks):
@@ -229,31 +277,13 @@ def bar_chart(
             )
         if mark.label is not None:
             out.append(_x_label(x + (slot - gap) / 2, mark.label))
-    if x_label:
-        out.append(_x_title(x_label))
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
-def point_chart(
-    chart_id: str,
-    title: str,
-    marks: Sequence[Mark],
-    *,
-    y_max: float | None = None,
-    y_format: str = ".2f",
-    y_label: str = "",
-    x_label: str = "",
-    attrs: Mapping[str, str] | None = None,
-) -> str:
-    """One point per mark, evenly spaced left to right, joined by a line."""
-    out = _open(chart_id, "points", title, attrs or {})
-    if not marks:
-        return _empty(out, "nothing to draw yet")
-    top = _scale_top(marks, y_max, y_format)
-    out += _axes(top, y_format, y_label)
-    plot_w = WIDTH - _LEFT - _RIGHT
-    slot = plot_w / len(marks)
+def _points(marks: Sequence[Mark], top: float) -> list[str]:
+    """A point per mark in the middle of its slot, joined by a line, its label under it."""
+    out = []
+    slot = (WIDTH - _LEFT - _RIGHT) / len(marks)
     xy = [(_LEFT + slot * (i + 0.5), _y(m.value, top)) for i, m in enumerate(marks)]
     if len(xy) > 1:
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
@@ -264,10 +294,7 @@ def point_chart(
         )
         if mark.label is not None:
             out.append(_x_label(x, mark.label))
-    if x_label:
-        out.append(_x_title(x_label))
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 @dataclass(frozen=True)
