@@ -87,8 +87,7 @@ def recommend(points: list[BudgetPoint]) -> Recommendation:
     if any(p.speedup is None for p in points):
         raise ValueError("recommend() needs every point's speedup (a draft cost)")
     speedups = {0: 1.0, **{p.budget: float(p.speedup or 0.0) for p in points}}
-    top = max(speedups.values())
-    tied = sorted(k for k, value in speedups.items() if printed(value) == printed(top))
+    tied = _tied_at_the_top(speedups)
     best_speculating = max(points, key=lambda p: (speedups[p.budget], -p.budget)) if points else None
     return Recommendation(
         budget=tied[0],
@@ -99,23 +98,37 @@ def recommend(points: list[BudgetPoint]) -> Recommendation:
     )
 
 
+def _tied_at_the_top(speedups: dict[int, float]) -> list[int]:
+    """The budgets whose speedups print the same as the greatest, smallest first."""
+    top = printed(max(speedups.values()))
+    return sorted(k for k, value in speedups.items() if printed(value) == top)
+
+
 def recommendation_text(r: Recommendation) -> str:
     """The recommendation in one sentence or two: what to run, the ties, the edge of the data."""
+    return _run_text(r) if r.speculate else _off_text(r)
+
+
+def _off_text(r: Recommendation) -> str:
+    """Speculation off: nothing measured, budgets that only tie budget 0, or none that beats it."""
     best = r.best_speculating
-    if not r.speculate:
-        if best is None:
-            return "no budget was measured: turn speculative decoding off"
-        if 0 in r.tied and len(r.tied) > 1:
-            others = budgets_text([k for k in r.tied if k])
-            return (
-                f"no budget beats decoding without speculation: {others} only tie it at {printed(r.speedup)}× "
-                "(equal within the printed precision); turn speculative decoding off, which gives the same "
-                "speed without the draft's work and memory"
-            )
+    if best is None:
+        return "no budget was measured: turn speculative decoding off"
+    if 0 in r.tied and len(r.tied) > 1:
+        others = budgets_text([k for k in r.tied if k])
         return (
-            f"no budget beats decoding without speculation (the best, k={best.budget}, gives "
-            f"{printed(best.speedup or 0.0)}×): turn speculative decoding off"
+            f"no budget beats decoding without speculation: {others} only tie it at {printed(r.speedup)}× "
+            "(equal within the printed precision); turn speculative decoding off, which gives the same "
+            "speed without the draft's work and memory"
         )
+    return (
+        f"no budget beats decoding without speculation (the best, k={best.budget}, gives "
+        f"{printed(best.speedup or 0.0)}×): turn speculative decoding off"
+    )
+
+
+def _run_text(r: Recommendation) -> str:
+    """A budget to run, its ties, and whether it is the edge of the data."""
     text = f"run k={r.budget} draft tokens per step: {printed(r.speedup)}× over decoding without speculation"
     if len(r.tied) > 1:
         text += (

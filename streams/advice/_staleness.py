@@ -102,20 +102,31 @@ def refresh_interval(tokens_per_verify: list[float], tokens_per_update: float, r
     Raises:
         ValueError: no lag, a T(L) or G not > 0, R negative or not finite.
     """
+    _check_refresh_inputs(tokens_per_verify, tokens_per_update, refresh_cost)
+    costs = [tokens_per_update / t for t in tokens_per_verify]
+    averages = _averages(costs, refresh_cost)
+    every = min(range(len(averages)), key=lambda i: (averages[i], i)) + 1
+    return RefreshPlan(refresh_cost, tokens_per_update, costs, averages, every, every == len(costs))
+
+
+def _check_refresh_inputs(tokens_per_verify: list[float], tokens_per_update: float, refresh_cost: float) -> None:
+    """Lag 0 at least, every T(L) and G finite and > 0, R finite and >= 0."""
     if not tokens_per_verify:
         raise ValueError("refresh_interval() needs the tokens per verify step of lag 0 at least")
     if not all(math.isfinite(t) and t > 0 for t in [*tokens_per_verify, tokens_per_update]):
         raise ValueError("tokens per verify step and per update must be finite and > 0")
     if not (math.isfinite(refresh_cost) and refresh_cost >= 0):
         raise ValueError(f"the refresh cost must be a finite number >= 0, not {refresh_cost!r}")
-    costs = [tokens_per_update / t for t in tokens_per_verify]
+
+
+def _averages(costs: list[float], refresh_cost: float) -> list[float]:
+    """A(N) = (R + sum_{L<N} c(L)) / N for N = 1 .. M, summed in order (as the docs' table)."""
     averages = []
     running = refresh_cost
     for n, cost in enumerate(costs, start=1):
         running += cost
         averages.append(running / n)
-    every = min(range(len(averages)), key=lambda i: (averages[i], i)) + 1
-    return RefreshPlan(refresh_cost, tokens_per_update, costs, averages, every, every == len(costs))
+    return averages
 
 
 def staleness_of(batches: list[BatchMetrics], refresh_cost: float | None) -> Staleness:

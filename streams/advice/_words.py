@@ -94,16 +94,22 @@ def _matrix(advice: Advice) -> TextTable:
     by = advice.by.replace("_", " ") if advice.by else "group"
     marked = ", * the recommended budget" if costed else ""
     table = TextTable(title=f"{what} by {by} (rows) and budget k (columns){marked}")
-    table.add_column((advice.by or "group").replace("_", " "), justify="left")
+    _matrix_columns(table, advice.by, widest, costed)
+    for curve in advice.curves:
+        table.add_row(*_matrix_row(advice.by, curve, widest, costed))
+    return table
+
+
+def _matrix_columns(table: TextTable, by: str | None, widest: int, costed: bool) -> None:
+    """The group, its verify steps, a column per budget 0 .. ``widest``, the budget it ran,
+    and with a draft cost the recommendation."""
+    table.add_column((by or "group").replace("_", " "), justify="left")
     table.add_column("verify steps", justify="right")
     for k in range(widest + 1):
         table.add_column(f"k={k}", justify="right")
     table.add_column("ran", justify="right")
     if costed:
         table.add_column("recommended", justify="left")
-    for curve in advice.curves:
-        table.add_row(*_matrix_row(advice.by, curve, widest, costed))
-    return table
 
 
 def _matrix_row(by: str | None, curve: Curve, widest: int, costed: bool) -> list[str]:
