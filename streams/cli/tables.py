@@ -519,11 +519,16 @@ def spread_table(results: list[BatchMetrics], title: str | None = None) -> Any:
     for name in ("gens", "p25", "p50", "p75", "<1.25"):
         table.add_column(name, justify="right", no_wrap=True)
     for m in rows:
-        counts = m.tokens_per_verify_distribution or []
-        total = sum(counts)
-        quartiles = [f"{spread_quantile(counts, q):.2f}" for q in (0.25, 0.5, 0.75)]
-        table.add_row(_label(m, {})[0], _count(total), *quartiles, _share(counts[0] / total if total else None))
+        table.add_row(*_spread_row(m))
     return table
+
+
+def _spread_row(m: BatchMetrics) -> list[str]:
+    """A batch's spread: its name, the generations counted, the quartiles' buckets, the share under 1.25."""
+    counts = m.tokens_per_verify_distribution or []
+    total = sum(counts)
+    quartiles = [f"{spread_quantile(counts, q):.2f}" for q in (0.25, 0.5, 0.75)]
+    return [_label(m, {})[0], _count(total), *quartiles, _share(counts[0] / total if total else None)]
 
 
 #: a breakdown entry of the by-task and by-draft-lag views
