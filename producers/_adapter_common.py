@@ -9,8 +9,8 @@ from them, so that an adapter cannot forget a field on one of its paths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -19,7 +19,10 @@ from specmeter.schemas import GenerationRecord
 from ._builders import record_from_counters
 from ._meta_info import SpecCounters
 
-__all__ = ["Caller", "Slot", "build_record", "one_or_each"]
+if TYPE_CHECKING:
+    from ._publisher import Publisher
+
+__all__ = ["Caller", "Slot", "build_record", "one_or_each", "publish_records"]
 
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,3 +74,14 @@ def one_or_each(values: Any, count: int, what: str, per: str = "outputs") -> lis
     if len(values) != count:
         raise ValueError(f"{count} {per} but {len(values)} {what}")
     return values
+
+
+async def publish_records(
+    publisher: Publisher, records_of: Callable[..., list[GenerationRecord]], *args: Any, **kwargs: Any
+) -> int:
+    """Every record ``records_of(*args, **kwargs)`` makes, in the publisher's run and as its
+    producer's (the engine adapters' ``publish_*``), published in order; returns how many."""
+    records = records_of(*args, producer_id=publisher.settings.producer_id, run_id=publisher.settings.run_id, **kwargs)
+    for record in records:
+        await publisher.publish(record)
+    return len(records)

@@ -26,7 +26,7 @@ from typing import Any
 
 from specmeter.schemas import GenerationRecord
 
-from ._adapter_common import Caller, Slot, build_record, one_or_each
+from ._adapter_common import Caller, Slot, build_record, one_or_each, publish_records
 from ._builders import _generation_id, record_from_counters
 from ._meta_info import counters_from_meta_info
 from ._meta_info_openai import assemble_stream, choice_counters, parse_response, sse_events
@@ -153,7 +153,9 @@ async def publish_outputs(
     many. Only publish what your rollout keeps: discarded branches and aborted
     requests are not metrics. ``tasks``, ``draft_lags`` and ``speculative`` as for
     ``records_from_outputs``."""
-    records = records_from_outputs(
+    return await publish_records(
+        publisher,
+        records_from_outputs,
         outputs,
         batch_id=batch_id,
         session_ids=session_ids,
@@ -162,12 +164,7 @@ async def publish_outputs(
         tasks=tasks,
         draft_lags=draft_lags,
         speculative=speculative,
-        producer_id=publisher.settings.producer_id,
-        run_id=publisher.settings.run_id,
     )
-    for record in records:
-        await publisher.publish(record)
-    return len(records)
 
 
 def records_from_openai_response(
@@ -242,18 +239,15 @@ async def publish_openai_response(
 ) -> int:
     """Publish the records of one committed OpenAI-compatible response, in the publisher's
     run; returns how many. Arguments as ``records_from_openai_response``."""
-    records = records_from_openai_response(
+    return await publish_records(
+        publisher,
+        records_from_openai_response,
         response,
         batch_id=batch_id,
         session_id=session_id,
         sample_ids=sample_ids,
-        producer_id=publisher.settings.producer_id,
-        run_id=publisher.settings.run_id,
         weight_version=weight_version,
         task=task,
         draft_lags=draft_lags,
         speculative=speculative,
     )
-    for record in records:
-        await publisher.publish(record)
-    return len(records)

@@ -42,7 +42,7 @@ import msgspec
 
 from specmeter.schemas import GenerationRecord
 
-from ._adapter_common import Caller, Slot, build_record, one_or_each
+from ._adapter_common import Caller, Slot, build_record, one_or_each, publish_records
 from ._meta_info import SpecCounters, _normalize_histogram, normalize_counter
 from ._publisher import Publisher
 
@@ -224,20 +224,17 @@ async def publish_request_outputs(
 ) -> int:
     """Publish the records of committed TensorRT-LLM outputs, in the publisher's run;
     returns how many. Arguments as ``records_from_request_outputs``."""
-    records = records_from_request_outputs(
+    return await publish_records(
+        publisher,
+        records_from_request_outputs,
         outputs,
         batch_id=batch_id,
         session_ids=session_ids,
         sample_ids=sample_ids,
-        producer_id=publisher.settings.producer_id,
-        run_id=publisher.settings.run_id,
         weight_version=weight_version,
         tasks=tasks,
         draft_lags=draft_lags,
     )
-    for record in records:
-        await publisher.publish(record)
-    return len(records)
 
 
 async def publish_response(
@@ -253,17 +250,14 @@ async def publish_response(
 ) -> int:
     """Publish the records of one committed TensorRT-LLM response, in the publisher's run;
     returns how many. Arguments as ``records_from_response``."""
-    records = records_from_response(
+    return await publish_records(
+        publisher,
+        records_from_response,
         response,
         batch_id=batch_id,
         session_id=session_id,
         sample_ids=sample_ids,
-        producer_id=publisher.settings.producer_id,
-        run_id=publisher.settings.run_id,
         weight_version=weight_version,
         task=task,
         draft_lags=draft_lags,
     )
-    for record in records:
-        await publisher.publish(record)
-    return len(records)
