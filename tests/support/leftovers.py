@@ -42,8 +42,15 @@ def processes_naming(*needles: str) -> list[str]:
         except OSError:
             continue
         if any(n in line for n in needles):
-            found.append(f"{proc.name} {line[:300]}")
+            found.append(f"{proc.name} {_shortened(line)}")
     return found
+
+
+def _shortened(line: str, keep: int = 200) -> str:
+    """A command line for a message, its middle elided: its end stays, where a JVM's main
+    class (`` kafka.Kafka ``) and arguments follow a classpath and paths whose length varies
+    (a head of 300 characters cut the main class off a broker under a deeper temporary folder)."""
+    return line if len(line) <= 2 * keep else f"{line[:keep]} ... {line[-keep:]}"
 
 
 def wait_until(check: Callable[[], object], timeout_s: float, every_s: float = 0.2) -> object:
