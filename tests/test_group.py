@@ -23,6 +23,7 @@ from .support.worker_harness import (
     assert_conserved,
     assert_duplicates_identical,
     assert_matches_offline,
+    batch_slices,
     fleet_events,
     produced_records,
     publish_events,
@@ -44,15 +45,6 @@ def _publish(deployment: Deployment, events) -> None:
     asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, events))
 
 
-def _slices(events, n: int) -> list[list]:
-    batches: dict[str, list] = {}
-    for e in events:
-        batches.setdefault(e.batch_id, []).append(e)
-    groups = list(batches.values())
-    size = -(-len(groups) // n)
-    return [[e for group in groups[i : i + size] for e in group] for i in range(0, len(groups), size)]
-
-
 def _finish(deployment: Deployment, events, *, timeout_s: float = 120) -> None:
     published = wait_complete(deployment, {e.batch_id for e in events}, timeout_s=timeout_s)
     assert_matches_offline(published, events, partitions=deployment.partitions)
@@ -72,7 +64,7 @@ def test_two_workers_keep_their_partitions_for_many_poll_intervals(deployment):
     time.sleep(5)  # the group settles: the first worker gave half its partitions
     settled = (len(_ready_lines(deployment, first)), len(_ready_lines(deployment, second)))
     events = fleet_events(seed=301, batches=9, sessions=8)
-    for part in _slices(events, 9):
+    for part in batch_slices(events, 9):
         _publish(deployment, part)
         time.sleep(10)
     _finish(deployment, events)
@@ -121,7 +113,7 @@ def test_a_frozen_worker_woken_after_its_partitions_moved_changes_nothing(kafka_
         deployment.wait_ready(b)
         time.sleep(3)
         events = fleet_events(seed=303, batches=30, sessions=40)
-        parts = _slices(events, 6)
+        parts = batch_slices(events, 6)
         for part, frozen in zip(parts, (a, None, None, b, None, None), strict=True):
             if frozen is None:
                 _publish(deployment, part)
@@ -230,7 +222,7 @@ def test_a_worker_frozen_past_every_timeout_mid_stream_changes_nothing(kafka_boo
         d.wait_ready(b)
         time.sleep(3)
         events = fleet_events(seed=307, batches=24, sessions=30)
-        parts = _slices(events, 8)
+        parts = batch_slices(events, 8)
         for n, part in enumerate(parts):
             if n != 2:
                 _publish(d, part)

@@ -28,6 +28,7 @@ from .support.worker_harness import (
     assert_conserved,
     assert_duplicates_identical,
     assert_matches_offline,
+    batch_slices,
     fleet_events,
     produced_records,
     publish_events,
@@ -58,15 +59,9 @@ def previous(tmp_path_factory) -> dict[str, str]:
 
 def _stream(deployment: Deployment, events, slices: int, pause_s: float) -> threading.Thread:
     """Publish the events batch by batch in ``slices`` parts, ``pause_s`` apart, in a thread."""
-    batches: dict[str, list] = {}
-    for e in events:
-        batches.setdefault(e.batch_id, []).append(e)
-    groups = list(batches.values())
-    size = -(-len(groups) // slices)
 
     def run() -> None:
-        for i in range(0, len(groups), size):
-            part = [e for group in groups[i : i + size] for e in group]
+        for part in batch_slices(events, slices):
             asyncio.run(publish_events(deployment.bootstrap, deployment.topics.records, part))
             time.sleep(pause_s)
 

@@ -50,6 +50,17 @@ def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetE
     )
 
 
+def batch_slices(events: list[FleetEvent], n: int) -> list[list[FleetEvent]]:
+    """The events in ``n`` parts (the last may be shorter), each of whole batches in order:
+    a stream published part by part, as a paced fleet would."""
+    batches: dict[str, list[FleetEvent]] = {}
+    for e in events:
+        batches.setdefault(e.batch_id, []).append(e)
+    groups = list(batches.values())
+    size = -(-len(groups) // n)
+    return [[e for group in groups[i : i + size] for e in group] for i in range(0, len(groups), size)]
+
+
 def produced_records(events: list[FleetEvent]) -> int:
     return sum(1 for e in events if e.kind != "marker")
 
