@@ -5,8 +5,6 @@ in-memory logs (takeovers, write groups, rebalances, fencing)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,24 +20,8 @@ from specmeter.streams.core.ownership import (
     takeover_key,
 )
 from specmeter.streams.delivery.ledger import Admitted, Claim, Ledger
-from specmeter.streams.delivery.routes import DeliveryDriver
 
-R, P = "records", "partials"
-
-
-@dataclass
-class Stage:
-    """A stage state as the ledger sees it: a checkpoint that moves as messages are applied
-    (exactly once each, in order: anything else fails the test)."""
-
-    checkpoint: int = -1
-    applied: list[int] = field(default_factory=list)
-
-    def process(self, messages: list[tuple[int, object]]) -> None:
-        offsets = [m[0] for m in messages]
-        assert offsets == sorted(offsets) and offsets[0] > self.checkpoint, offsets
-        self.applied += offsets
-        self.checkpoint = offsets[-1]
+from .support.fake_kafka import FakeConsumer, FakeLogs, FakeOutput, FakeStages, P, R, Stage, fake_driver
 
 
 def installed(ledger: Ledger, topic: str, partition: int, checkpoint: int, log_end: int = 0) -> Claim:
@@ -156,245 +138,6 @@ def test_ready_once_every_assigned_partition_is_installed_and_commits_only_what_
 
 
 # -- the driver over fakes ------------------------------------------------------------------------------
-class FakeLogs:
-    """In-memory logs: topic -> partition -> [(offset, key, value)], and the groups."""
-
-    def __init__(self) -> None:
-        self.logs: dict[str, dict[int, list[tuple[int, bytes | None, bytes | None]]]] = {}
-        self.fail_next_reads = 0
-        self.consumers: list[FakeConsumer] = []
-        self.committed: dict[tuple[str, str, int], int] = {}
-        self.stale_commits = False
-        self.failing_commits = 0
-        #: the group generation the members are in (what ``internals.group_generation`` reads)
-        self.generation = -1
-        #: getmany calls cancelled: aiokafka's poll accounting (max_poll_interval_ms) does not
-        #: survive one, so only a stopping route may
-        self.cancelled_fetches = 0
-
-    def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
-        log = self.logs.setdefault(topic, {}).setdefault(partition, [])
-        log.append((len(log), key, value))
-        return len(log) - 1
-
-    def end(self, topic: str, partition: int) -> int:
-        return len(self.logs.get(topic, {}).get(partition, []))
-
-    def members(self, topic: str) -> list[FakeConsumer]:
-        return [c for c in self.consumers if c.group_id and topic in c.topics and c.started and not c.stopped]
-
-
-class FakeConsumer:
-    """What the routes and the changelog reader use of aiokafka's consumer; a group member
-    is assigned partitions by the test (``rebalance``), through its listener."""
-
-    def __init__(self, logs: FakeLogs, group_id: str | None = None, **options: Any) -> None:
-        self.logs = logs
-        self.group_id = group_id
-        self.topics: list[str] = []
-        self.listener: Any = None
-        self.positions: dict[Any, int] = {}
-        self.paused: set[Any] = set()
-        self.started = self.stopped = False
-        #: what ``internals.set_fetch_wait`` sets: how long the broker may hold a fetch
-        self._fetcher = SimpleNamespace(_fetch_max_wait_ms=options.get("fetch_max_wait_ms", 500))
-        logs.consumers.append(self)
-
-    @property
-    def _coordinator(self) -> SimpleNamespace:
-        """What ``internals.group_generation`` reads: the generation of the last join."""
-        return SimpleNamespace(generation=self.logs.generation)
-
-    @property
-    def fetch_wait_ms(self) -> int:
-        """How long the broker may hold this consumer's next fetch."""
-        return self._fetcher._fetch_max_wait_ms  # noqa: SLF001 - what internals.set_fetch_wait sets
-
-    def subscribe(self, topics: list[str], listener: Any) -> None:
-        self.topics, self.listener = topics, listener
-
-    async def start(self) -> None:
-        if self.logs.fail_next_reads and not self.group_id:
-            self.logs.fail_next_reads -= 1
-            raise ConnectionError("the broker went away")
-        self.started = True
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-    async def rebalance(self, partitions: list[int]) -> None:
-        """The group's new assignment for this member (eager: all revoked, then assigned)."""
-        from aiokafka.structs import TopicPartition as TP
-
-        old = list(self.positions)
-        await self.listener.on_partitions_revoked(old)
-        topic = self.topics[0]
-        self.positions = {TP(topic, p): 0 for p in partitions}
-        self.paused = set()
-        await self.listener.on_partitions_assigned(list(self.positions))
-
-    def assignment(self) -> set[Any]:
-        return set(self.positions)
-
-    def assign(self, tps: list[Any]) -> None:
-        self.positions = dict.fromkeys(tps, 0)
-
-    def seek(self, tp: Any, offset: int) -> None:
-        self.positions[tp] = offset
-
-    async def seek_to_beginning(self, *tps: Any) -> None:
-        for tp in tps:
-            self.positions[tp] = 0
-
-    def pause(self, tp: Any) -> None:
-        self.paused.add(tp)
-
-    def resume(self, tp: Any) -> None:
-        self.paused.discard(tp)
-
-    async def position(self, tp: Any) -> int:
-        return self.positions[tp]
-
-    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
-        return {tp: self.logs.end(tp.topic, tp.partition) for tp in tps}
-
-    async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
-        return dict.fromkeys(tps, 0)
-
-    async def committed(self, tp: Any) -> int | None:
-        return self.logs.committed.get((self.group_id, tp.topic, tp.partition))
-
-    async def commit(self, offsets: dict[Any, int]) -> None:
-        from aiokafka.errors import CommitFailedError, KafkaError
-
-        if self.logs.stale_commits:
-            raise CommitFailedError("the group rebalanced (a stale generation)")
-        if self.logs.failing_commits:
-            self.logs.failing_commits -= 1
-            raise KafkaError("the coordinator refused the commit")
-        for tp, offset in offsets.items():
-            self.logs.committed[(self.group_id, tp.topic, tp.partition)] = offset
-
-    async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
-        """As aiokafka's: what is fetchable now, else the first that is within the timeout
-        (input of a paused partition does not end the wait; resuming it does)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        try:
-            await asyncio.sleep(0.001)
-            while True:
-                out = self._take(tps)
-                if out or loop.time() >= deadline:
-                    return out
-                await asyncio.sleep(0.002)
-        except asyncio.CancelledError:
-            self.logs.cancelled_fetches += 1
-            raise
-
-    def _take(self, tps: tuple[Any, ...]) -> dict[Any, list[Any]]:
-        out = {}
-        for tp, position in self.positions.items():
-            if (tps and tp not in tps) or tp in self.paused:
-                continue
-            log = self.logs.logs.get(tp.topic, {}).get(tp.partition, [])
-            taken = log[position : position + 3]  # a few at a time: fetches interleave with the test
-            if taken:
-                out[tp] = [SimpleNamespace(offset=o, key=k, value=v) for o, k, v in taken]
-                self.positions[tp] = taken[-1][0] + 1
-        return out
-
-
-class FakeOutput:
-    """The ordered producer as the writes see it: appends at once, acknowledges soon after."""
-
-    def __init__(self, logs: FakeLogs) -> None:
-        self.logs = logs
-        self.sent: list[tuple[str, bytes | None, bytes | None, int | None]] = []
-        self.failed: BaseException | None = None
-
-    def send(self, topic, key, value, partition=None, on_ack=None) -> None:
-        if self.failed is not None:
-            return  # as the ordered producer: nothing is handed over after a failure
-        self.sent.append((topic, key, value, partition))
-        offset = self.logs.append(topic, partition or 0, value, key)
-        if on_ack is not None:
-            asyncio.get_running_loop().call_later(0.002, on_ack, offset)
-
-    def fail(self, topic: str, exc: BaseException) -> None:
-        if self.failed is None:
-            self.failed = exc
-
-
-class FakeStages:
-    """The stages as the driver sees them: a state per partition, restored to the checkpoint
-    its changelog's valid state names (a ``c`` key, value the offset), applying input in order,
-    once, each chunk a write group (its checkpoint) whose output is a line in ``released``."""
-
-    def __init__(self, logs: FakeLogs) -> None:
-        self.logs = logs
-        self.driver: DeliveryDriver | None = None
-        self.builds: dict[tuple[str, int], int] = {}
-        self.states: dict[tuple[str, int], list[Stage]] = {}
-        self.hold_restore = asyncio.Event()
-        self.hold_restore.set()
-        self.hold_input = asyncio.Event()
-        self.hold_input.set()
-        self.released: list[tuple[str, int, int]] = []
-        self.restore_steps = 0
-
-    def changelog_of(self, topic: str) -> str:
-        return f"{topic}-changelog"
-
-    def restorer(self, topic, partition, valid, epoch) -> Generator[None, None, tuple[Any, Any]]:
-        self.builds[(topic, partition)] = self.builds.get((topic, partition), 0) + 1
-        checkpoint = -1
-        for key, value in valid.entries:
-            if split_key(key)[0].endswith(b"\x1fc"):
-                checkpoint = int(value)
-        for _ in range(self.restore_steps):
-            yield
-        state = Stage(checkpoint)
-        state.key_part = owner_key_part(partition, epoch)  # type: ignore[attr-defined]
-        self.states.setdefault((topic, partition), []).append(state)
-        return state, lambda: None
-
-    async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, Any]]) -> None:
-        await self.hold_input.wait()
-        state.process(messages)
-        key = f"{state.key_part}\x1fc".encode()
-        checkpoint = state.checkpoint
-
-        async def release() -> None:
-            self.released.append((topic, partition, checkpoint))
-
-        assert self.driver is not None
-        self.driver.writes.submit(self.changelog_of(topic), partition, [(key, str(checkpoint).encode())], release)
-
-    async def reached(self, point: str) -> None:
-        if point == "restore":
-            await self.hold_restore.wait()
-
-
-def _driver(logs: FakeLogs, stages: FakeStages) -> DeliveryDriver:
-    settings = SimpleNamespace(
-        topics=SimpleNamespace(records=R, partials=P),
-        broker="unused:9092",
-        security=SimpleNamespace(aiokafka_kwargs=dict),
-        chunk_bytes=1_048_576,
-        fetch_wait_ms=10,
-        session_timeout_s=6.0,
-        max_poll_interval_s=300.0,
-        commit_interval_s=0.05,
-        consumer_groups=("g-stage1", "g-stage2"),
-    )
-    driver = DeliveryDriver(
-        settings, stages, output=FakeOutput(logs), new_consumer=lambda **options: FakeConsumer(logs, **options)
-    )
-    driver.RETRY_S = 0.01
-    stages.driver = driver
-    return driver
-
-
 def _four_records_restore_held() -> tuple[FakeLogs, FakeStages]:
     """Records partition 0 holding offsets 0-3, and stages whose restores wait at their
     crash point until the test sets ``hold_restore``."""
@@ -433,7 +176,7 @@ def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_check
     timers: list[bool] = []
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         stages.hold_input.clear()
         driver.start()
         member = await _member(logs, R)
@@ -467,7 +210,7 @@ def test_a_revocation_during_a_restore_installs_nothing_and_the_next_assignment_
     logs, stages = _four_records_restore_held()
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -495,7 +238,7 @@ def test_a_takeover_that_fails_is_retried_and_the_timers_wait_for_it():
     held: list[bool] = []
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -523,7 +266,7 @@ def test_input_fetched_for_a_partition_revoked_meanwhile_is_not_applied():
     stages = SlowStages(logs)
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -549,7 +292,7 @@ def test_a_rebalance_that_leaves_partitions_alone_keeps_their_state_and_their_in
         logs.append(R, 1, b"r")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0, 1])
@@ -583,7 +326,7 @@ def test_a_foreign_takeover_in_its_changelog_fences_the_worker_and_releases_noth
         logs.append(R, 0, b"r")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -614,7 +357,7 @@ def test_a_member_of_a_stale_generation_writes_no_takeover():
     logs.stale_commits = True
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -641,7 +384,7 @@ def test_a_large_restore_yields_to_the_event_loop():
             await asyncio.sleep(0)
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.RESTORE_SLICE_S = 0.0  # yield at every step
         beat = asyncio.get_running_loop().create_task(heartbeat())
         driver.start()
@@ -663,7 +406,7 @@ def test_both_stages_are_fed_by_their_own_route_in_their_own_group(topic):
         logs.append(topic, 3, b"x")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, topic)
         assert member.group_id == ("g-stage1" if topic == R else "g-stage2")
@@ -682,7 +425,7 @@ def test_a_partition_restored_while_its_route_idles_is_followed_at_once():
     stages = FakeStages(logs)
 
     async def run() -> float:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         for route in driver.routes:
             route.IDLE_AFTER_S = 0.0
             route.IDLE_FETCH_WAIT_MS = 5_000
@@ -712,7 +455,7 @@ def test_a_partition_installed_while_its_route_fetches_is_read_without_waiting_o
     logs, stages = _four_records_restore_held()
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         for route in driver.routes:
             route.FETCH_TIMEOUT_MS = 60_000  # only records end a fetch in this test
         driver.start()
@@ -736,7 +479,7 @@ def test_an_idle_route_fetches_with_the_short_wait_while_an_assigned_partition_w
     waits: list[int] = []
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         route = driver.routes[0]
         route.IDLE_AFTER_S = 0.05
         route.IDLE_FETCH_WAIT_MS = 5_000
@@ -766,7 +509,7 @@ def test_a_commit_that_fails_is_said_and_retried_and_the_route_goes_on(caplog):
         logs.append(R, 0, b"r")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         await member.rebalance([0])
@@ -793,7 +536,7 @@ def test_a_commit_the_group_refused_after_a_rebalance_is_one_info_line(caplog):
         async def commit(self, offsets):
             raise CommitFailedError("Commit cannot be completed since the group has already\n rebalanced ...")
 
-    route = _driver(FakeLogs(), FakeStages(FakeLogs())).routes[0]
+    route = fake_driver(FakeLogs(), FakeStages(FakeLogs())).routes[0]
     with caplog.at_level("DEBUG", logger="specmeter.worker"):
         asyncio.run(route._commit_offsets(Refusing(), {(R, 0): 3}))  # noqa: SLF001
     [line] = [r for r in caplog.records if "committing the offsets" in r.getMessage()]
@@ -894,7 +637,7 @@ def test_a_generation_check_that_lands_late_does_not_leave_the_group_lag_behind(
     monkeypatch.setattr(FakeConsumer, "commit", first_commit_held)
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         for route in driver.routes:
             route.COMMIT_TIMEOUT_S = 0.05
         driver.start()
@@ -1009,7 +752,7 @@ def test_a_kept_partition_is_not_fenced_by_a_takeover_of_an_older_rebalance():
         logs.append(R, 0, b"r")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         logs.generation = 7
@@ -1059,7 +802,7 @@ def test_a_group_that_started_again_gets_its_owners_partition_working():
     stages = FakeStages(logs)
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         logs.generation = 1
@@ -1082,7 +825,7 @@ def test_after_a_restart_a_late_record_of_the_old_group_fences_nobody():
     stages = FakeStages(logs)
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         logs.generation = 1
@@ -1113,7 +856,7 @@ def test_a_takeover_record_appended_twice_changes_nothing():
         logs.append(R, 0, b"r")
 
     async def run() -> None:
-        driver = _driver(logs, stages)
+        driver = fake_driver(logs, stages)
         driver.start()
         member = await _member(logs, R)
         logs.generation = 3
@@ -1130,7 +873,7 @@ def test_a_takeover_record_appended_twice_changes_nothing():
     later = FakeStages(logs)
 
     async def next_owner() -> None:
-        driver = _driver(logs, later)
+        driver = fake_driver(logs, later)
         driver.start()
         await _until(lambda: bool(logs.members(R)))
         member = logs.members(R)[-1]

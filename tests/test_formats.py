@@ -98,10 +98,10 @@ def test_a_route_says_its_groups_format_and_stops_the_output_when_refused(caplog
     """The route reads its group's format after each assignment: a change is one INFO line
     (a rolling upgrade's progress); a format it cannot write fails the output (nothing is
     written; the worker stops with the refusal as its reason) and takes no partition."""
-    from .test_delivery import FakeLogs, FakeStages, R, _driver
+    from .support.fake_kafka import FakeLogs, FakeStages, R, fake_driver
 
     logs = FakeLogs()
-    driver = _driver(logs, FakeStages(logs))
+    driver = fake_driver(logs, FakeStages(logs))
     (route,) = (r for r in driver.routes if r.topic == R)
     route.assignor.group_format = 0
     with caplog.at_level("INFO", logger="specmeter.worker"):

@@ -47,7 +47,7 @@ from specmeter.streams.core.ownership import (
 from specmeter.streams.delivery.assignor import Member, sticky_assignment
 from specmeter.streams.delivery.ledger import Ledger
 
-from ..test_delivery import FakeConsumer, FakeLogs, FakeStages, _driver
+from .fake_kafka import FakeConsumer, FakeLogs, FakeStages, fake_driver
 
 R = "records"
 CL = f"{R}-changelog"
@@ -192,7 +192,7 @@ class Worker:
         #: partition -> (its epoch, the confirmation in which it installed the partition)
         self.installed_in: dict[int, tuple[int, tuple[int, int, int]]] = {}
         asyncio.set_event_loop(self.loop)
-        self.driver = _driver(sim.logs, self.stages)
+        self.driver = fake_driver(sim.logs, self.stages)
         self.driver.new_consumer = self._new_consumer
         self.driver.changelogs.new_consumer = self._new_consumer
         self.driver.writes.output = self.output  # type: ignore[assignment]
