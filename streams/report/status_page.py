@@ -77,29 +77,35 @@ def _label_every(count: int) -> int:
     return max(1, math.ceil(count / _MAX_BATCH_LABELS))
 
 
+def _batch_labels(batches: Sequence[BatchMetrics]) -> list[str | None]:
+    """Each batch's name under a per-batch chart, or None: every few batches, counted
+    back from the newest (which is always named), so that the names never crowd."""
+    every = _label_every(len(batches))
+    return [_short(m.batch_id) if (len(batches) - 1 - i) % every == 0 else None for i, m in enumerate(batches)]
+
+
 def _batch_marks(batches: Sequence[BatchMetrics], key: str, what: str, fmt: str) -> list[Mark]:
     """One mark per batch that has ``metrics[key]``, labelled every few batches."""
     having = [m for m in batches if isinstance(m.metrics.get(key), int | float)]
-    every = _label_every(len(having))
     return [
         Mark(
             key=m.batch_id,
             value=m.metrics[key],
-            label=_short(m.batch_id) if (len(having) - 1 - i) % every == 0 else None,
+            label=label,
             title=f"{_batch_name(m)}, revision {m.revision}: {what} {format(m.metrics[key], fmt)}",
             attrs={"run": m.run_id or "", "revision": str(m.revision)},
         )
-        for i, m in enumerate(having)
+        for m, label in zip(having, _batch_labels(having), strict=True)
     ]
 
 
 def _coverage_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
-    every = _label_every(len(batches))
+    """One bar per batch, its partitions reported; an incomplete one styled apart."""
     return [
         Mark(
             key=m.batch_id,
             value=m.partitions_reported,
-            label=_short(m.batch_id) if (len(batches) - 1 - i) % every == 0 else None,
+            label=label,
             title=f"{_batch_name(m)}: {m.partitions_reported} of {m.partitions_expected} partitions, "
             + ("complete" if m.complete else f"incomplete ({m.close_reason})"),
             attrs={
@@ -110,7 +116,7 @@ def _coverage_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
             },
             style="" if m.complete else "incomplete",
         )
-        for i, m in enumerate(batches)
+        for m, label in zip(batches, _batch_labels(batches), strict=True)
     ]
 
 
@@ -122,22 +128,25 @@ def _newest(batches: Sequence[BatchMetrics], has: str | None = None) -> BatchMet
 
 
 def _version_marks(m: BatchMetrics) -> list[Mark]:
+    """A bar per weight version of the batch that has an accept rate."""
     out = []
     for entry in m.by_weight_version or ():
         rate = entry.metrics.get("spec/accept_rate")
-        if not isinstance(rate, int | float):
-            continue
-        name = entry.weight_version if entry.weight_version is not None else "unknown"
-        out.append(
-            Mark(
-                key=entry.weight_version or "",
-                value=rate,
-                label=_short(name, 10),
-                title=f"weight version {name}: accept rate {rate:.4f}",
-                attrs={"known": "true" if entry.weight_version is not None else "false"},
-            )
-        )
+        if isinstance(rate, int | float):
+            out.append(_version_mark(entry.weight_version, rate))
     return out
+
+
+def _version_mark(version: str | None, rate: float) -> Mark:
+    """One weight version's bar; the unknown version (None) named so and marked unknown."""
+    name = version if version is not None else "unknown"
+    return Mark(
+        key=version or "",
+        value=rate,
+        label=_short(name, 10),
+        title=f"weight version {name}: accept rate {rate:.4f}",
+        attrs={"known": "true" if version is not None else "false"},
+    )
 
 
 def _position_marks(m: BatchMetrics) -> list[Mark]:
@@ -391,9 +400,17 @@ def _panels(batches: Sequence[BatchMetrics]) -> list[str]:
 
 
 def _summary(m: BatchMetrics) -> str:
+    """The newest batch's table (``_summary_rows``) as HTML."""
+    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in _summary_rows(m))
+    return f'<table class="summary" id="newest"><caption>Newest batch</caption>{cells}</table>'
+
+
+def _summary_rows(m: BatchMetrics) -> list[tuple[str, str]]:
+    """What the newest batch's table says, row by row (a name, its text); "-" for a ratio
+    the batch has not."""
     rate = m.metrics.get("spec/accept_rate")
     tpv = m.metrics.get("spec/tokens_per_verify")
-    rows = [
+    return [
         ("batch", m.batch_id),
         ("run", m.run_id or "(default)"),
         ("algorithm", m.speculative_algorithm or "unknown"),
@@ -403,8 +420,6 @@ def _summary(m: BatchMetrics) -> str:
         ("accept rate", "-" if rate is None else f"{rate:.4f}"),
         ("tokens / verify step", "-" if tpv is None else f"{tpv:.3f}"),
     ]
-    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
-    return f'<table class="summary" id="newest"><caption>Newest batch</caption>{cells}</table>'
 
 
 _STYLE = """
@@ -433,19 +448,25 @@ def render_page(
 ) -> str:
     """The whole page (HTML with inline SVG) of ``batches``, oldest first, for worker
     ``worker`` (its app id); ``refresh_s`` 0: no refresh."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() if now_s is None else now_s))
-    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s > 0 else ""
-    head = (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{refresh}'
-        f"<title>specmeter: {_esc(worker)}</title><style>{_STYLE}</style></head>\n<body>"
-        f"<h1>specmeter worker {_esc(worker)}</h1>"
-        f'<p class="sub">The newest revision of the last {len(batches)} batches this worker published '
-        f"(its share of the partials partitions), at {_esc(when)}"
-        + (f"; refreshed every {int(refresh_s)} s" if refresh_s > 0 else "")
-        + ". Numbers: /specmeter/stats, /metrics and the metrics topic.</p>\n"
-    )
+    head = _head(len(batches), worker, refresh_s, time.time() if now_s is None else now_s)
     if not batches:
         return head + '<p class="empty" id="no-batches">No batch published by this worker yet.</p></body></html>\n'
     newest = _newest(batches) or batches[-1]
     panels = _panels(batches)
     return head + _summary(newest) + '\n<div class="grid">\n' + "\n".join(panels) + "\n</div></body></html>\n"
+
+
+def _head(count: int, worker: str, refresh_s: int, now_s: float) -> str:
+    """The page up to its content: the document's head (and its refresh, when
+    ``refresh_s`` > 0), the heading and the line that says what the page shows and when."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now_s))
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s > 0 else ""
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{refresh}'
+        f"<title>specmeter: {_esc(worker)}</title><style>{_STYLE}</style></head>\n<body>"
+        f"<h1>specmeter worker {_esc(worker)}</h1>"
+        f'<p class="sub">The newest revision of the last {count} batches this worker published '
+        f"(its share of the partials partitions), at {_esc(when)}"
+        + (f"; refreshed every {int(refresh_s)} s" if refresh_s > 0 else "")
+        + ". Numbers: /specmeter/stats, /metrics and the metrics topic.</p>\n"
+    )
