@@ -65,12 +65,22 @@ class Owned:
     def close(self, outcome: str) -> None:
         """Stop the broker (the worker has stopped); remove the folder, or keep the worker's
         log of a failed demo (``outcome``: ok, interrupted or failed) or of one that keeps its broker."""
-        if self.broker and not self.keep_broker:
+        if self.broker:
+            self._stop_broker()
+        self._remove_folder(outcome)
+
+    def _stop_broker(self) -> None:
+        """The broker the demo started stopped, or with ``--keep-broker`` the command that stops it said."""
+        if not self.keep_broker:
             # a session of its own: a second Ctrl-C stops the demo, not the broker's stop
             subprocess.run([str(BROKER), "stop"], capture_output=True, start_new_session=True)
-        elif self.broker:
-            at = f" at {self.address}" if self.address else ""  # an interrupted start: not known yet
-            click.echo(f"the local broker keeps running{at}; stop it with: {_shown(BROKER)} stop", err=True)
+            return
+        at = f" at {self.address}" if self.address else ""  # an interrupted start: not known yet
+        click.echo(f"the local broker keeps running{at}; stop it with: {_shown(BROKER)} stop", err=True)
+
+    def _remove_folder(self, outcome: str) -> None:
+        """The demo's folder removed, all but a worker's log worth reading (a failed demo's,
+        or one that keeps its broker), whose path is said."""
         keep_log = (outcome == "failed" or self.keep_broker) and self.log.exists() and self.log.stat().st_size
         shutil.rmtree(self.folder / "data" if keep_log else self.folder, ignore_errors=True)
         if keep_log:
@@ -366,15 +376,25 @@ async def _remove_app_state(broker: str, app_id: str) -> tuple[int, int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=broker)
     await admin.start()
     try:
-        topics = sorted(t for t in await admin.list_topics() if _of_app(t, app_id))
-        if topics:
-            await admin.delete_topics(topics)
-        groups = sorted(g[0] for g in await admin.list_consumer_groups() if _of_app(g[0], app_id))
-        for group in groups:
-            await _delete_group(admin, group)
-        return len(topics), len(groups)
+        return await _remove_topics(admin, app_id), await _remove_groups(admin, app_id)
     finally:
         await admin.close()
+
+
+async def _remove_topics(admin, app_id: str) -> int:
+    """Delete ``app_id``'s topics in one request; how many there were."""
+    topics = sorted(t for t in await admin.list_topics() if _of_app(t, app_id))
+    if topics:
+        await admin.delete_topics(topics)
+    return len(topics)
+
+
+async def _remove_groups(admin, app_id: str) -> int:
+    """Delete ``app_id``'s consumer groups, a request each (``_delete_group``); how many there were."""
+    groups = sorted(g[0] for g in await admin.list_consumer_groups() if _of_app(g[0], app_id))
+    for group in groups:
+        await _delete_group(admin, group)
+    return len(groups)
 
 
 async def _delete_group(admin, group: str, tries: int = 20) -> None:

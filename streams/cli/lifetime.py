@@ -124,17 +124,28 @@ class Reaper:
 
 def _reap(groups: list[tuple[int, str]], folders: list[Path]) -> None:
     """End the groups still led by the processes registered, then remove the folders."""
-    live = [pid for pid, ident in groups if ident and identity(pid) == ident]
-    for pid in live:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while (live := [pid for pid in live if identity(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in live:
-        _signal_group(pid, signal.SIGKILL)
+    _end_groups(groups)
     for folder in folders:
         _wait_for_brokers(folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end_groups(groups: list[tuple[int, str]]) -> None:
+    """SIGTERM to each group whose leader is still the process registered (a pid given to
+    another process since is left alone), SIGKILL to those still running after ``GRACE_S``."""
+    live = [pid for pid, ident in groups if ident and identity(pid) == ident]
+    for pid in live:
+        _signal_group(pid, signal.SIGTERM)
+    for pid in _still_running(live, GRACE_S):
+        _signal_group(pid, signal.SIGKILL)
+
+
+def _still_running(pids: list[int], timeout_s: float) -> list[int]:
+    """The processes of ``pids`` that have not ended within ``timeout_s`` (none once all have)."""
+    deadline = time.monotonic() + timeout_s
+    while (pids := [pid for pid in pids if identity(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids
 
 
 def _signal_group(pid: int, signum: int) -> None:
