@@ -131,20 +131,27 @@ class TopicMismatch(TopicProblem):
         named = " and ".join(_have(names, n) for n, names in _by_count(plan.mismatched).items())
         flags = sorted({s.named_by for s in specs if s.name in plan.mismatched})
         own = f"give this worker topics of its own ({', '.join(flags)})"
-        agreed = plan.agreed
-        if agreed is not None:
-            fix = (
-                f"start it with --partitions {agreed} (env SPECMETER_WORKER_PARTITIONS={agreed}), or {own}: "
-                "a topic's partition count is fixed, and the state topics must match it"
-            )
-        else:
-            counts = ", ".join(f"{name}: {n}" for name, n in plan.matched_counts.items())
-            fix = (
-                f"no --partitions fits them all ({counts}): delete the topics whose data may go "
-                f"(kafka-topics.sh --delete), or {own}"
-            )
-        super().__init__(f"the worker runs with --partitions {want} but {named} (nothing was created)", fix)
+        super().__init__(
+            f"the worker runs with --partitions {want} but {named} (nothing was created)", _mismatch_fix(plan, own)
+        )
         self.plan = plan
+
+
+def _mismatch_fix(plan: TopicPlan, own: str) -> str:
+    """What to do about a mismatch: start with the partition count the existing topics
+    agree on, or (when they do not agree) delete some; either way, or use topics of its
+    own (``own`` says how)."""
+    agreed = plan.agreed
+    if agreed is not None:
+        return (
+            f"start it with --partitions {agreed} (env SPECMETER_WORKER_PARTITIONS={agreed}), or {own}: "
+            "a topic's partition count is fixed, and the state topics must match it"
+        )
+    counts = ", ".join(f"{name}: {n}" for name, n in plan.matched_counts.items())
+    return (
+        f"no --partitions fits them all ({counts}): delete the topics whose data may go "
+        f"(kafka-topics.sh --delete), or {own}"
+    )
 
 
 def _by_count(partitions: dict[str, int]) -> dict[int, list[str]]:
@@ -200,16 +207,21 @@ async def check_partials_not_shared(admin: Any, settings: WorkerSettings) -> Non
     """
     from aiokafka.errors import KafkaError
 
-    own = settings.consumer_groups[1]
     try:
-        groups = [g[0] for g in await admin.list_consumer_groups()]
-        others = [g for g in groups if g.endswith("-stage2") and g != own]
-        readers = [g for g in others if await _reads(admin, g, settings.topics.partials)]
+        readers = await _other_stage2_readers(admin, settings.consumer_groups[1], settings.topics.partials)
     except KafkaError as exc:  # not allowed to describe groups: nothing to check with
         log.info("could not check which deployments read %s: %r", settings.topics.partials, exc)
         return
     if readers:
         raise PartialsShared(settings.topics.partials, [g.removesuffix("-stage2") for g in readers], settings.app_id)
+
+
+async def _other_stage2_readers(admin: Any, own: str, topic: str) -> list[str]:
+    """The stage-2 consumer groups other than ``own`` that committed offsets on ``topic``
+    (what the check refuses; asking may raise a KafkaError, which the check forgives)."""
+    groups = [g[0] for g in await admin.list_consumer_groups()]
+    others = [g for g in groups if g.endswith("-stage2") and g != own]
+    return [g for g in others if await _reads(admin, g, topic)]
 
 
 async def _reads(admin: Any, group: str, topic: str) -> bool:
@@ -276,10 +288,16 @@ def deletes_by_retention(configs: dict[str, str]) -> bool:
     return "delete" in policy and (configs.get("retention.ms") != "-1" or configs.get("retention.bytes") != "-1")
 
 
+def _deleting_by_retention(specs: Sequence[TopicSpec], configs: dict[str, dict[str, str]]) -> list[str]:
+    """The names of those of ``specs`` that exist (have ``configs``) and delete messages by
+    retention: what the changelog check refuses and the warning names."""
+    return [s.name for s in specs if s.name in configs and deletes_by_retention(configs[s.name])]
+
+
 def cleanup_warning(specs: Sequence[TopicSpec], configs: dict[str, dict[str, str]]) -> str | None:
     """One line when an existing topic the worker keeps compacted deletes by retention
     (``configs``: each existing topic's ``CLEANUP_CONFIGS``); None when none does."""
-    wrong = [s.name for s in specs if s.compacted and s.name in configs and deletes_by_retention(configs[s.name])]
+    wrong = _deleting_by_retention([s for s in specs if s.compacted], configs)
     if not wrong:
         return None
 
@@ -445,7 +463,7 @@ async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
             exc,
         )
         return
-    deleting = [s.name for s in existing if s.state and s.name in configs and deletes_by_retention(configs[s.name])]
+    deleting = _deleting_by_retention([s for s in existing if s.state], configs)
     if deleting:
         raise ChangelogDeletes(deleting, configs)
     warning = cleanup_warning(existing, configs)
@@ -501,21 +519,29 @@ async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 1
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker, **settings.security.aiokafka_kwargs())
     await admin.start()
     try:
-        view = await describe_cluster(admin, names)
-        plan = plan_topics(specs, view, settings.partitions)
-        if plan.mismatched:
-            raise TopicMismatch(plan, specs)
-        await check_partials_not_shared(admin, settings)
-        existed = [s for s in specs if s.name in view.topics]
-        if plan.create:
-            view = await _create_missing(admin, plan.create, specs, settings, visible_within_s)
-        warning = replication_warning(view, specs)
-        if warning is not None:
-            log.warning(warning)
-        await _check_cleanup(admin, [s for s in existed if s.compacted])
-        return view
+        return await _ensure_with(admin, settings, specs, names, visible_within_s)
     finally:
         await admin.close()
+
+
+async def _ensure_with(
+    admin: Any, settings: WorkerSettings, specs: Sequence[TopicSpec], names: list[str], visible_within_s: float
+) -> ClusterView:
+    """``ensure_topics``' checks and creation, in their order, on a started admin client
+    (which ``ensure_topics`` closes whatever happens here)."""
+    view = await describe_cluster(admin, names)
+    plan = plan_topics(specs, view, settings.partitions)
+    if plan.mismatched:
+        raise TopicMismatch(plan, specs)
+    await check_partials_not_shared(admin, settings)
+    existed = [s for s in specs if s.name in view.topics]
+    if plan.create:
+        view = await _create_missing(admin, plan.create, specs, settings, visible_within_s)
+    warning = replication_warning(view, specs)
+    if warning is not None:
+        log.warning(warning)
+    await _check_cleanup(admin, [s for s in existed if s.compacted])
+    return view
 
 
 async def create_topic(
