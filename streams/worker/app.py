@@ -383,13 +383,23 @@ class StreamShell:
 
     def _tick_timers(self, now_ms: int) -> None:
         """Tick each stage's timers, of the partitions whose timers run (caught up)."""
-        t = self.settings.topics
-        ledger = self.delivery.ledger
+        self._tick_stage1(now_ms)
+        self._tick_stage2(now_ms)
+
+    def _tick_stage1(self, now_ms: int) -> None:
+        """Stage 1's timers (batch timeouts, grace), of the records partitions caught up
+        that have any running."""
+        records = self.settings.topics.records
         for partition, processor in sorted(self.processors.items()):
-            if processor.has_timers and ledger.timers_run(t.records, partition):
+            if processor.has_timers and self.delivery.ledger.timers_run(records, partition):
                 self._submit_stage1(partition, processor.tick(now_ms))
+
+    def _tick_stage2(self, now_ms: int) -> None:
+        """Stage 2's timers (merge timeouts, grace), of the partials partitions caught up
+        that hold a merge."""
+        partials = self.settings.topics.partials
         for partition, merger in sorted(self.mergers.items()):
-            if merger.entries and ledger.timers_run(t.partials, partition):
+            if merger.entries and self.delivery.ledger.timers_run(partials, partition):
                 self._submit_stage2(partition, merger.tick(now_ms))
 
     def _log_waits(self, now_ms: int) -> None:
@@ -485,7 +495,15 @@ def _compactable(
         (batch.closed_at_ms, id(batch), batch)
         for processor in processors
         for batch in processor.batches.values()
-        if batch.closed
+        if _worth_compacting(batch, now_ms, min_age_ms, min_generations)
+    )
+
+
+def _worth_compacting(batch: Any, now_ms: int, min_age_ms: int, min_generations: int) -> bool:
+    """A batch closed ``min_age_ms`` ago or more (its partials and publication out),
+    not compacted yet, holding ``min_generations`` or more (a small one saves too little)."""
+    return (
+        batch.closed
         and not batch.state.compacted
         and now_ms - batch.closed_at_ms >= min_age_ms
         and batch.state.generation_count >= min_generations
