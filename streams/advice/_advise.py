@@ -28,6 +28,18 @@ __all__ = ["advise"]
 
 def _curve(group: Group, histograms: list[list[int] | None], draft_cost: float | None) -> Curve | str:
     """One group's curve, or why it has none."""
+    summed = _summed(histograms)
+    if isinstance(summed, str):
+        return summed
+    points = budget_curve(summed, draft_cost)
+    recommendation = None if draft_cost is None else recommend(points)
+    best = None if recommendation is None else recommendation.budget
+    return Curve(group, summed, points, len(summed) - 1, best, recommendation)
+
+
+def _summed(histograms: list[list[int] | None]) -> list[int] | str:
+    """A group's histograms summed, or why the sum gives no curve (no histogram at all, no
+    verify step, a single bin)."""
     summed = add_histograms(histograms)
     if summed is None:
         return "no acceptance histogram"
@@ -35,10 +47,7 @@ def _curve(group: Group, histograms: list[list[int] | None], draft_cost: float |
         return "no verify step in its histograms"
     if len(summed) < 2:
         return "histograms of one bin (no draft token was ever proposed)"
-    points = budget_curve(summed, draft_cost)
-    recommendation = None if draft_cost is None else recommend(points)
-    best = None if recommendation is None else recommendation.budget
-    return Curve(group, summed, points, len(summed) - 1, best, recommendation)
+    return summed
 
 
 def _run_name(run_id: str | None) -> str:

@@ -14,7 +14,7 @@ from ..errors import SpecmeterError
 from ._budget import BudgetPoint, Recommendation, engine_settings, recommendation_text
 from ._staleness import Staleness
 
-__all__ = ["BREAKDOWNS", "CAVEAT", "Group", "AdviceError", "Curve", "Advice", "advice_json"]
+__all__ = ["BREAKDOWNS", "CAVEAT", "Group", "AdviceError", "Curve", "Advice", "advice_json", "group_label"]
 
 #: what ``by`` may name: the breakdown of a BatchMetrics, and the attribute naming its entries
 BREAKDOWNS = {
@@ -31,6 +31,14 @@ CAVEAT = (
 )
 
 Group = str | int | None
+
+
+def group_label(by: str | None, group: Group) -> str:
+    """A group as the tables, the notes and the plot's series name it: ``all generations``
+    where the advice is not broken down, ``(unknown)`` for the unknown group."""
+    if by is None:
+        return "all generations"
+    return "(unknown)" if group is None else str(group)
 
 
 class AdviceError(SpecmeterError, ValueError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..chart import Line, LinePanel, stacked_svg
 from ._budget import BudgetPoint
-from ._model import Advice, Curve
+from ._model import Advice, Curve, Group, group_label
 from ._staleness import LagPoint
 
 __all__ = ["advice_svg", "advice_panels"]
@@ -46,18 +46,12 @@ def _budget_line(by: str | None, curve: Curve, costed: bool) -> Line:
     points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
     xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
     ring = None if curve.best is None else xy[curve.best]
-    return Line(_series_name(by, curve.group), xy, _series_label(by, curve.group), ring)
+    return Line(group_label(by, curve.group), xy, _series_label(by, curve.group), ring)
 
 
-def _series_name(by: str | None, group: object) -> str:
-    if by is None:
-        return "all generations"
-    return "(unknown)" if group is None else str(group)
-
-
-def _series_label(by: str | None, group: object) -> str:
+def _series_label(by: str | None, group: Group) -> str:
     """A curve's legend label: its task or weight version, ``lag N`` for a draft lag."""
-    name = _series_name(by, group)
+    name = group_label(by, group)
     return f"lag {name}" if by == "draft_lag" else name
 
 

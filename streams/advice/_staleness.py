@@ -71,12 +71,17 @@ def _paired_sums(batches: Iterable[BatchMetrics]) -> dict[int | None, dict[str, 
     entry does not give (or gives as no int) adds nothing."""
     sums: dict[int | None, dict[str, int]] = {}
     for entry in (e for m in batches for e in m.by_draft_lag or ()):
-        total = sums.setdefault(entry.draft_lag, {})
-        for key in _PAIRED:
-            value = entry.metrics.get(f"spec/{key}")
-            if isinstance(value, int):
-                total[key] = total.get(key, 0) + value
+        _add_paired(sums.setdefault(entry.draft_lag, {}), entry.metrics)
     return sums
+
+
+def _add_paired(total: dict[str, int], metrics: dict[str, int | float]) -> None:
+    """One entry's paired totals added into its lag's ``total``; one it does not give as an
+    int (unknown) adds nothing, so a lag sums what was measured."""
+    for key in _PAIRED:
+        value = metrics.get(f"spec/{key}")
+        if isinstance(value, int):
+            total[key] = total.get(key, 0) + value
 
 
 def _lag_point(lag: int | None, t: dict[str, int]) -> LagPoint:
@@ -136,12 +141,21 @@ def staleness_of(batches: list[BatchMetrics], refresh_cost: float | None) -> Sta
     if refresh_cost is None:
         return Staleness(points)
     measured = _measured_from_lag_0(points)
-    known = [t for t in (m.metrics.get("spec/completion_total") for m in batches) if isinstance(t, (int, float))]
     if not measured:
         return Staleness(points, no_refresh="no generation at draft lag 0 with tokens per verify step measured")
-    if not known or sum(known) <= 0:
+    per_update = _tokens_per_update(batches)
+    if per_update is None:
         return Staleness(points, no_refresh="the batches give no spec/completion_total (tokens per update)")
-    return Staleness(points, refresh_interval(measured, sum(known) / len(known), refresh_cost))
+    return Staleness(points, refresh_interval(measured, per_update, refresh_cost))
+
+
+def _tokens_per_update(batches: list[BatchMetrics]) -> float | None:
+    """G, the tokens per policy update: the mean ``spec/completion_total`` of the batches
+    that give one; None where none does, or they sum to nothing (no G to divide by)."""
+    known = [t for t in (m.metrics.get("spec/completion_total") for m in batches) if isinstance(t, (int, float))]
+    if not known or sum(known) <= 0:
+        return None
+    return sum(known) / len(known)
 
 
 def _measured_from_lag_0(points: list[LagPoint]) -> list[float]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import msgspec
 
 from ._budget import SPEEDUP_DECIMALS, BudgetPoint, budgets_text, engine_settings, printed, recommendation_text
-from ._model import CAVEAT, Advice, Curve, Group
-from ._staleness import Staleness
+from ._model import CAVEAT, Advice, Curve, group_label
+from ._staleness import LagPoint, Staleness
 
 __all__ = ["ENGINES", "TextTable", "Verbatim", "advice_notes", "advice_tables"]
 
@@ -42,16 +42,10 @@ class Verbatim(str):
 ENGINES = {"sglang": "SGLang", "vllm": "vLLM", "tensorrt_llm": "TensorRT-LLM"}
 
 
-def _group_label(by: str | None, group: Group) -> str:
-    if by is None:
-        return "all generations"
-    return "(unknown)" if group is None else str(group)
-
-
 def _group_name(advice: Advice, curve: Curve) -> str:
     if advice.by is None:
         return "all generations"
-    return f"{advice.by.replace('_', ' ')} {_group_label(advice.by, curve.group)}"
+    return f"{advice.by.replace('_', ' ')} {group_label(advice.by, curve.group)}"
 
 
 def _table(advice: Advice, curve: Curve) -> TextTable:
@@ -69,20 +63,25 @@ def _table(advice: Advice, curve: Curve) -> TextTable:
 
 
 def _point_cells(curve: Curve, point: BudgetPoint) -> list[str]:
-    """A budget's row: k, tokens per verify step, the speedup if known, and its marks
-    (the recommended budget, those that tie with it, no speculation, the one the fleet ran)."""
+    """A budget's row: k, tokens per verify step, the speedup if known, and its marks."""
+    speedup = [] if point.speedup is None else [f"{printed(point.speedup)}×"]
+    return [str(point.budget), f"{point.tokens_per_verify:.3f}", *speedup, ", ".join(_marks(curve, point.budget))]
+
+
+def _marks(curve: Curve, budget: int) -> list[str]:
+    """What the last column says of a budget: the recommended one, those that tie with it,
+    no speculation, the one the fleet ran."""
     marks = []
     r = curve.recommendation
-    if point.budget == curve.best:
+    if budget == curve.best:
         marks.append("◀ best")
-    elif r is not None and point.budget in r.tied:
+    elif r is not None and budget in r.tied:
         marks.append(f"ties with k={r.budget}")
-    if point.budget == 0:
+    if budget == 0:
         marks.append("no speculation")
-    if point.budget == curve.budget_ran:
+    if budget == curve.budget_ran:
         marks.append("the fleet ran this")
-    speedup = [] if point.speedup is None else [f"{printed(point.speedup)}×"]
-    return [str(point.budget), f"{point.tokens_per_verify:.3f}", *speedup, ", ".join(marks)]
+    return marks
 
 
 def _matrix(advice: Advice) -> TextTable:
@@ -115,7 +114,7 @@ def _matrix_columns(table: TextTable, by: str | None, widest: int, costed: bool)
 def _matrix_row(by: str | None, curve: Curve, widest: int, costed: bool) -> list[str]:
     """A group's row: its name, verify steps, a cell per budget up to the widest (empty
     beyond its data), the budget it ran and, costed, its recommendation."""
-    cells = [_group_label(by, curve.group), f"{curve.verify_steps:,}"]
+    cells = [group_label(by, curve.group), f"{curve.verify_steps:,}"]
     values = [1.0, *[(p.speedup if costed else p.tokens_per_verify) for p in curve.points]]
     cells += [_budget_cell(values, k, costed and k == curve.best) for k in range(widest + 1)]
     cells.append(str(curve.budget_ran))
@@ -150,13 +149,19 @@ def _staleness_table(s: Staleness) -> TextTable:
     for name in ("draft lag", "paired verify steps", "accept rate", "tokens/verify"):
         table.add_column(name, justify="right")
     for p in s.points:
-        table.add_row(
-            "(unknown)" if p.draft_lag is None else str(p.draft_lag),
-            f"{p.verify_steps:,}",
-            "-" if p.accept_rate is None else f"{p.accept_rate:.3f}",
-            "-" if p.tokens_per_verify is None else f"{p.tokens_per_verify:.3f}",
-        )
+        table.add_row(*_lag_cells(p))
     return table
+
+
+def _lag_cells(p: LagPoint) -> list[str]:
+    """A lag's row: the lag, its paired verify steps, its accept rate and tokens per verify
+    step (``-`` where not measured)."""
+    return [
+        "(unknown)" if p.draft_lag is None else str(p.draft_lag),
+        f"{p.verify_steps:,}",
+        "-" if p.accept_rate is None else f"{p.accept_rate:.3f}",
+        "-" if p.tokens_per_verify is None else f"{p.tokens_per_verify:.3f}",
+    ]
 
 
 def advice_tables(advice: Advice) -> list[TextTable]:
@@ -222,17 +227,30 @@ def _recommendation_notes(advice: Advice) -> list[str]:
 
 def _engine_notes(by: str | None, curves: list[Curve]) -> list[str]:
     """The engine settings of each recommended budget, once per budget, naming its groups."""
-    budgets: dict[int, list[str]] = {}
-    for curve in curves:
-        budgets.setdefault(curve.best or 0, []).append(_group_label(by, curve.group))
+    budgets = _groups_by_budget(by, curves)
     kind = "" if by is None else by.replace("_", " ")
     lines: list[str] = []
     for budget in sorted(budgets):
         groups = "" if by is None else f" ({kind} {', '.join(budgets[budget])})"
-        title = "speculation off" if budget == 0 else f"k={budget}"
-        lines.append(f"Engine settings for {title}{groups}, a chain drafter:")
-        lines += [Verbatim(f"  {ENGINES[engine]}: {text}") for engine, text in engine_settings(budget).items()]
+        lines += _engine_lines(budget, groups)
     return lines
+
+
+def _groups_by_budget(by: str | None, curves: list[Curve]) -> dict[int, list[str]]:
+    """Each recommended budget (0: speculation off) and the groups it is recommended for,
+    so that a budget's settings are printed once."""
+    budgets: dict[int, list[str]] = {}
+    for curve in curves:
+        budgets.setdefault(curve.best or 0, []).append(group_label(by, curve.group))
+    return budgets
+
+
+def _engine_lines(budget: int, groups: str) -> list[str]:
+    """One budget's title line (``groups``: whom it is for), then a line per engine, never
+    wrapped (``Verbatim``: a command line to copy)."""
+    title = "speculation off" if budget == 0 else f"k={budget}"
+    lines: list[str] = [f"Engine settings for {title}{groups}, a chain drafter:"]
+    return lines + [Verbatim(f"  {ENGINES[engine]}: {text}") for engine, text in engine_settings(budget).items()]
 
 
 def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[str]:
@@ -263,7 +281,7 @@ def _remarks(by: str | None, curves: list[Curve]) -> tuple[list[str], list[str],
     for curve in curves:
         r = curve.recommendation
         assert r is not None
-        name = _group_label(by, curve.group)
+        name = group_label(by, curve.group)
         if not r.speculate:
             off.append(name)
         if len(r.tied) > 1:
