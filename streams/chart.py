@@ -87,13 +87,19 @@ def _exact(value: float, y_format: str) -> bool:
 def _nice_ceiling(value: float, y_format: str) -> float:
     """The smallest of 1, 2, 3, 4, 5, 6, 8 (times a power of ten) at or above ``value`` (> 0)
     whose quarters the axis' format shows exactly (the ticks), else the smallest of them."""
-    exponent = math.floor(math.log10(value))
-    candidates = [step * 10.0**e for e in (exponent, exponent + 1) for step in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)]
-    above = [c for c in candidates if c >= value * (1 - 1e-12)]
+    above = _round_steps_above(value)
     for ceiling in above:
         if all(_exact(ceiling * i / 4, y_format) for i in range(5)):
             return ceiling
     return above[0]
+
+
+def _round_steps_above(value: float) -> list[float]:
+    """The round numbers (1, 2, 3, 4, 5, 6, 8 times ``value``'s power of ten and the next)
+    at or above ``value`` (> 0), smallest first: the ceilings an axis may top at."""
+    exponent = math.floor(math.log10(value))
+    candidates = [step * 10.0**e for e in (exponent, exponent + 1) for step in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)]
+    return [c for c in candidates if c >= value * (1 - 1e-12)]
 
 
 def _scale_top(marks: Sequence[Mark], y_max: float | None, y_format: str) -> float:
@@ -471,22 +477,28 @@ def _drawn_lines(
     right, area_top = legend_at
     for i, line in enumerate(lines):
         colour = _COLOURS[i % len(_COLOURS)]
-        coords = " ".join(f"{px(x):.2f},{py(y):.2f}" for x, y in line.points)
-        out.append(
-            f'<polyline class="series" data-name="{escape(line.name)}" fill="none" stroke="{colour}" '
-            f'stroke-width="2" points="{coords}"/>'
-        )
-        out += [
-            f'<circle cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" fill="{colour}">'
-            f"<title>{escape(line.name)}: {x:g}, {y:.4g}</title></circle>"
-            for x, y in line.points
-        ]
+        out += _series(line, colour, px, py)
         if line.ring is not None:
             out.append(_ring(line, colour, px(line.ring[0]), py(line.ring[1])))
         out += _legend_entry(line.legend, colour, right, area_top + 14 * i + 6)
     if any(line.ring is not None for line in lines):
         out += _ring_legend(right, area_top + 14 * len(lines) + 6)
     return out
+
+
+def _series(line: Line, colour: str, px: Callable[[float], float], py: Callable[[float], float]) -> list[str]:
+    """One series' polyline and a dot per point in its colour, each dot's tooltip its values."""
+    coords = " ".join(f"{px(x):.2f},{py(y):.2f}" for x, y in line.points)
+    polyline = (
+        f'<polyline class="series" data-name="{escape(line.name)}" fill="none" stroke="{colour}" '
+        f'stroke-width="2" points="{coords}"/>'
+    )
+    dots = [
+        f'<circle cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" fill="{colour}">'
+        f"<title>{escape(line.name)}: {x:g}, {y:.4g}</title></circle>"
+        for x, y in line.points
+    ]
+    return [polyline, *dots]
 
 
 def _ring(line: Line, colour: str, cx: float, cy: float) -> str:
