@@ -69,6 +69,12 @@ def aggregate(
     _feed(aggregator, file, name)
     results = aggregator.results()
     _print_metrics(results, _format(output_format), f"specmeter aggregate {name}: {len(results)} batch(es)")
+    _check_lines(aggregator, name, quiet, strict)
+
+
+def _check_lines(aggregator: OfflineAggregator, name: str, quiet: bool, strict: bool) -> None:
+    """After the output, the bad lines counted (unless ``--quiet``), and the failure they
+    make: no line read at all, or with ``--strict`` any bad one."""
     if aggregator.errors and not quiet:
         click.echo(f"specmeter aggregate: {aggregator.errors} bad line(s) reported above", err=True)
     if aggregator.read == 0:

@@ -272,17 +272,22 @@ def loadgen(
     try:
         _publish(spec, broker, topic, run_id, security, rate, producers, batches, no_progress, summary)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (base.Stopped): what was sent
-        by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
-        click.echo(
-            f"loadgen: {by} after {summary.seconds:.1f}s: {summary.records} records, {summary.invalid} invalid, "
-            f"{summary.markers} markers sent; a batch whose markers were not all sent is closed by the worker's "
-            "--batch-timeout, incomplete",
-            err=True,
-        )
+        _report_interrupted_load(summary, interrupt)
         click.get_current_context().exit(exit_status(interrupt))
     click.echo(
         f"loadgen: {summary.records} records, {summary.invalid} invalid, {summary.markers} markers in "
         f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
+        err=True,
+    )
+
+
+def _report_interrupted_load(summary: Any, interrupt: KeyboardInterrupt) -> None:
+    """Ctrl-C or SIGTERM: what was sent, and how the worker closes a batch left half-sent."""
+    by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+    click.echo(
+        f"loadgen: {by} after {summary.seconds:.1f}s: {summary.records} records, {summary.invalid} invalid, "
+        f"{summary.markers} markers sent; a batch whose markers were not all sent is closed by the worker's "
+        "--batch-timeout, incomplete",
         err=True,
     )
 

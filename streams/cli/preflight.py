@@ -158,6 +158,17 @@ async def check_broker(
             existing = None if records_topic is None else await _topics_seen(admin, records_topic)
         finally:
             await admin.close()
+    _raise_found(broker, planned, records_topic, existing)
+
+
+def _raise_found(
+    broker: str,
+    planned: tuple[TopicPlan, list[TopicSpec]] | None,
+    records_topic: str | None,
+    existing: list[str] | None,
+) -> None:
+    """What ``check_broker`` found, raised once its client is closed: the worker's topics
+    of a shape it cannot use, or a records topic that does not exist."""
     if planned is not None and planned[0].mismatched:
         raise TopicMismatch(*planned)
     if records_topic is not None and existing is not None and records_topic not in existing:

@@ -458,15 +458,7 @@ def task_table(results: list[BatchMetrics], width: int = 80, title: str | None =
     verify step, accept coverage and generation count, and, where there is room, the
     tokens per verify step by draft budget (``1.65 2.07 2.36``, budgets 1, 2, 3 ...).
     None when no batch has a task breakdown."""
-    rows = _task_rows(results)
-    if not rows:
-        return None
-    layout = _TaskLayout(width, rows)
-    budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
-    table = _table(title or "by task", "? unknown task" + budgets)
-    layout.add_columns(table)
-    layout.add_rows(table, rows)
-    return table
+    return _entry_table(_task_rows(results), width, title or "by task", "task", "? unknown task")
 
 
 def _task_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, TaskMetrics]]:
@@ -482,11 +474,19 @@ def draft_lag_table(results: list[BatchMetrics], width: int = 80, title: str | N
     rows: list[tuple[BatchMetrics, Entry]] = [
         (m, e) for m in sorted(results, key=batch_order) for e in (m.by_draft_lag or [])
     ]
+    legend = "lag: policy updates the draft is behind · ? unknown"
+    return _entry_table(rows, width, title or "by draft lag", "lag", legend)
+
+
+def _entry_table(rows: Sequence[tuple[BatchMetrics, Entry]], width: int, title: str, header: str, legend: str) -> Any:
+    """The by-task and by-draft-lag views' one table: a row per batch and entry under
+    ``header``, the caption ``legend`` (and the by-budget column's, where it fits); None
+    for no row."""
     if not rows:
         return None
-    layout = _TaskLayout(width, rows, header="lag")
+    layout = _TaskLayout(width, rows, header=header)
     budgets = " · by budget: with a budget of 1, 2, ... draft tokens" if layout.budget else ""
-    table = _table(title or "by draft lag", "lag: policy updates the draft is behind · ? unknown" + budgets)
+    table = _table(title, legend + budgets)
     layout.add_columns(table)
     layout.add_rows(table, rows)
     return table

@@ -245,14 +245,7 @@ def worker(
     """
     from ..settings import TopicNames, WorkerSettings
 
-    if delivery_timeout is None:
-        delivery_timeout = min(DEFAULTS.delivery_timeout_s, 0.8 * max_poll_interval)
-    if not delivery_timeout < max_poll_interval:
-        raise click.BadParameter(
-            f"{delivery_timeout:g} s is not below --max-poll-interval ({max_poll_interval:g} s): a worker blocked on "
-            "writes would leave its group holding them; lower it or raise --max-poll-interval",
-            param_hint="--delivery-timeout",
-        )
+    delivery_timeout = _delivery_timeout(delivery_timeout, max_poll_interval)
     security = preflight.security_from_env()
     settings = WorkerSettings(
         broker=broker,
@@ -288,3 +281,17 @@ def worker(
     from ..worker.run import run_worker
 
     run_worker(settings)
+
+
+def _delivery_timeout(given: float | None, max_poll_interval: float) -> float:
+    """``--delivery-timeout``, by default the settings' own or 0.8 of the poll interval if
+    less; one not below ``--max-poll-interval`` refused (a worker blocked on writes would
+    leave its group holding them)."""
+    delivery_timeout = min(DEFAULTS.delivery_timeout_s, 0.8 * max_poll_interval) if given is None else given
+    if not delivery_timeout < max_poll_interval:
+        raise click.BadParameter(
+            f"{delivery_timeout:g} s is not below --max-poll-interval ({max_poll_interval:g} s): a worker blocked on "
+            "writes would leave its group holding them; lower it or raise --max-poll-interval",
+            param_hint="--delivery-timeout",
+        )
+    return delivery_timeout
