@@ -104,12 +104,10 @@ class _Drawer:
         threading.Thread(target=self._draw, name="specmeter-fleet-draw", daemon=True).start()
 
     def _draw(self) -> None:
+        """The thread: each event drawn waits for room, and is handed to the loop."""
         try:
             for event in self._events:
-                while not self._room.acquire(timeout=0.1):
-                    if self._stopped.is_set():
-                        return
-                if self._stopped.is_set():
+                if not self._wait_for_room():
                     return
                 self._ready.append(event)
                 self._wake()
@@ -118,6 +116,14 @@ class _Drawer:
         finally:
             self._finished = True
             self._wake()
+
+    def _wait_for_room(self) -> bool:
+        """Wait until fewer than ``ahead`` events wait for the loop; False once the fleet
+        stopped (looked at every 0.1 s: a stop never waits for the loop to take events)."""
+        while not self._room.acquire(timeout=0.1):
+            if self._stopped.is_set():
+                return False
+        return not self._stopped.is_set()
 
     def _wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more

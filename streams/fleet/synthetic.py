@@ -87,14 +87,18 @@ class FleetSpec:
     draft_lags: bool = True
 
     def __post_init__(self) -> None:
+        self._check_algorithm()
         self._check_fleet()
         self._check_rates()
         self._check_names()
 
-    def _check_fleet(self) -> None:
-        """The algorithm, the fleet's sizes and its versions."""
+    def _check_algorithm(self) -> None:
+        """The algorithm the markers name: one the contract knows, or None."""
         if self.algorithm is not None and self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}: choose from {sorted(ALGORITHMS)} or None")
+
+    def _check_fleet(self) -> None:
+        """The fleet's sizes and its versions."""
         if self.producers < 1 or self.batches < 0 or self.sessions_per_batch < 1:
             raise ValueError("producers and sessions_per_batch must be >= 1, batches >= 0")
         if self.stale_versions < 0 or self.draft_refresh_batches < 0 or self.first_version < 0:
