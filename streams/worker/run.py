@@ -55,12 +55,7 @@ def run_worker(settings: WorkerSettings) -> None:
                 )
             super()._schedule_shutdown(signum)
 
-    bound_log_lines()
-    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
-    quiet_rebalance_chatter()
-    _private_data_dir(settings.data_dir)
-    if settings.web_enabled and settings.web_port == 0:  # any free port: say which
-        settings = msgspec.structs.replace(settings, web_port=_free_port(settings.web_host))
+    settings = _prepare_process(settings)
     cluster = asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)
     # a broker away: one warning, not thousands of errors
@@ -73,10 +68,29 @@ def run_worker(settings: WorkerSettings) -> None:
     try:
         worker.execute_from_commandline()
     finally:
-        log.info("stopped%s", f" (on {worker.stopped_by})" if worker.stopped_by else "")
-        if shell.fatal is not None:  # a produce failed for good: say so and exit non-zero
-            print(f"specmeter worker: {shell.fatal}", file=sys.stderr)
-            raise SystemExit(1)
+        _say_stopped(worker.stopped_by, shell.fatal)
+
+
+def _prepare_process(settings: WorkerSettings) -> WorkerSettings:
+    """The process made ready before anything talks to Kafka: its log lines and format,
+    its private data folder, and (``--web-port 0``) a free port, which the returned
+    settings name so that the worker can say where it listens."""
+    bound_log_lines()
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    quiet_rebalance_chatter()
+    _private_data_dir(settings.data_dir)
+    if settings.web_enabled and settings.web_port == 0:  # any free port: say which
+        settings = msgspec.structs.replace(settings, web_port=_free_port(settings.web_host))
+    return settings
+
+
+def _say_stopped(stopped_by: str | None, fatal: str | None) -> None:
+    """The worker's last line (and the signal that stopped it); a produce that failed for
+    good is said on stderr too, and the process exits non-zero."""
+    log.info("stopped%s", f" (on {stopped_by})" if stopped_by else "")
+    if fatal is not None:
+        print(f"specmeter worker: {fatal}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def one_log_format(logger: logging.Logger) -> None:
