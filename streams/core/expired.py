@@ -113,6 +113,11 @@ class GoneIds:
             generation = self._generations[span] = _Generation()
         generation.keys.append(key_number)
         generation.recent.update(hashes)
+        self._settle(span, generation)
+
+    def _settle(self, span: int, generation: _Generation) -> None:
+        """Keep one generation open, the newest: a newer span opens (the one open before
+        is frozen, no id joins it again); an older one is frozen at once."""
         if self._open is None or span > self._open:
             if self._open is not None and self._open in self._generations:
                 self._generations[self._open].freeze()

@@ -241,6 +241,16 @@ def _records_matched(partials: Iterable[PartialAggregate]) -> bool:
     )
 
 
+def _complete(partials: Sequence[PartialAggregate], reported: int, partitions_expected: int) -> bool:
+    """A batch is complete when every expected partition reported, each closed it on
+    markers, and every record the markers count arrived."""
+    return (
+        reported >= partitions_expected
+        and all(p.close_reason == "markers" for p in partials)
+        and _records_matched(partials)
+    )
+
+
 def is_speculative(merged: PartialAggregate) -> bool:
     """Gating (docs/contract.md §3): a marker named an algorithm, or a valid record knew a speculative counter."""
     return bool(merged.speculative_algorithms) or merged.counters_seen
@@ -327,12 +337,20 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
         "spec/sample_count": m.sample_count,
         **_sums_metrics(m, m.unique_generation_count),
     }
+    if m.sample_count > 0 and m.conflicting_generation_count == 0 and m.invalid_record_count == 0:
+        out.update(_legacy_ratios(m))
+    return out
+
+
+def _legacy_ratios(m: PartialAggregate) -> dict[str, float]:
+    """The legacy per-sample aliases (docs/contract.md §3), each only when every sample
+    had its ratio (for a batch with samples, no conflict and no invalid record)."""
     samples = m.sample_count
-    if samples > 0 and m.conflicting_generation_count == 0 and m.invalid_record_count == 0:
-        if m.accept_ratio_samples == samples:
-            out["spec_accept_rate"] = expansion_value(m.accept_ratio_parts) / samples
-        if m.length_ratio_samples == samples:
-            out["spec_accept_length"] = expansion_value(m.length_ratio_parts) / samples
+    out = {}
+    if m.accept_ratio_samples == samples:
+        out["spec_accept_rate"] = expansion_value(m.accept_ratio_parts) / samples
+    if m.length_ratio_samples == samples:
+        out["spec_accept_length"] = expansion_value(m.length_ratio_parts) / samples
     return out
 
 
@@ -395,11 +413,6 @@ def build_batch_metrics(
     speculative = is_speculative(merged)
     histogram = merged.accept_histogram if speculative else None
     reported = len({p.partition for p in partials})
-    complete = (
-        reported >= partitions_expected
-        and all(p.close_reason == "markers" for p in partials)
-        and _records_matched(partials)
-    )
     return BatchMetrics(
         batch_id=merged.batch_id,
         run_id=merged.run_id,
@@ -407,7 +420,7 @@ def build_batch_metrics(
         close_reason=close_reason,
         closed_at=closed_at,
         speculative=speculative,
-        complete=complete,
+        complete=_complete(partials, reported, partitions_expected),
         partitions_reported=reported,
         partitions_expected=partitions_expected,
         record_count=merged.record_count,

@@ -299,17 +299,22 @@ class BatchMerger:
         partitions; forget those published longer ago than grace and the timeout."""
         effects = MergeEffects()
         for entry in list(self.entries.values()):
-            if entry.published_revision < 0 and now_ms - entry.first_seen_ms >= self.batch_timeout_ms:
-                # grace runs from this publication, as stage 1's from a batch's close: a merge
-                # restored after downtime must still take the partials that follow it
-                entry.last_change_ms = now_ms
-                self._publish(entry, effects)
-                self._write(entry, effects)
-            elif (
-                entry.published_revision >= 0 and now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms
-            ):
+            if entry.published_revision < 0:
+                self._publish_if_timed_out(entry, now_ms, effects)
+            elif now_ms - entry.last_change_ms >= self.grace_ms + self.batch_timeout_ms:
                 self._forget(entry, effects)
         return effects
+
+    def _publish_if_timed_out(self, entry: MergeEntry, now_ms: int, effects: MergeEffects) -> None:
+        """A batch never published that waited ``batch_timeout`` since its first partial:
+        published now, incomplete, and its bookkeeping written."""
+        if now_ms - entry.first_seen_ms < self.batch_timeout_ms:
+            return
+        # grace runs from this publication, as stage 1's from a batch's close: a merge
+        # restored after downtime must still take the partials that follow it
+        entry.last_change_ms = now_ms
+        self._publish(entry, effects)
+        self._write(entry, effects)
 
     def _forget(self, entry: MergeEntry, effects: MergeEffects) -> None:
         """Delete a batch's state: the entry first (a crash between leaves partials without

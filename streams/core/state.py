@@ -490,7 +490,6 @@ class BatchState:
         weight_versions, too_many_versions = _breakdown(by_label, 0)
         tasks, too_many_tasks = _breakdown(by_label, 1)
         draft_lags, too_many_draft_lags = _breakdown(by_label, 2)
-        markers = self._markers
         return PartialAggregate(
             batch_id=self.batch_id,
             run_id=self.run_id,
@@ -501,19 +500,10 @@ class BatchState:
             record_count=self.record_count,
             invalid_record_count=self.invalid_record_count,
             late_record_count=self.late_record_count,
-            records_received=dict(self._received),
-            records_sent={p: m.records_sent for p, m in markers.items()},
-            marker_producers=sorted(markers),
-            expected_producers=self.expected_producers,
-            speculative_algorithms=sorted(self._algorithms),
-            counters_seen=self._counters_seen,
+            **self._bookkeeping(),
             occurrence_count=len(self._occurrences),
             conflicting_generation_count=conflicts,
-            sample_count=legacy.sample_count,
-            accept_ratio_samples=legacy.accept_samples,
-            accept_ratio_parts=[p for p in legacy.accept_parts if p],
-            length_ratio_samples=legacy.length_samples,
-            length_ratio_parts=[p for p in legacy.length_parts if p],
+            **_legacy_fields(legacy),
             weight_versions=weight_versions,
             too_many_versions=too_many_versions,
             inconsistent_generation_count=inconsistent_count,
@@ -524,6 +514,32 @@ class BatchState:
             tokens_per_verify_distribution=distribution,
             **totals.fields(unique_generation_count=len(self._values)),
         )
+
+    def _bookkeeping(self) -> dict[str, Any]:
+        """The partial's close bookkeeping (what stage 2 sums or unions as
+        ``merge._merged_bookkeeping``): deliveries received and sent per producer, the
+        markers' producers and count, the algorithms, whether a counter was seen."""
+        markers = self._markers
+        return {
+            "records_received": dict(self._received),
+            "records_sent": {p: m.records_sent for p, m in markers.items()},
+            "marker_producers": sorted(markers),
+            "expected_producers": self.expected_producers,
+            "speculative_algorithms": sorted(self._algorithms),
+            "counters_seen": self._counters_seen,
+        }
+
+
+def _legacy_fields(legacy: _LegacyRatios) -> dict[str, Any]:
+    """A partial's share of the legacy ratios: the samples counted and each ratio's
+    expansion (its zero parts dropped, as ``merge_expansions`` drops them)."""
+    return {
+        "sample_count": legacy.sample_count,
+        "accept_ratio_samples": legacy.accept_samples,
+        "accept_ratio_parts": [p for p in legacy.accept_parts if p],
+        "length_ratio_samples": legacy.length_samples,
+        "length_ratio_parts": [p for p in legacy.length_parts if p],
+    }
 
 
 def _changed_counts(base: tuple, now: tuple) -> dict[str, Any]:
