@@ -290,7 +290,7 @@ class Outages:
             "%s %s: %s; %s keeps retrying, and further errors about it are folded into one line a "
             "minute until it is back",
             self._name(outage),
-            "unavailable" if outage.target in (COORDINATOR, CLUSTER) else "unreachable",
+            _out_word(outage),
             outage.first_error,
             self.who,
         )
@@ -367,7 +367,7 @@ class Outages:
         self._log.warning(
             "%s still %s after %.0f s: %d errors folded since the last line (latest: %s)",
             self._name(o),
-            "unavailable" if o.target in (COORDINATOR, CLUSTER) else "unreachable",
+            _out_word(o),
             now - o.since_s,
             folded,
             last,
@@ -404,7 +404,13 @@ class Outages:
         silent_s = now - o.last_error_s
         if target == COORDINATOR:
             return "back" if silent_s >= self.coordinator_quiet_s else None
-        if silent_s >= self.quiet_s and (target in reachable or o.address is None):
+        return self._endpoint_ended(silent_s, target in reachable or o.address is None)
+
+    def _endpoint_ended(self, silent_s: float, reachable: bool) -> str | None:
+        """``_ended`` for an endpoint (a broker, the cluster): back once silent ``quiet_s``
+        and ``reachable`` (a probe connected, or no address to probe); unused once silent
+        ``forget_silent_s`` whatever a probe says."""
+        if silent_s >= self.quiet_s and reachable:
             return "back"
         return "unused" if silent_s >= self.forget_silent_s else None
 
@@ -417,6 +423,12 @@ class Outages:
                 "outages_total": self.outages_total,
                 "errors_folded_total": self.errors_total,
             }
+
+
+def _out_word(o: Outage) -> str:
+    """How an outage's lines say its target is out: a coordinator or the cluster is
+    ``unavailable`` (moving, loading, or no broker answers), an endpoint ``unreachable``."""
+    return "unavailable" if o.target in (COORDINATOR, CLUSTER) else "unreachable"
 
 
 def _outage_dict(o: Outage, now: float) -> dict[str, Any]:

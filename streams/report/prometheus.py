@@ -450,6 +450,21 @@ def _spread(published: PublishedTotals) -> Iterator[HistogramMetricFamily]:
     ``_retracted`` twin: cumulative over the quarter-token buckets, ``le`` their upper
     edges. No ``_sum`` (a generation's own ratio is not kept, only its bucket), so no
     ``_count`` either: the ``+Inf`` bucket counts the generations."""
+    added, retracted = _spread_families()
+    first = SLOTS.index(next(slot for slot in SLOTS if slot.stem == SPREAD_STEM))
+    for labels, totals in published.totals.items():
+        if first not in totals.present:
+            continue
+        for family, counts in ((added, totals.added), (retracted, totals.retracted)):
+            cumulative = itertools.accumulate(counts[first : first + len(SPREAD_BOUNDS)])
+            family.add_metric(list(labels), list(zip(SPREAD_BOUNDS, cumulative, strict=True)), None)
+    yield added
+    yield retracted
+
+
+def _spread_families() -> tuple[HistogramMetricFamily, HistogramMetricFamily]:
+    """The spread's two histograms (what revisions added, what later ones took back),
+    described and labelled, with no sample yet."""
     names = ["algorithm", "run_id"]
     added = HistogramMetricFamily(
         _SPREAD_HISTOGRAMS[0],
@@ -463,15 +478,7 @@ def _spread(published: PublishedTotals) -> Iterator[HistogramMetricFamily]:
         f"What later revisions took back from {_SPREAD_HISTOGRAMS[0]} (subtract its buckets).",
         labels=names,
     )
-    first = SLOTS.index(next(slot for slot in SLOTS if slot.stem == SPREAD_STEM))
-    for labels, totals in published.totals.items():
-        if first not in totals.present:
-            continue
-        for family, counts in ((added, totals.added), (retracted, totals.retracted)):
-            cumulative = itertools.accumulate(counts[first : first + len(SPREAD_BOUNDS)])
-            family.add_metric(list(labels), list(zip(SPREAD_BOUNDS, cumulative, strict=True)), None)
-    yield added
-    yield retracted
+    return added, retracted
 
 
 def _add_tasks(
