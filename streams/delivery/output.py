@@ -104,6 +104,12 @@ async def _started(producer: Any) -> Any:
     return producer
 
 
+def _aiokafka_producer(**kafka: Any) -> Any:
+    from aiokafka import AIOKafkaProducer
+
+    return AIOKafkaProducer(**kafka)
+
+
 #: called with the offset Kafka gave a message
 OnAck = Callable[[int], None]
 
@@ -111,8 +117,16 @@ OnAck = Callable[[int], None]
 class OrderedProducer:
     """One aiokafka producer fed by one task from one queue (see the module docstring)."""
 
-    def __init__(self, *, on_failed: Callable[[str, BaseException], None], **kafka: Any) -> None:
+    def __init__(
+        self,
+        *,
+        on_failed: Callable[[str, BaseException], None],
+        new_producer: Callable[..., Any] | None = None,
+        **kafka: Any,
+    ) -> None:
         self._kafka = kafka
+        #: options -> the aiokafka producer (the seam a simulation gives its own through)
+        self._new_producer = new_producer or _aiokafka_producer
         self._max_request_size: int = kafka.get("max_request_size", 1_048_576)
         self._on_failed = on_failed
         self._queue: collections.deque[tuple[str, bytes | None, bytes | None, int | None, OnAck | None]] = (
@@ -140,11 +154,9 @@ class OrderedProducer:
         self._progress_at = time.monotonic()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaProducer
-
         self._wake, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
-        producer = await _started(AIOKafkaProducer(**self._kafka))
+        producer = await _started(self._new_producer(**self._kafka))
         self._producer = producer
         self._add = internals.message_appender(producer)
         producer.client.cluster.add_listener(self._forget_partitions)

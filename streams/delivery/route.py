@@ -94,6 +94,45 @@ def _drop_outcome(task: asyncio.Future) -> None:
         task.exception()
 
 
+class Wakeup:
+    """A flag that ends a route's wait for its fetch when set: what an ``asyncio.Event``
+    gives, without a task and a wait of two futures on every fetch (the hot path)."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait_or(self, fetch: asyncio.Future) -> None:
+        """Until the flag is set or ``fetch`` is done (whichever comes first)."""
+        if self._set or fetch.done():
+            return
+        self._waiter = waiter = fetch.get_loop().create_future()
+
+        def done(_: asyncio.Future) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        fetch.add_done_callback(done)
+        try:
+            await waiter
+        finally:
+            fetch.remove_done_callback(done)
+            self._waiter = None
+
+
 class InputRoute:
     """One stage's input: a consumer in the stage's group that reads every owned, restored
     partition of the topic from its checkpoint, and hands what the ledger admits to the stage.
@@ -158,7 +197,7 @@ class InputRoute:
         self.stopping = False
         #: set when the partitions to follow or their states changed (an assignment, a state
         #: installed, a fence): the route follows them at once, even while a fetch waits
-        self.changed = asyncio.Event()
+        self.changed = Wakeup()
 
     async def run(self) -> None:
         """Join the group and read until cancelled; errors are said once and retried."""
@@ -253,11 +292,7 @@ class InputRoute:
         fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=self.FETCH_TIMEOUT_MS))
         try:
             while not fetch.done():
-                changed = asyncio.ensure_future(self.changed.wait())
-                try:
-                    await asyncio.wait((fetch, changed), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    changed.cancel()
+                await self.changed.wait_or(fetch)
                 if self.changed.is_set():
                     self._refollow(consumer)
         except asyncio.CancelledError:  # the route stops: its consumer is stopped next
