@@ -31,9 +31,10 @@ import asyncio
 import random
 import selectors
 from collections import deque
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+
+from aiokafka.errors import KafkaTimeoutError
 
 from specmeter.streams.core.ownership import (
     CLOCK_SKEW_MS,
@@ -46,6 +47,7 @@ from specmeter.streams.core.ownership import (
 )
 from specmeter.streams.delivery.assignor import Member, sticky_assignment
 from specmeter.streams.delivery.ledger import Ledger
+from specmeter.streams.delivery.output import OrderedProducer
 
 from .fake_kafka import FakeConsumer, FakeLogs, FakeStages, fake_driver
 
@@ -103,7 +105,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def run_to(self, when: float) -> None:
         """Run everything due up to ``when`` (virtual seconds)."""
-        self.run_until_complete(asyncio.sleep(max(0.0, when - self.now)))
+        self.call_at(max(when, self.now), self.stop)
+        self.run_forever()
 
 
 class SimConsumer(FakeConsumer):
@@ -118,20 +121,50 @@ class SimConsumer(FakeConsumer):
         #: the rebalance (sequence number) it last joined: its assignor's assignment number
         self.joined_in = -1
         self.lock: asyncio.Lock | None = None
+        #: the fetch waiting for input (ended when a record it follows lands)
+        self.waiting: asyncio.Future | None = None
 
     @property
     def _coordinator(self) -> SimpleNamespace:
         return SimpleNamespace(generation=self.joined[1])
 
     async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
-        """What is fetchable now, else what is after ``timeout_ms`` of virtual time (what lands
-        meanwhile waits for the next fetch: a fetch's wait costs no work)."""
+        """What is fetchable now, else the first that is within ``timeout_ms`` of virtual
+        time: a record landing in a followed partition (or a partition resumed or sought to
+        where records are) ends the wait, as a broker's fetch ends on new input. A fetch that
+        waits costs no work, so the simulation's cost follows its events, not its clock."""
         await asyncio.sleep(0.001)
         out = self._take(tps)
-        if out:
+        if out or timeout_ms <= 0:
             return out
-        await asyncio.sleep(timeout_ms / 1000)
+        loop = asyncio.get_running_loop()
+        self.waiting = waiter = loop.create_future()
+        timer = loop.call_later(timeout_ms / 1000, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiting = None
         return self._take(tps)
+
+    def wake_if_fetchable(self) -> None:
+        """End a waiting fetch when something it follows became fetchable."""
+        if self.waiting is not None and not self.waiting.done() and self._fetchable():
+            self.waiting.set_result(None)
+
+    def _fetchable(self) -> bool:
+        return any(
+            tp not in self.paused and self.logs.end(tp.topic, tp.partition) > position
+            for tp, position in self.positions.items()
+        )
+
+    def resume(self, tp: Any) -> None:
+        super().resume(tp)
+        self.wake_if_fetchable()
+
+    def seek(self, tp: Any, offset: int) -> None:
+        super().seek(tp, offset)
+        self.wake_if_fetchable()
 
     async def commit(self, offsets: dict[Any, int]) -> None:
         from aiokafka.errors import CommitFailedError
@@ -158,21 +191,74 @@ class SimConsumer(FakeConsumer):
             await self.listener.on_partitions_assigned(list(self.positions))
 
 
-class SimOutput:
-    """A worker's producer: what it sends waits until the scheduler lands it in the log."""
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.queue: deque[tuple[str, bytes | None, bytes | None, int, Callable[[int], None] | None]] = deque()
-        self.failed: BaseException | None = None
 
-    def send(self, topic, key, value, partition=None, on_ack=None) -> None:
-        if self.failed is None:
-            self.queue.append((topic, key, value, partition or 0, on_ack))
+class SimLogs(FakeLogs):
+    """The in-memory logs, whose appends end the fetches waiting for them."""
 
-    def fail(self, topic: str, exc: BaseException) -> None:
-        if self.failed is None:
-            self.failed = exc
+    def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
+        offset = super().append(topic, partition, value, key)
+        for consumer in self.consumers:
+            if isinstance(consumer, SimConsumer) and consumer.waiting is not None:
+                consumer.wake_if_fetchable()
+        return offset
+
+
+#: a write handed to Kafka and not landed yet: (topic, partition, key, value, its delivery future)
+InFlight = tuple[str, int, bytes | None, bytes | None, asyncio.Future]
+
+
+class SimProducer:
+    """aiokafka's producer as the worker's ``OrderedProducer`` uses it (the surface
+    ``delivery.internals`` pins): what the ordered producer hands over waits in flight until
+    the scheduler lands it, and its delivery future is answered then (on the worker's loop)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._request_timeout_ms = options.get("request_timeout_ms", 30_000)
+        self._message_accumulator = self
+        self._sender = SimpleNamespace(close=_nothing)
+        self.client = SimpleNamespace(cluster=SimpleNamespace(add_listener=_ignore, remove_listener=_ignore))
+        self.in_flight: deque[InFlight] = deque()
+        #: a stopped worker's producer: nothing it held lands unless the scheduler says so
+        self.closed = False
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.closed = True
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return set(range(PARTITIONS))
+
+    async def add_message(self, tp: Any, key: bytes | None, value: bytes | None, timeout_s: float) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self.in_flight.append((tp.topic, tp.partition, key, value, future))
+        return future
+
+    async def flush(self) -> None:
+        while self.in_flight:
+            await asyncio.sleep(0.05)
+
+
+async def _nothing() -> None:
+    pass
+
+
+def _ignore(*_: Any) -> None:
+    pass
+
+
+def _answer(future: asyncio.Future, offset: int | None, exc: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(SimpleNamespace(offset=offset))
 
 
 class Worker:
@@ -184,7 +270,8 @@ class Worker:
         self.loop.now = sim.now
         self.frozen = False
         self.stages = FakeStages(sim.logs)
-        self.output = SimOutput(self)
+        self.producer: SimProducer | None = None
+        self.output = OrderedProducer(on_failed=_ignore, new_producer=self._new_producer)
         self.member: SimConsumer | None = None
         #: partition -> (the rebalance's sequence number, the group's incarnation, the time) of
         #: its last confirmation that went through
@@ -201,7 +288,7 @@ class Worker:
         self.driver.revoke_wait_s = 15.0
         self.driver.settings.commit_interval_s = 1.0
         for route in self.driver.routes:
-            route.FETCH_TIMEOUT_MS = 500
+            route.FETCH_TIMEOUT_MS = 60000
 
         async def no_watch() -> None:  # the stall watch ticks every 5 ms: no measure here, much work
             pass
@@ -210,6 +297,15 @@ class Worker:
         self._instrument()
         self.loop.run_until_complete(self._start())
 
+    def _new_producer(self, **options: Any) -> SimProducer:
+        self.producer = SimProducer(**options)
+        return self.producer
+
+    @property
+    def in_flight(self) -> deque[InFlight]:
+        """What it handed to Kafka and did not land yet."""
+        return self.producer.in_flight if self.producer is not None else deque()
+
     def _new_consumer(self, **options: Any) -> SimConsumer:
         consumer = SimConsumer(self.sim.logs, self.sim, **options)
         if options.get("group_id") == "g-stage1":
@@ -217,6 +313,7 @@ class Worker:
         return consumer
 
     async def _start(self) -> None:
+        await self.output.start()
         self.driver.start()
         await asyncio.sleep(0.01)
 
@@ -263,14 +360,15 @@ class Worker:
         failed = self.output.failed
         if isinstance(failed, Violation):
             raise failed
-        if isinstance(failed, TimeoutError):
+        if _stops_by_design(failed):
             raise Stopped(repr(failed))
         if failed is not None:
             raise self.sim.violation(f"{self.name} failed: {failed!r}")
 
     def close(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.output.failed = self.output.failed or RuntimeError("closing")  # nothing more lands
+        if self.producer is not None:
+            self.producer.closed = True  # what is in flight lands only as the scheduler's orphans
         for task in asyncio.all_tasks(self.loop):
             task.cancel()
         self.loop.run_until_complete(asyncio.sleep(0))
@@ -285,7 +383,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.tokens = random.Random(~seed)  # takeover tokens: of the seed, apart from the schedule's draws
         self.seed = seed
-        self.logs = FakeLogs()
+        self.logs = SimLogs()
         self.now = 0.0
         self.base_ms = 1_700_000_000_000
         self.incarnation, self.generation, self.seq = 0, 0, 0
@@ -353,23 +451,36 @@ class Simulation:
 
     # -- the steps -------------------------------------------------------------------------
     def run(self, worker: Worker) -> None:
-        """Let a worker run; one that stopped (fail fast) is restarted, a prefix of its writes
-        in flight landing later, and the group rebalances."""
+        """Let a worker run; one that stopped (fail fast) is restarted and the group rebalances."""
         try:
             worker.run()
             if self.failures:
                 raise self.failures[0]
         except Stopped as stopped:
-            queued = list(worker.output.queue)
-            self.orphans.extend(queued[: self.rng.randint(0, len(queued))])
-            self.say(f"{worker.name} stops ({stopped}) and restarts")
-            worker.close()
-            self.workers[self.workers.index(worker)] = Worker(self, worker.name, worker.skew_ms)
+            self.restart(worker, f"stops ({stopped})")
+            self.rebalance()
+
+    def restart(self, worker: Worker, why: str) -> Worker:
+        """A worker gone at whatever await its tasks were parked at: a prefix of what it
+        handed to Kafka lands later (each write's order kept), the rest is lost with it; a
+        new process of the same name starts and joins at the next rebalance."""
+        in_flight = list(worker.in_flight)
+        self.orphans.extend(in_flight[: self.rng.randint(0, len(in_flight))])
+        self.say(f"{worker.name} {why} and restarts")
+        worker.close()
+        new = self.workers[self.workers.index(worker)] = Worker(self, worker.name, worker.skew_ms)
+        return new
+
+    def crash(self, worker: Worker) -> None:
+        """A worker killed between two of its awaits (a crash, an OOM kill, a node lost);
+        its group notices now or at a later rebalance."""
+        self.restart(worker, "is killed")
+        if self.rng.random() < 0.5:
             self.rebalance()
 
     def land_orphan(self) -> None:
         if self.orphans:
-            topic, key, value, partition, _ = self.orphans.popleft()
+            topic, partition, key, value, _ = self.orphans.popleft()
             offset = self.logs.append(topic, partition, value, key)
             self.say(f"  a stopped worker's write lands at {topic}[{partition}]@{offset}")
 
@@ -407,18 +518,38 @@ class Simulation:
             given[self.rng.choice(live).name].append(p)
         return given
 
-    def land(self, worker: Worker) -> None:
-        if not worker.output.queue:
+    def land(self, worker: Worker, *, faults: bool = True) -> None:
+        """One of a worker's writes in flight reaches its partition (in order per partition,
+        the partitions in any order), and its answer goes back: mostly its offset; or, as
+        Kafka can, it lands twice (a retry of a request whose answer was lost) and the answer
+        names the second copy, or it is answered without an offset (aiokafka's duplicate
+        sequence path), or its delivery times out, landed or not."""
+        in_flight = worker.in_flight
+        if not in_flight:
             return
-        topic, key, value, partition, on_ack = worker.output.queue.popleft()
+        topic, partition, key, value, future = _next_of_a_partition(in_flight, self.rng)
+        roll = self.rng.random() if faults else 1.0
+        if roll < 0.005:
+            landed = self.rng.random() < 0.5
+            if landed:
+                self.logs.append(topic, partition, value, key)
+            self.say(f"  {worker.name}'s write to {topic}[{partition}] times out ({'landed' if landed else 'lost'})")
+            worker.loop.call_soon(_answer, future, None, KafkaTimeoutError())
+            return
         offset = self.logs.append(topic, partition, value, key)
-        self.say(f"  {worker.name}'s write lands at {topic}[{partition}]@{offset}: {key!r}")
-        if on_ack is not None:
-            worker.loop.call_soon(on_ack, offset)
+        if roll < 0.02:
+            offset = self.logs.append(topic, partition, value, key)
+            self.say(f"  {worker.name}'s write lands twice at {topic}[{partition}]@{offset - 1},{offset}: {key!r}")
+        elif roll < 0.025:
+            self.say(f"  {worker.name}'s write lands at {topic}[{partition}]@{offset}, answered without its offset")
+            offset = -1
+        else:
+            self.say(f"  {worker.name}'s write lands at {topic}[{partition}]@{offset}: {key!r}")
+        worker.loop.call_soon(_answer, future, offset)
 
     def freeze_mid_takeover(self) -> None:
         """A worker whose takeover record is in flight freezes (it lands while the worker is away)."""
-        taking = [w for w in self.workers if not w.frozen and any(k and is_takeover(k) for _, k, *_ in w.output.queue)]
+        taking = [w for w in self.workers if not w.frozen and any(k and is_takeover(k) for _, _, k, *_ in w.in_flight)]
         if taking:
             worker = self.rng.choice(taking)
             worker.frozen = True
@@ -461,6 +592,8 @@ class Simulation:
             self.logs.append(R, p, b"r")
         elif roll < 0.27:
             self.land_orphan()
+        elif roll < 0.275:
+            self.crash(worker)
         elif roll < 0.6:
             self.land(worker)
         else:
@@ -480,8 +613,8 @@ class Simulation:
             while self.orphans:
                 self.land_orphan()
             for w in list(self.workers):
-                while w.output.queue:
-                    self.land(w)
+                while w.in_flight:
+                    self.land(w, faults=False)
                 self.run(w)
             if self._done():
                 return
@@ -495,7 +628,26 @@ class Simulation:
             states = [w.driver.ledger.following(R).get(p) for w in owners]
             if len(owners) != 1 or states[0] is None or states[0].checkpoint != end - 1:
                 return False
-        return not any(w.output.queue for w in self.workers)
+        return not any(w.in_flight or w.output.pending for w in self.workers)
+
+
+def _next_of_a_partition(in_flight: deque[InFlight], rng: random.Random) -> InFlight:
+    """The oldest write in flight to a partition picked at random among those waiting."""
+    topic, partition = rng.choice(in_flight)[:2]
+    for i, write in enumerate(in_flight):
+        if write[0] == topic and write[1] == partition:
+            del in_flight[i]
+            return write
+    raise AssertionError("unreachable")
+
+
+def _stops_by_design(failed: BaseException | None) -> bool:
+    """A worker's output failed as the protocol says it stops: writes in flight past a
+    revocation's deadline, a write whose delivery timed out, or one answered without its
+    offset (``docs/ownership.md``, rules 9 and 10)."""
+    return isinstance(failed, (TimeoutError, KafkaTimeoutError)) or (
+        isinstance(failed, RuntimeError) and "without its offset" in str(failed)
+    )
 
 
 def _takeover_at(offset: int, key: bytes | None, value: bytes | None, epoch: int) -> Any:
