@@ -115,15 +115,20 @@ def _off_text(r: Recommendation) -> str:
     if best is None:
         return "no budget was measured: turn speculative decoding off"
     if 0 in r.tied and len(r.tied) > 1:
-        others = budgets_text([k for k in r.tied if k])
-        return (
-            f"no budget beats decoding without speculation: {others} only tie it at {printed(r.speedup)}× "
-            "(equal within the printed precision); turn speculative decoding off, which gives the same "
-            "speed without the draft's work and memory"
-        )
+        return _tie_off_text(r)
     return (
         f"no budget beats decoding without speculation (the best, k={best.budget}, gives "
         f"{printed(best.speedup or 0.0)}×): turn speculative decoding off"
+    )
+
+
+def _tie_off_text(r: Recommendation) -> str:
+    """Budgets that only tie budget 0: off all the same, the same speed for no draft."""
+    others = budgets_text([k for k in r.tied if k])
+    return (
+        f"no budget beats decoding without speculation: {others} only tie it at {printed(r.speedup)}× "
+        "(equal within the printed precision); turn speculative decoding off, which gives the same "
+        "speed without the draft's work and memory"
     )
 
 

@@ -227,11 +227,15 @@ class Number(click.FloatRange):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = self._parsed(value, param, ctx)
-        low = self.min is not None and (number <= self.min if self.min_open else number < self.min)
-        high = self.max is not None and (number >= self.max if self.max_open else number > self.max)
-        if low or high:
+        if self._out_of_range(number):
             self.fail(f"{number} is not in the range {self._describe_range()}", param, ctx)
         return number
+
+    def _out_of_range(self, number: float) -> bool:
+        """Whether ``number`` is below the least or above the most, an open bound itself out."""
+        low = self.min is not None and (number <= self.min if self.min_open else number < self.min)
+        high = self.max is not None and (number >= self.max if self.max_open else number > self.max)
+        return low or high
 
     def _parsed(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
         """The value as a finite int or float; a one-line failure otherwise."""

@@ -297,10 +297,22 @@ class _Layout:
         batch_need = _widest(labels, 10)
         drift_need = _widest([drift_text(m.by_weight_version, WHOLE_WIDTH) for m in shown], 10)
         if whole:  # piped: every column as wide as its widest cell, nothing cut
-            self.tasks = _tasks_width(shown, WHOLE_WIDTH)
-            self.positions = _positions_width(shown, WHOLE_WIDTH, drift_need)
-            self.batch, self.drift = batch_need, drift_need
-            return
+            self._whole(shown, batch_need, drift_need)
+        else:
+            self._fitted(shown, labels, room, (batch_need, drift_need), ids)
+
+    def _whole(self, shown: list[BatchMetrics], batch_need: int, drift_need: int) -> None:
+        """Every column as wide as its widest cell (a pipe's ``whole`` table): nothing cut."""
+        self.tasks = _tasks_width(shown, WHOLE_WIDTH)
+        self.positions = _positions_width(shown, WHOLE_WIDTH, drift_need)
+        self.batch, self.drift = batch_need, drift_need
+
+    def _fitted(
+        self, shown: list[BatchMetrics], labels: list[str], room: int, needs: tuple[int, int], ids: bool
+    ) -> None:
+        """The columns in ``room`` (``needs``: the batch labels' and the drift view's whole
+        widths), each giving way in turn; ``ids``: the labels whole all the same."""
+        batch_need, drift_need = needs
         self.tasks = _tasks_width(shown, room - batch_need - drift_need - _GAP)
         room -= _taken(self.tasks)
         self.positions = _positions_width(shown, room - batch_need - _GAP, drift_need)
