@@ -14,7 +14,17 @@ from ..errors import SpecmeterError
 from ._budget import BudgetPoint, Recommendation, engine_settings, recommendation_text
 from ._staleness import Staleness
 
-__all__ = ["BREAKDOWNS", "CAVEAT", "Group", "AdviceError", "Curve", "Advice", "advice_json", "group_label"]
+__all__ = [
+    "BREAKDOWNS",
+    "CAVEAT",
+    "Group",
+    "AdviceError",
+    "Curve",
+    "Advice",
+    "advice_json",
+    "group_label",
+    "shown_value",
+]
 
 #: what ``by`` may name: the breakdown of a BatchMetrics, and the attribute naming its entries
 BREAKDOWNS = {
@@ -31,6 +41,12 @@ CAVEAT = (
 )
 
 Group = str | int | None
+
+
+def shown_value(point: BudgetPoint, costed: bool) -> float | None:
+    """The one number the matrix and the plot show of a budget: its speedup with a draft
+    cost, its tokens per verify step without."""
+    return point.speedup if costed else point.tokens_per_verify
 
 
 def group_label(by: str | None, group: Group) -> str:
@@ -65,6 +81,11 @@ class Curve(msgspec.Struct, frozen=True):
     @property
     def verify_steps(self) -> int:
         return sum(self.histogram)
+
+    def points_from_0(self, costed: bool) -> list[BudgetPoint]:
+        """The points as the tables and the plot show them: budget 0 first (no speculation: 1
+        token per verify step, and where a draft cost gives speedups, a speedup of 1)."""
+        return [BudgetPoint(0, 1.0, 1.0 if costed else None), *self.points]
 
 
 class Advice(msgspec.Struct, frozen=True):

@@ -11,8 +11,7 @@ says ``lag N`` for a draft lag (a bare number said nothing, issue 47.5).
 from __future__ import annotations
 
 from ..chart import Line, LinePanel, stacked_svg
-from ._budget import BudgetPoint
-from ._model import Advice, Curve, Group, group_label
+from ._model import Advice, Curve, Group, group_label, shown_value
 from ._staleness import LagPoint
 
 __all__ = ["advice_svg", "advice_panels"]
@@ -43,8 +42,7 @@ def _budget_panel(advice: Advice) -> list[LinePanel]:
 
 def _budget_line(by: str | None, curve: Curve, costed: bool) -> Line:
     """A group's series, budget 0 first, its recommended budget ringed."""
-    points = [BudgetPoint(0, 1.0, 1.0 if costed else None), *curve.points]
-    xy = [(float(p.budget), (p.speedup if costed else p.tokens_per_verify) or 0.0) for p in points]
+    xy = [(float(p.budget), shown_value(p, costed) or 0.0) for p in curve.points_from_0(costed)]
     ring = None if curve.best is None else xy[curve.best]
     return Line(group_label(by, curve.group), xy, _series_label(by, curve.group), ring)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from ._budget import SPEEDUP_DECIMALS, BudgetPoint, budgets_text, engine_settings, printed, recommendation_text
-from ._model import CAVEAT, Advice, Curve, group_label
+from ._model import CAVEAT, Advice, Curve, group_label, shown_value
 from ._staleness import LagPoint, Staleness
 
 __all__ = ["ENGINES", "TextTable", "Verbatim", "advice_notes", "advice_tables"]
@@ -56,8 +56,7 @@ def _table(advice: Advice, curve: Curve) -> TextTable:
     if advice.draft_cost is not None:
         table.add_column(f"speedup (c={advice.draft_cost:g})", justify="right")
     table.add_column("")
-    speedup = None if advice.draft_cost is None else 1.0
-    for point in [BudgetPoint(0, 1.0, speedup), *curve.points]:
+    for point in curve.points_from_0(advice.draft_cost is not None):
         table.add_row(*_point_cells(curve, point), style="bold" if point.budget == curve.best else None)
     return table
 
@@ -115,7 +114,7 @@ def _matrix_row(by: str | None, curve: Curve, widest: int, costed: bool) -> list
     """A group's row: its name, verify steps, a cell per budget up to the widest (empty
     beyond its data), the budget it ran and, costed, its recommendation."""
     cells = [group_label(by, curve.group), f"{curve.verify_steps:,}"]
-    values = [1.0, *[(p.speedup if costed else p.tokens_per_verify) for p in curve.points]]
+    values = [shown_value(p, costed) for p in curve.points_from_0(costed)]
     cells += [_budget_cell(values, k, costed and k == curve.best) for k in range(widest + 1)]
     cells.append(str(curve.budget_ran))
     return [*cells, _row_recommendation(curve)] if costed else cells
