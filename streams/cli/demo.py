@@ -185,16 +185,23 @@ def _table(results: list, offline: dict):
         "drift",
         "staleness",
     ):
-        table.add_column(
-            column,
-            justify="left" if column in ("batch", "drift", "staleness") else "right",
-            no_wrap=column in ("batch", "drift", "staleness"),
-            overflow="ellipsis",
-            min_width=len(column) if column not in ("batch", "drift") else None,
-        )
+        table.add_column(column, **_column_style(column))
     for m in results:
         table.add_row(*_row(m, offline))
     return table
+
+
+def _column_style(column: str) -> dict[str, Any]:
+    """How a column of the demo's table is drawn: the batch and the two views left and
+    unwrapped, the numbers right; a numeric column (and the staleness view) never narrower
+    than its header."""
+    text = column in ("batch", "drift", "staleness")
+    return {
+        "justify": "left" if text else "right",
+        "no_wrap": text,
+        "overflow": "ellipsis",
+        "min_width": len(column) if column not in ("batch", "drift") else None,
+    }
 
 
 def _row(m, offline: dict) -> list[str]:

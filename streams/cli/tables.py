@@ -527,12 +527,18 @@ def spread_table(results: list[BatchMetrics], title: str | None = None) -> Any:
     if not rows:
         return None
     table = _table(title or "spread of tokens per verify step", "p25/p50/p75: lower edge of the quarter-token bucket")
-    table.add_column("batch", no_wrap=True, overflow="ellipsis")
-    for name in ("gens", "p25", "p50", "p75", "<1.25"):
-        table.add_column(name, justify="right", no_wrap=True)
+    _spread_columns(table)
     for m in rows:
         table.add_row(*_spread_row(m))
     return table
+
+
+def _spread_columns(table: Any) -> None:
+    """The spread's columns: the batch (cut at its end where it must), then its numbers,
+    right-aligned and never wrapped."""
+    table.add_column("batch", no_wrap=True, overflow="ellipsis")
+    for name in ("gens", "p25", "p50", "p75", "<1.25"):
+        table.add_column(name, justify="right", no_wrap=True)
 
 
 def _spread_row(m: BatchMetrics) -> list[str]:
