@@ -31,6 +31,7 @@ import asyncio
 import random
 import selectors
 from collections import deque
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -683,3 +684,88 @@ def run_simulation(seed: int, *, steps: int = 150) -> Simulation:
                 w.close()
         asyncio.set_event_loop(None)
     return sim
+
+
+def shortest_failure(seed: int, steps: int = 150) -> Violation | None:
+    """The violation of the shortest prefix of schedule ``seed`` that still breaks an
+    invariant (its steps, then the quiet group's settling): the trace to read first."""
+    for length in range(1, steps + 1):
+        try:
+            run_simulation(seed, steps=length)
+        except Violation as violation:
+            return violation
+    return None
+
+
+def failures_among(seeds: range) -> list[str]:
+    """The violations of the schedules ``seeds``, each with its seed and its shortest trace."""
+    found = []
+    for seed in seeds:
+        try:
+            run_simulation(seed)
+        except Violation as violation:
+            shortest = shortest_failure(seed)
+            found.append(str(shortest or violation))
+    return found
+
+
+def run_many(
+    schedules: int, *, start: int = 0, jobs: int = 0, progress: Callable[[int, int], None] | None = None
+) -> list[str]:
+    """Schedules ``start`` to ``start + schedules - 1`` over ``jobs`` processes (0: one per
+    core); the violations found, each with its seed and shortest trace."""
+    import multiprocessing
+
+    jobs = jobs or multiprocessing.cpu_count()
+    size = max(1, min(500, schedules // (jobs * 8) or 1))
+    chunks = [range(s, min(s + size, start + schedules)) for s in range(start, start + schedules, size)]
+    found: list[str] = []
+    done = 0
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for violations, chunk in zip(pool.imap(failures_among, chunks), chunks, strict=True):
+            found += violations
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(found))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The long mode: ``python -m tests.support.delivery_sim --schedules 1000000``."""
+    import argparse
+    import json
+    import logging
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.delivery_sim",
+        description="Run the delivery simulation's schedules (one seed, one schedule) and report violations.",
+    )
+    parser.add_argument("--schedules", type=int, default=10_000, help="how many schedules (default 10,000)")
+    parser.add_argument("--start", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--jobs", type=int, default=0, help="processes (default: one per core)")
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between progress lines (default 30)")
+    args = parser.parse_args(argv)
+    logging.disable(logging.CRITICAL)  # the workers say what they do; the violations say what matters
+    began = last = time.monotonic()
+
+    def progress(done: int, violations: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= args.every or done == args.schedules:
+            last = now
+            rate = done / (now - began)
+            print(f"{done:,}/{args.schedules:,} schedules, {violations} violations, {rate:,.0f}/s", file=sys.stderr)
+
+    found = run_many(args.schedules, start=args.start, jobs=args.jobs, progress=progress)
+    elapsed = time.monotonic() - began
+    for violation in found:
+        print(violation, file=sys.stderr)
+    summary = {"schedules": args.schedules, "start": args.start, "violations": len(found), "seconds": round(elapsed, 1)}
+    print(json.dumps(summary))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
