@@ -305,52 +305,67 @@ def _follow_json(follow: Follow) -> int:
     return seen
 
 
+class _Latest:
+    """What the table shows: each batch's newest revision, the batch last updated last, and
+    how many messages came."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str | None, str], BatchMetrics] = {}
+        self.seen = 0
+
+    def keep(self, m: BatchMetrics) -> None:
+        """Count a message; its batch moves to the end, at the newer of the two revisions."""
+        self.seen += 1
+        key = (m.run_id, m.batch_id)
+        previous = self.batches.pop(key, None)
+        self.batches[key] = m if previous is None or m.revision >= previous.revision else previous
+
+
 def _follow_table(follow: Follow, topic: str, rows: int, wide: bool = False) -> int:
+    """The table of the latest batches: live on a terminal; piped, a line per message as it
+    comes, then the final table (a long id or drift view never cut). The count."""
     from rich.console import Console
     from rich.live import Live
 
     console = output_console()  # piped: no line wrapped (ids never cut; --wide: no cell)
     piped = not console.is_terminal
     layout_width = Console().width if piped else console.width  # piped: the columns of COLUMNS (80)
-    latest: dict[tuple[str | None, str], BatchMetrics] = {}
-    seen = 0
-
-    def keep(m: BatchMetrics) -> None:
-        nonlocal seen
-        seen += 1
-        key = (m.run_id, m.batch_id)
-        previous = latest.pop(key, None)
-        latest[key] = m if previous is None or m.revision >= previous.revision else previous
+    latest = _Latest()
 
     def table() -> Any:
         return metrics_table(
-            latest,
+            latest.batches,
             rows,
             layout_width,
-            title=f"specmeter tail {topic}: latest {min(rows, len(latest))} batches",
+            title=f"specmeter tail {topic}: latest {min(rows, len(latest.batches))} batches",
             whole=piped and wide,
             ids=piped,
         )
 
-    if piped:  # a line per message as it comes, then the final table; a long id or drift view never cut
-        printer = RowPrinter(layout_width, whole=wide)
-
-        def line(m: BatchMetrics) -> None:
-            if not seen:
-                print(printer.header())
-            keep(m)
-            print(printer.row(m), flush=True)
-
-        follow(line)
-        print(flush=True)
+    if piped:
+        _print_rows(follow, latest, RowPrinter(layout_width, whole=wide))
         console.print(table())
         sys.stdout.flush()
-        return seen
+        return latest.seen
     with Live(table(), refresh_per_second=4, console=console) as live:
 
         def update(m: BatchMetrics) -> None:
-            keep(m)
+            latest.keep(m)
             live.update(table())
 
         follow(update)
-    return seen
+    return latest.seen
+
+
+def _print_rows(follow: Follow, latest: _Latest, printer: RowPrinter) -> None:
+    """Piped: a line per message as it comes (flushed, the header before the first), kept
+    in ``latest`` for the table that follows, then a blank line."""
+
+    def line(m: BatchMetrics) -> None:
+        if not latest.seen:
+            print(printer.header())
+        latest.keep(m)
+        print(printer.row(m), flush=True)
+
+    follow(line)
+    print(flush=True)
