@@ -438,16 +438,21 @@ async def _create(admin: Any, specs: Sequence[TopicSpec], settings: WorkerSettin
     response = await admin.create_topics(
         [_new_topic(s, settings.replication_factor, settings.max_message_bytes) for s in specs]
     )
-    # aiokafka returns the per-topic errors without raising them
-    for entry in response.to_object()["topic_errors"]:
-        code = entry["error_code"]
-        if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS, another worker was quicker
-            raise _creation_failure(entry["topic"], code, entry.get("error_message"))
+    _raise_refusal(response)
     log.info(
         "created topics: %s (replication factor: %s)",
         ", ".join(f"{s.name}({s.partitions})" for s in specs),
         settings.replication_factor or "the cluster's default",
     )
+
+
+def _raise_refusal(response: Any) -> None:
+    """Raise the first topic a CreateTopics response refused (aiokafka returns the
+    per-topic errors without raising them); one that exists already is no refusal."""
+    for entry in response.to_object()["topic_errors"]:
+        code = entry["error_code"]
+        if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS, another worker was quicker
+            raise _creation_failure(entry["topic"], code, entry.get("error_message"))
 
 
 async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
@@ -537,11 +542,20 @@ async def _ensure_with(
     existed = [s for s in specs if s.name in view.topics]
     if plan.create:
         view = await _create_missing(admin, plan.create, specs, settings, visible_within_s)
+    await _check_durability(admin, view, specs, existed)
+    return view
+
+
+async def _check_durability(
+    admin: Any, view: ClusterView, specs: Sequence[TopicSpec], existed: Sequence[TopicSpec]
+) -> None:
+    """What keeps the topics' data: enough replicas (a warning when not), and the
+    compaction of those that existed before this start (``_check_cleanup``; created ones
+    were created compacted)."""
     warning = replication_warning(view, specs)
     if warning is not None:
         log.warning(warning)
     await _check_cleanup(admin, [s for s in existed if s.compacted])
-    return view
 
 
 async def create_topic(
