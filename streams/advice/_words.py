@@ -88,14 +88,20 @@ def _matrix(advice: Advice) -> TextTable:
     cost (tokens per verify step without), the recommended budget marked per row."""
     costed = advice.draft_cost is not None
     widest = max(c.budget_ran for c in advice.curves)
-    what = f"speedup at c={advice.draft_cost:g}" if costed else "tokens per verify step"
-    by = advice.by.replace("_", " ") if advice.by else "group"
-    marked = ", * the recommended budget" if costed else ""
-    table = TextTable(title=f"{what} by {by} (rows) and budget k (columns){marked}")
+    table = TextTable(title=_matrix_title(advice.by, advice.draft_cost))
     _matrix_columns(table, advice.by, widest, costed)
     for curve in advice.curves:
         table.add_row(*_matrix_row(advice.by, curve, widest, costed))
     return table
+
+
+def _matrix_title(by: str | None, draft_cost: float | None) -> str:
+    """What the matrix's cells are (the speedup at the draft cost, or tokens per verify step),
+    its rows and columns, and with a draft cost what ``*`` marks."""
+    what = "tokens per verify step" if draft_cost is None else f"speedup at c={draft_cost:g}"
+    rows = by.replace("_", " ") if by else "group"
+    marked = "" if draft_cost is None else ", * the recommended budget"
+    return f"{what} by {rows} (rows) and budget k (columns){marked}"
 
 
 def _matrix_columns(table: TextTable, by: str | None, widest: int, costed: bool) -> None:

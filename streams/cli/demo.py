@@ -114,13 +114,19 @@ def _local_broker(owned: Owned) -> tuple[str, bool]:
     running = subprocess.run([str(BROKER), "status"], capture_output=True, text=True)
     if running.returncode == 0:  # someone else's: the demo leaves it alone
         return running.stdout.strip().splitlines()[-1], False
+    return _started_broker(owned), True
+
+
+def _started_broker(owned: Owned) -> str:
+    """The local broker started, the demo's before it answers (an interrupted start stops
+    it too) and tied to the demo's process unless ``--keep-broker``: its address."""
     owned.broker = True
     env = None if owned.keep_broker else tied_to_me()
     with owned.console.status("starting the local Kafka broker (first run downloads its jars with Maven)..."):
         proc = subprocess.run([str(BROKER), "start"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise click.ClickException(f"the local broker did not start:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1], True
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def _check_broker(broker: str) -> None:
@@ -327,6 +333,19 @@ def _run(owned: Owned, run: str, dump: Path, as_json: bool, timeout: float) -> s
     console.print(f"broker: [bold]{broker}[/]")
     _check_broker(broker)
     topics = _demo_topics(broker, run)
+    _start_worker(owned, broker, run, topics)
+    _replay(console, dump, broker, topics.records)
+    expected = _offline(dump)
+    latest, results = _published(console, broker, topics.metrics, expected, timeout)
+    _print_results(results, expected, as_json)
+    _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {owned.log})")
+    console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
+    return topics.metrics
+
+
+def _start_worker(owned: Owned, broker: str, run: str, topics) -> None:
+    """The worker started on the run's topics, in a session of its own (Ctrl-C reaches the
+    demo, which stops it) that the reaper knows of, its output in the log; once it is ready."""
     click.echo(f"worker log: {owned.log}", err=True)  # one line, never wrapped: copy it, tail -f it
     with owned.log.open("wb") as log:
         owned.worker = subprocess.Popen(
@@ -336,15 +355,8 @@ def _run(owned: Owned, run: str, dump: Path, as_json: bool, timeout: float) -> s
             start_new_session=True,
         )
     owned.reaper.group(owned.worker.pid)
-    _await_ready(console, owned.worker, owned.log)
-    console.print(f"worker: ready (app id [bold]{run}[/])")
-    _replay(console, dump, broker, topics.records)
-    expected = _offline(dump)
-    latest, results = _published(console, broker, topics.metrics, expected, timeout)
-    _print_results(results, expected, as_json)
-    _check_results(expected, latest, results, f"within {timeout:.0f}s (log: {owned.log})")
-    console.print("[green]every batch matches `specmeter aggregate` on the same dump[/]")
-    return topics.metrics
+    _await_ready(owned.console, owned.worker, owned.log)
+    owned.console.print(f"worker: ready (app id [bold]{run}[/])")
 
 
 def _shown(path: Path) -> str:
