@@ -68,6 +68,16 @@ def _exit_now(fatal: str) -> None:
     os._exit(1)
 
 
+def _stop_process(fatal: str, limit_s: float) -> None:
+    """Stop this process after a fatal write: a stop that leaves the groups (the other
+    workers take the partitions at once; run_worker exits non-zero), and should it not end
+    within ``limit_s`` (a broker away), the process ends anyway."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = threading.Timer(limit_s, _exit_now, args=(fatal,))
+    deadline.daemon = True  # a stop that ends in time is not held up by it
+    deadline.start()
+
+
 def _rss_bytes() -> int | None:
     """This process's resident memory now (Linux), None elsewhere."""
     try:
@@ -84,8 +94,19 @@ class StreamShell:
     #: after a write failed for good, the graceful stop's limit: the process then ends
     FATAL_STOP_S = 20.0
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        new_consumer: Callable[..., Any] | None = None,
+        new_producer: Callable[..., Any] | None = None,
+    ) -> None:
         self.settings = settings
+        #: the wall clock of the stages (ms), and how a fatal write stops the process: the
+        #: seams a simulation (``tests/support/delivery_sim.py``) gives each worker its own
+        #: clock and its own stop through, as it gives its Kafka clients (the factories)
+        self.now_ms: Callable[[], int] = _now_ms
+        self.stop_process: Callable[[str, float], None] = _stop_process
         self.counters = WorkerCounters()
         self.published = PublishedTotals(  # for /metrics
             forget_after_s=settings.grace_s + settings.batch_timeout_s, max_tasks=settings.max_exported_tasks
@@ -107,6 +128,7 @@ class StreamShell:
         s = settings
         self.output = OrderedProducer(
             on_failed=self._on_failed,
+            new_producer=new_producer,
             bootstrap_servers=s.broker,
             client_id=f"{s.app_id}-output",
             acks="all",
@@ -122,7 +144,7 @@ class StreamShell:
             **s.security.aiokafka_kwargs(),
         )
         #: what is read and applied, taken over, restored and caught up (the rules in ``delivery.ledger``)
-        self.delivery = DeliveryDriver(settings, self, output=self.output)
+        self.delivery = DeliveryDriver(settings, self, output=self.output, new_consumer=new_consumer)
         #: the changelog writes of owned partitions, and the outputs that wait for them
         self.writes = self.delivery.writes
         #: says once in the log what a batch (or a merge) waits for
@@ -180,13 +202,7 @@ class StreamShell:
             f"state and outputs are restored from the changelog"
         )
         log.critical("%s", self.fatal)
-        # a stop that leaves the groups (the other workers take the partitions at once);
-        # run_worker exits non-zero. Nothing is written meanwhile, and should the stop not
-        # end in time (a broker away), the process ends anyway
-        os.kill(os.getpid(), signal.SIGTERM)
-        deadline = threading.Timer(self.FATAL_STOP_S, _exit_now, args=(self.fatal,))
-        deadline.daemon = True  # a stop that ends in time is not held up by it
-        deadline.start()
+        self.stop_process(self.fatal, self.FATAL_STOP_S)  # nothing is written meanwhile
 
     async def flush_output(self) -> None:
         """Wait for every write sent so far (nothing to wait for before the producer started)."""
@@ -232,7 +248,7 @@ class StreamShell:
                 expired_retention_ms=int(s.expired_retention_s * 1000),
                 owner_epoch=epoch,
             )
-            effects = yield from processor.restoring(valid.entries, _now_ms())
+            effects = yield from processor.restoring(valid.entries, self.now_ms())
             effects.changelog.extend((key, None) for key in valid.deletions)
             return processor, lambda: self._submit_stage1(partition, effects, restore=True)
         merger = BatchMerger(
@@ -263,12 +279,12 @@ class StreamShell:
     async def _run_stage1(
         self, processor: PartitionProcessor, partition: int, messages: list[tuple[int, bytes]]
     ) -> None:
-        effects = processor.process(messages, _now_ms())
+        effects = processor.process(messages, self.now_ms())
         await self.reached("stage1-processed")
         self._submit_stage1(partition, effects)
 
     async def _run_stage2(self, merger: BatchMerger, partition: int, messages: list[tuple[int, bytes]]) -> None:
-        effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], _now_ms())
+        effects = merger.process([(offset, decode_partial(value)) for offset, value in messages], self.now_ms())
         await self.reached("stage2-merged")
         self._submit_stage2(partition, effects)
 
@@ -365,7 +381,7 @@ class StreamShell:
         when a write has waited for Kafka past the delivery timeout."""
         if self._delivery_timed_out():
             return
-        now_ms = _now_ms()
+        now_ms = self.now_ms()
         self._tick_timers(now_ms)
         _compact_closed(self.processors.values(), now_ms)
         self.dead_letter_log.tick(time.monotonic())
@@ -415,7 +431,7 @@ class StreamShell:
 
     def waits(self) -> dict[str, list[dict[str, Any]]]:
         """What every open batch and merge of this worker waits for (``/specmeter/stats``)."""
-        now_ms = _now_ms()
+        now_ms = self.now_ms()
         return {
             "batches": [b.as_dict() for b in self._stage1_waits(now_ms)],
             "merges": merge_waits(w for m in self.mergers.values() for w in m.waiting(now_ms)),
