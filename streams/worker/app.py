@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specmeter.producers import KafkaSecurity
 from specmeter.schemas import (
@@ -52,6 +52,9 @@ from ..report.status_page import RecentBatches, render_page
 from ..report.waits import BatchWait, WaitReporter, merge_waits, stage1_waits
 from ..settings import WorkerSettings
 from .faults import CrashPoints, WriteFaults, write_kind
+
+if TYPE_CHECKING:
+    import faust
 
 __all__ = ["build_app", "StreamShell", "listening_hosts", "web_address"]
 
@@ -599,10 +602,27 @@ def boot_strategy() -> type:
 
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     """A configured Faust app and its shell; nothing runs until a Worker starts it."""
-    import faust
-
     internals.check_pins()
     shell = StreamShell(settings)
+    app = _faust_app(settings)
+
+    @app.timer(settings.tick_s)
+    async def tick() -> None:
+        shell.start()  # the routes and takeovers (again, after an error): tasks of the running app's loop
+        shell.on_tick()
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **kwargs: Any) -> None:
+        await shell.close()
+
+    _add_pages(app, shell, settings)
+    return app, shell
+
+
+def _faust_app(settings: WorkerSettings) -> faust.App:
+    """The Faust app of ``settings``: its brokers and security, its web server where it
+    binds, none of Faust's own pages, tables or topic declarations; the worker's boot."""
+    import faust
 
     app = faust.App(
         settings.app_id,
@@ -624,42 +644,43 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         **faust_security_kwargs(settings.security),
     )
     app.boot_strategy = boot_strategy()(app)
+    return app
 
-    @app.timer(settings.tick_s)
-    async def tick() -> None:
-        shell.start()  # the routes and takeovers (again, after an error): tasks of the running app's loop
-        shell.on_tick()
 
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **kwargs: Any) -> None:
-        await shell.close()
+def _stats(shell: StreamShell, settings: WorkerSettings) -> dict[str, Any]:
+    """What ``/specmeter/stats`` answers: the shell's counters, partitions, waits,
+    outages, readiness, delivery and the process's resources, as of now."""
+    return {
+        "counters": shell.counters.as_dict(),
+        "input_offsets_missing": shell.input_offsets_missing,
+        "open_generations": sum(p.open_generations for p in shell.processors.values()),
+        "partitions": sorted(shell.processors),
+        # for lag (log end - checkpoint - 1) and resource figures over time
+        "checkpoints": {str(p): s.checkpoint for p, s in sorted(shell.processors.items())},
+        "rss_bytes": _rss_bytes(),
+        "cpu_seconds": time.process_time(),
+        "producer_pending": shell.output.pending,
+        # open batches and merges, each with what it waits for
+        "waiting": shell.waits(),
+        "outages": shell.outages.as_dict(),
+        # what /specmeter/readyz answers, and how long writes have waited unacknowledged
+        "readiness": shell.readiness().as_dict(),
+        "output_stalled_s": round(shell.output.stalled_s(time.monotonic()), 1),
+        # rebalances: partitions restored from their changelog or kept, the longest a
+        # restore held the event loop, skipped offsets checked and fencings
+        "delivery": shell.delivery_stats(),
+        # where the web server listens, read from its listening sockets (not the settings)
+        "web_listening": [web_address(h, settings.web_port) for h in listening_hosts(settings.web_port)],
+    }
+
+
+def _add_pages(app: faust.App, shell: StreamShell, settings: WorkerSettings) -> None:
+    """The worker's web pages on ``app``: its stats, /metrics, the status page (and its
+    address without the slash), liveness and readiness."""
 
     @app.page("/specmeter/stats")
     async def stats(self: Any, request: Any) -> Any:
-        return self.json(
-            {
-                "counters": shell.counters.as_dict(),
-                "input_offsets_missing": shell.input_offsets_missing,
-                "open_generations": sum(p.open_generations for p in shell.processors.values()),
-                "partitions": sorted(shell.processors),
-                # for lag (log end - checkpoint - 1) and resource figures over time
-                "checkpoints": {str(p): s.checkpoint for p, s in sorted(shell.processors.items())},
-                "rss_bytes": _rss_bytes(),
-                "cpu_seconds": time.process_time(),
-                "producer_pending": shell.output.pending,
-                # open batches and merges, each with what it waits for
-                "waiting": shell.waits(),
-                "outages": shell.outages.as_dict(),
-                # what /specmeter/readyz answers, and how long writes have waited unacknowledged
-                "readiness": shell.readiness().as_dict(),
-                "output_stalled_s": round(shell.output.stalled_s(time.monotonic()), 1),
-                # rebalances: partitions restored from their changelog or kept, the longest a
-                # restore held the event loop, skipped offsets checked and fencings
-                "delivery": shell.delivery_stats(),
-                # where the web server listens, read from its listening sockets (not the settings)
-                "web_listening": [web_address(h, settings.web_port) for h in listening_hosts(settings.web_port)],
-            }
-        )
+        return self.json(_stats(shell, settings))
 
     @app.page("/metrics")
     async def prometheus(self: Any, request: Any) -> Any:
@@ -688,5 +709,3 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         away while the others serve is no reason to take the pod out."""
         readiness = shell.readiness()
         return self.json(readiness.as_dict(), status=200 if readiness.ready else 503)
-
-    return app, shell
