@@ -323,8 +323,8 @@ def _publish(
     ) as progress:
         task = progress.add_task("batches", total=batches)
 
-        def on_event(event) -> None:
-            if event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}"):
+        def on_event(event: FleetEvent) -> None:
+            if _ends_a_batch(event, producers):
                 progress.advance(task)
 
         asyncio.run(
@@ -365,11 +365,16 @@ def _progressed(spec: FleetSpec, what: str, no_progress: bool) -> Iterator[Fleet
     from ..fleet.synthetic import synthetic_fleet
 
     console = Console(stderr=True)
-    last_producer = f"-{spec.producers - 1}"
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=no_progress or not console.is_terminal) as progress:
         task = progress.add_task(f"batches ({what})", total=spec.batches)
         for event in synthetic_fleet(spec):
             yield event
-            if event.kind == "marker" and event.producer_id.endswith(last_producer):
+            if _ends_a_batch(event, spec.producers):
                 progress.advance(task)
+
+
+def _ends_a_batch(event: FleetEvent, producers: int) -> bool:
+    """The last producer's marker: a whole batch sent (the producers' markers close it in
+    their order), a step of either progress bar."""
+    return event.kind == "marker" and event.producer_id.endswith(f"-{producers - 1}")
