@@ -238,22 +238,33 @@ class StreamShell:
         and what to write once it is installed: the stage's restore effects, then the
         deletion of what does not count (``core.ownership``), as one write group whose outputs
         (stage 1: partials again; stage 2: publications again) follow it."""
-        s = self.settings
         if topic == self._records:
-            processor = PartitionProcessor(
-                partition,
-                source_topic=s.topics.records,
-                batch_timeout_ms=int(s.batch_timeout_s * 1000),
-                grace_ms=int(s.grace_s * 1000),
-                max_message_bytes=s.max_message_bytes,
-                max_open_generations=s.max_open_generations,
-                counters=self.counters,
-                expired_retention_ms=int(s.expired_retention_s * 1000),
-                owner_epoch=epoch,
-            )
-            effects = yield from processor.restoring(valid.entries, self.now_ms())
-            effects.changelog.extend((key, None) for key in valid.deletions)
-            return processor, lambda: self._submit_stage1(partition, effects, restore=True)
+            return (yield from self._restore_stage1(partition, valid, epoch))
+        return (yield from self._restore_stage2(partition, valid, epoch))
+
+    def _restore_stage1(self, partition: int, valid: ValidState, epoch: int | None) -> Generator[None, None, Restored]:
+        """A records partition's processor restored (``restorer``); once installed, its
+        restore's write group (partials again after it)."""
+        s = self.settings
+        processor = PartitionProcessor(
+            partition,
+            source_topic=s.topics.records,
+            batch_timeout_ms=int(s.batch_timeout_s * 1000),
+            grace_ms=int(s.grace_s * 1000),
+            max_message_bytes=s.max_message_bytes,
+            max_open_generations=s.max_open_generations,
+            counters=self.counters,
+            expired_retention_ms=int(s.expired_retention_s * 1000),
+            owner_epoch=epoch,
+        )
+        effects = yield from processor.restoring(valid.entries, self.now_ms())
+        effects.changelog.extend((key, None) for key in valid.deletions)
+        return processor, lambda: self._submit_stage1(partition, effects, restore=True)
+
+    def _restore_stage2(self, partition: int, valid: ValidState, epoch: int | None) -> Generator[None, None, Restored]:
+        """A partials partition's merger restored (``restorer``); once installed, its
+        publications seeded into /metrics and its restore's write group (publications again)."""
+        s = self.settings
         merger = BatchMerger(
             partition,
             partitions_expected=s.partitions,
@@ -348,26 +359,30 @@ class StreamShell:
     def _publish(self, effects: MergeEffects, *, repeat: bool = False) -> None:
         for metrics in effects.published:
             self._send_metrics(metrics)
-            if repeat:  # identical repeats after a takeover: a crash may have lost the original
-                continue
-            self.last_published = metrics
-            if metrics.revision == 0:
-                self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
-            self.published.observe(metrics, time.time())  # for /metrics
-            self.recent.observe(metrics)
-            m = metrics.metrics
-            log.info(
-                "published batch=%s run=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
-                "tokens_per_verify=%s",
-                shorten(metrics.batch_id),
-                shorten(metrics.run_id),
-                metrics.revision,
-                metrics.close_reason,
-                metrics.complete,
-                metrics.record_count,
-                m.get("spec/accept_rate"),
-                m.get("spec/tokens_per_verify"),
-            )
+            if not repeat:  # identical repeats after a takeover: a crash may have lost the original
+                self._observe_published(metrics)
+
+    def _observe_published(self, metrics: BatchMetrics) -> None:
+        """A publication (not a repeat) counted where the worker shows it: the close
+        latency (a first revision), /metrics, the status page, and one log line."""
+        self.last_published = metrics
+        if metrics.revision == 0:
+            self.counters.observe_close_latency(max(0.0, time.time() - metrics.closed_at))
+        self.published.observe(metrics, time.time())  # for /metrics
+        self.recent.observe(metrics)
+        m = metrics.metrics
+        log.info(
+            "published batch=%s run=%s revision=%d reason=%s complete=%s records=%d accept_rate=%s "
+            "tokens_per_verify=%s",
+            shorten(metrics.batch_id),
+            shorten(metrics.run_id),
+            metrics.revision,
+            metrics.close_reason,
+            metrics.complete,
+            metrics.record_count,
+            m.get("spec/accept_rate"),
+            m.get("spec/tokens_per_verify"),
+        )
 
     # -- timers and signals --------------------------------------------------------------
     def start(self) -> None:
