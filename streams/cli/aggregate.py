@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import IO, Any
 
@@ -11,7 +10,7 @@ import click
 from specmeter.schemas import encode_metrics
 
 from ..core.offline import LineError, OfflineAggregator
-from .base import Command, CommandFailed, input_name
+from .base import Command, CommandFailed, input_name, reader_left
 
 
 @click.command(cls=Command)
@@ -126,15 +125,7 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
             _print_tables(results, title)
         out.flush()
     except BrokenPipeError:
-        _reader_left()
-
-
-def _reader_left() -> None:
-    """stdout's reader is gone: what is still buffered goes to /dev/null, so Python's flush
-    at exit does not fail on the closed pipe again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+        reader_left()
 
 
 def _json_document(results: list[Any]) -> bytes:

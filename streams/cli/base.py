@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from typing import IO, Any, TypeVar
 
@@ -382,6 +383,19 @@ class Stopped(KeyboardInterrupt):
 def exit_status(interrupt: KeyboardInterrupt) -> int:
     """The shell's exit status for a command ended by Ctrl-C (130) or SIGTERM (143)."""
     return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+def ended_by(interrupt: KeyboardInterrupt) -> str:
+    """What a command's summary says ended it: SIGTERM (``Stopped``) or Ctrl-C."""
+    return "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+
+
+def reader_left() -> None:
+    """stdout's reader is gone (``| head``): what is still buffered goes to /dev/null, so
+    Python's flush at exit does not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:

@@ -13,8 +13,8 @@ from .base import (
     KAFKA_ENV_HELP,
     Command,
     Number,
-    Stopped,
     broker_option,
+    ended_by,
     exit_status,
     folded,
     one_line_errors,
@@ -283,7 +283,7 @@ def loadgen(
 
 def _report_interrupted_load(summary: Any, interrupt: KeyboardInterrupt) -> None:
     """Ctrl-C or SIGTERM: what was sent, and how the worker closes a batch left half-sent."""
-    by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+    by = ended_by(interrupt)
     click.echo(
         f"loadgen: {by} after {summary.seconds:.1f}s: {summary.records} records, {summary.invalid} invalid, "
         f"{summary.markers} markers sent; a batch whose markers were not all sent is closed by the worker's "

@@ -15,8 +15,8 @@ from .base import (
     Command,
     CommandFailed,
     Number,
-    Stopped,
     broker_option,
+    ended_by,
     exit_status,
     folded,
     one_line_errors,
@@ -123,7 +123,7 @@ def _opened(file: str) -> tuple[Any, int | None]:
 
 def _report_interrupted_replay(summary: Any, interrupt: KeyboardInterrupt, shown: int = 5) -> None:
     """Ctrl-C or SIGTERM: what was sent, and which batches the worker will close only by timeout."""
-    by = "stopped by SIGTERM" if isinstance(interrupt, Stopped) else "interrupted"
+    by = ended_by(interrupt)
     click.echo(
         f"specmeter replay: {by} after {summary.seconds:.1f}s: sent {summary.records:,} records, "
         f"{summary.invalid:,} invalid, {summary.markers:,} marker(s) from {summary.producers} producer(s) "

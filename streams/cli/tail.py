@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import time
@@ -24,7 +23,7 @@ from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
 
 from ..readers.topic_lookup import subscribe_existing
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, Stopped, broker_option, one_line_errors
+from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, Stopped, broker_option, one_line_errors, reader_left
 from .tables import RowPrinter, metrics_table, output_console
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
@@ -240,8 +239,7 @@ def run_tail(
     try:
         seen = _follow_json(follow) if as_json else _follow_table(follow, topic, rows, wide)
     except BrokenPipeError:  # the reader left (`| head`): end quietly, as tail does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        reader_left()
         return 0
     if signals:
         raise Stopped(signals[0])
