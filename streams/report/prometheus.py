@@ -55,7 +55,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
-from ..core.counts import CLOSE_LATENCY_BUCKETS
+from ..core.counts import CLOSE_LATENCY_BUCKETS, WorkerCounters
 from ..core.merge import accept_rate_by_position
 from .counters import (
     MAX_EXPORTED_POSITION,
@@ -354,12 +354,7 @@ class WorkerCollector:
             value=sum(p.open_generations for p in shell.processors.values()),
         )
         yield from _partitions(shell)
-        latency = HistogramMetricFamily(
-            "specmeter_batch_close_latency_seconds", "From a batch's close on its partitions to its publication."
-        )
-        buckets = [(str(b), n) for b, n in zip(CLOSE_LATENCY_BUCKETS, c.close_latency_buckets, strict=True)]
-        latency.add_metric([], [*buckets, ("+Inf", c.close_latency_count)], c.close_latency_sum)
-        yield latency
+        yield _close_latency(c)
 
     @staticmethod
     def _published(published: PublishedTotals) -> Iterator[Any]:
@@ -442,6 +437,16 @@ def _add_slots(
         values = [*labels, *([slot.value] if slot.value is not None else [])]
         added.add_metric(values, totals.added[i])
         retracted.add_metric(values, totals.retracted[i])
+
+
+def _close_latency(c: WorkerCounters) -> HistogramMetricFamily:
+    """The histogram of close latencies the worker's counters keep (``CLOSE_LATENCY_BUCKETS``)."""
+    latency = HistogramMetricFamily(
+        "specmeter_batch_close_latency_seconds", "From a batch's close on its partitions to its publication."
+    )
+    buckets = [(str(b), n) for b, n in zip(CLOSE_LATENCY_BUCKETS, c.close_latency_buckets, strict=True)]
+    latency.add_metric([], [*buckets, ("+Inf", c.close_latency_count)], c.close_latency_sum)
+    return latency
 
 
 def _spread(published: PublishedTotals) -> Iterator[HistogramMetricFamily]:
