@@ -10,7 +10,6 @@ it ends, at a limit, Ctrl-C or SIGTERM; a terminal gets the table live
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 import time
@@ -23,7 +22,17 @@ from specmeter.schemas import BatchMetrics, decode_metrics, encode_metrics
 
 from ..readers.topic_lookup import subscribe_existing
 from . import preflight
-from .base import DEFAULTS, KAFKA_ENV_HELP, Command, Number, Stopped, broker_option, one_line_errors, reader_left
+from .base import (
+    DEFAULTS,
+    KAFKA_ENV_HELP,
+    Command,
+    Number,
+    Stopped,
+    broker_option,
+    folded,
+    one_line_errors,
+    reader_left,
+)
 from .tables import RowPrinter, metrics_table, output_console
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
@@ -255,34 +264,13 @@ def _follower(broker: str, topic: str, signals: list[int], **options: Any) -> Fo
 
     def follow(on_metrics: Callable[[BatchMetrics], None]) -> None:
         async def until_stopped() -> None:
-            loop = asyncio.get_running_loop()
-            task = asyncio.current_task()
-            assert task is not None
-
-            def stop() -> None:
-                signals.append(signal.SIGTERM)
-                task.cancel()
-
-            with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loops
-                loop.add_signal_handler(signal.SIGTERM, stop)
-            try:
-                await follow_metrics(broker, topic, on_metrics, **options)
-            except asyncio.CancelledError:
-                if not signals:  # Ctrl-C: asyncio.run raises KeyboardInterrupt once the task is cancelled
-                    raise
-                task.uncancel()  # SIGTERM ends it as a limit does
-            finally:
-                with contextlib.suppress(NotImplementedError):
-                    loop.remove_signal_handler(signal.SIGTERM)
-
-        async def folded() -> None:
-            from ..report.outages import folded_outages
-
-            async with folded_outages("tail"):
-                await until_stopped()
+            try:  # aiokafka's outage lines folded, SIGTERM raised as Stopped (``base.folded``)
+                await folded("tail", follow_metrics(broker, topic, on_metrics, **options))
+            except Stopped as stopped:  # SIGTERM ends it as a limit does
+                signals.append(stopped.signum)
 
         try:
-            asyncio.run(folded())
+            asyncio.run(until_stopped())
         except KeyboardInterrupt:  # Ctrl-C is how a tail ends
             signals.append(signal.SIGINT)
 
