@@ -290,14 +290,19 @@ def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
     present = set(_ALWAYS)
     for i, (_, source, _) in enumerate(PUBLISHED_QUANTITIES):
         out[i] = _quantity(metrics, source)
-    histogram = metrics.accept_histogram if metrics.speculative else None
-    if histogram:
-        _add_positions(out, present, histogram)
     if metrics.speculative:
-        _add_ages(out, present, _age_shares(metrics))
-        _add_lags(out, present, _lag_shares(metrics))
-        _add_spread(out, present, metrics.tokens_per_verify_distribution)
+        _add_speculative(out, present, metrics)
     return tuple(out), frozenset(present)
+
+
+def _add_speculative(out: list[int], present: set[int], metrics: Any) -> None:
+    """The slots only a speculative batch fills: the positions its histogram reached
+    (where it has one), its version ages' and draft lags' paired sums, its spread."""
+    if metrics.accept_histogram:
+        _add_positions(out, present, metrics.accept_histogram)
+    _add_ages(out, present, _age_shares(metrics))
+    _add_lags(out, present, _lag_shares(metrics))
+    _add_spread(out, present, metrics.tokens_per_verify_distribution)
 
 
 def draft_lag_label(lag: int | None) -> str:
