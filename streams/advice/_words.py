@@ -42,6 +42,12 @@ class Verbatim(str):
 ENGINES = {"sglang": "SGLang", "vllm": "vLLM", "tensorrt_llm": "TensorRT-LLM"}
 
 
+def _in_words(by: str | None, none: str) -> str:
+    """A breakdown as the text names it (``weight_version``: weight version), ``none``
+    where the advice is not broken down."""
+    return by.replace("_", " ") if by else none
+
+
 def _group_name(advice: Advice, curve: Curve) -> str:
     if advice.by is None:
         return "all generations"
@@ -99,7 +105,7 @@ def _matrix_title(by: str | None, draft_cost: float | None) -> str:
     """What the matrix's cells are (the speedup at the draft cost, or tokens per verify step),
     its rows and columns, and with a draft cost what ``*`` marks."""
     what = "tokens per verify step" if draft_cost is None else f"speedup at c={draft_cost:g}"
-    rows = by.replace("_", " ") if by else "group"
+    rows = _in_words(by, "group")
     marked = "" if draft_cost is None else ", * the recommended budget"
     return f"{what} by {rows} (rows) and budget k (columns){marked}"
 
@@ -107,7 +113,7 @@ def _matrix_title(by: str | None, draft_cost: float | None) -> str:
 def _matrix_columns(table: TextTable, by: str | None, widest: int, costed: bool) -> None:
     """The group, its verify steps, a column per budget 0 .. ``widest``, the budget it ran,
     and with a draft cost the recommendation."""
-    table.add_column((by or "group").replace("_", " "), justify="left")
+    table.add_column(_in_words(by, "group"), justify="left")
     table.add_column("verify steps", justify="right")
     for k in range(widest + 1):
         table.add_column(f"k={k}", justify="right")
@@ -233,7 +239,7 @@ def _recommendation_notes(advice: Advice) -> list[str]:
 def _engine_notes(by: str | None, curves: list[Curve]) -> list[str]:
     """The engine settings of each recommended budget, once per budget, naming its groups."""
     budgets = _groups_by_budget(by, curves)
-    kind = "" if by is None else by.replace("_", " ")
+    kind = _in_words(by, "")
     lines: list[str] = []
     for budget in sorted(budgets):
         groups = "" if by is None else f" ({kind} {', '.join(budgets[budget])})"
@@ -260,7 +266,7 @@ def _engine_lines(budget: int, groups: str) -> list[str]:
 
 def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[str]:
     """What the matrix's recommended column abbreviates, one line per kind of remark."""
-    kind = (advice.by or "group").replace("_", " ")
+    kind = _in_words(advice.by, "group")
     off, ties, edges = _remarks(advice.by, curves)
     lines = []
     if off:
@@ -336,7 +342,7 @@ def _verify_steps_text(value: float) -> str:
 
 def _skipped_notes(advice: Advice) -> list[str]:
     """A line per group without a curve, and why."""
-    kind = advice.by.replace("_", " ") if advice.by else "it"
+    kind = _in_words(advice.by, "it")
     return [
         f"no curve for {kind} {'(unknown)' if group is None else group}: {reason}" for group, reason in advice.skipped
     ]
