@@ -1,60 +1,114 @@
-"""A deterministic simulation of the worker's delivery layer (issue 43, point 1: a first slice).
+"""A deterministic simulation of the worker (issue 43): its own delivery layer, stages and
+ordered producer, for three workers over an in-memory Kafka that behaves like Kafka where
+the ownership protocol cares.
 
-The worker's own ``DeliveryDriver`` (its routes, the kept and restore paths, ``OwnedWrites``,
-``ChangelogView``) runs for three workers over the in-memory Kafka of ``tests/test_delivery.py``:
-one records topic of two partitions and its changelog, a group coordinator with generations
-(and group restarts: the group deleted, its generations starting again at 1), members
-expired while frozen (their commits refused, their fetches and writes going on), writes in
-flight that land one at a time whenever the scheduler says (a frozen worker's too),
-compaction of the changelog at any step, and takeover records appended twice.
+Two kinds of schedule share the scheduler:
+
+* **the worker's own stages** (``real=True``): each worker is the worker's ``StreamShell``
+  (``worker/app.py``: both stage cores, stage 2 merging the partials stage 1 publishes, the
+  ordered producer, the delivery driver), built through its seams (the Kafka clients'
+  factories, its wall clock, its stop). A seeded fleet's records and markers go to the
+  records topic as the producers' library would place them; both stages' groups rebalance.
+* **checkpoint-only stages** (``tests/support/fake_kafka.FakeStages``): the driver alone,
+  cheaper, so that more schedules reach the ownership protocol's corners.
+
+The in-memory Kafka: partition logs with offsets; compaction at any step (the latest
+record per key, tombstones kept); a coordinator per consumer group with the classic
+protocol's generations, the project's own sticky assignor (or another leader's mind), members
+expired while frozen (their commits refused, their fetches and writes going on), groups
+deleted and started again (generations from 1); fetches that end on input; writes in flight
+that land whenever the scheduler says, in order per partition, from frozen and dead workers
+too, sometimes twice, answered without an offset, or timed out (landed or not); takeover
+records appended twice. Workers freeze, wake, stop as designed (fail fast) and are killed
+between any two awaits, and restart.
 
 Each worker runs on an event loop of its own whose clock is virtual (``VirtualLoop``: it
 jumps to the next timer when nothing is ready), advanced to the simulation's time only when
-the scheduler lets it run: a frozen worker does nothing and wakes with its timers due. Its
-wall clock is the simulation's time plus a skew of its own (``DeliveryDriver.wall_ms``, the
-seam). One seed is one schedule, and replays exactly.
+the scheduler lets it run. Its wall clock is the simulation's time plus a skew of its own
+(up to ±20 s; a restarted group's takeovers are judged past the 60 s bound). One seed is one
+schedule, and replays exactly.
 
-The invariants, checked where they happen (a violation raised inside a worker's task fails
-the output, and the scheduler raises it):
+The invariants, checked where they happen (a violation inside a worker's task fails its
+output, and the scheduler raises it):
 
 * **no stray fence**: a worker is fenced only by a takeover confirmed in a rebalance not
-  older than the one in which it last installed the partition (kept or restored);
-* **a restore never goes back**: once the schedule settles, each changelog partition's
-  valid checkpoint is not below any checkpoint whose outputs were released;
-* **liveness**: once the group is quiet, every partition is restored and read to the end
-  of its input within a bound (past the 60 s clock-skew bound of a restarted group).
+  older than the one in which it last installed the partition (kept or restored), or by one
+  of an older group incarnation within the clock-skew bound;
+* **a restore never goes back**: a current owner installs no checkpoint below one whose
+  outputs were released; once settled, each changelog's valid checkpoint is not below them;
+* **one content per (batch, revision)** on the metrics topic, checked as each lands;
+* **exact and nothing lost**: once settled, every batch's latest metrics equal what the
+  offline core computes from the same records (a worker that never stopped), and every
+  record is counted once;
+* **liveness**: once the group is quiet, every partition of both stages is restored and read
+  to the end of its input, and every batch published, within a bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import selectors
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 from aiokafka.errors import KafkaTimeoutError
 
+from specmeter.schemas import BatchMarker, GenerationRecord, decode_dead_letter, decode_metrics, encode_records_message
+from specmeter.streams.core.layout import changelog_topics, decode_checkpoint, decode_stage2_checkpoint
 from specmeter.streams.core.ownership import (
     CLOCK_SKEW_MS,
     ChangelogView,
     confirmation_of,
     is_confirmation,
     is_takeover,
-    split_key,
     takeover_of,
 )
 from specmeter.streams.delivery.assignor import Member, sticky_assignment
 from specmeter.streams.delivery.ledger import Ledger
 from specmeter.streams.delivery.output import OrderedProducer
+from specmeter.streams.settings import WorkerSettings
+from specmeter.streams.worker.app import StreamShell
 
 from .fake_kafka import FakeConsumer, FakeLogs, FakeStages, fake_driver
 
 R = "records"
 CL = f"{R}-changelog"
 PARTITIONS = 2
+#: the deployment the worker's own stages run as
+SETTINGS = WorkerSettings(
+    broker="simulated:9092",
+    app_id="sim",
+    partitions=PARTITIONS,
+    tick_s=5.0,  # timers tick rarely: batches close on their markers, the grace never ends
+    batch_timeout_s=1e6,
+    grace_s=1e6,
+    session_timeout_s=30.0,
+    commit_interval_s=1.0,
+    web_enabled=False,
+)
+
+
+@dataclass
+class Group:
+    """A consumer group as its coordinator keeps it: its input topic, its incarnation (a
+    group deleted when empty starts its generations again at 1), its generation, and how
+    many rebalances of it the schedule had (the assignor's assignment number)."""
+
+    topic: str
+    group_id: str
+    incarnation: int = 0
+    generation: int = 0
+    seq: int = 0
+
+    @property
+    def joined(self) -> tuple[int, int]:
+        return self.incarnation, self.generation
 
 
 class Violation(AssertionError):
@@ -170,7 +224,8 @@ class SimConsumer(FakeConsumer):
     async def commit(self, offsets: dict[Any, int]) -> None:
         from aiokafka.errors import CommitFailedError
 
-        if self.group_id and self.joined != (self.sim.incarnation, self.sim.generation):
+        group = self.sim.group_of.get(self.group_id or "")
+        if group is not None and self.joined != group.joined:
             raise CommitFailedError("the group rebalanced (a stale generation)")
         await super().commit(offsets)
 
@@ -186,7 +241,7 @@ class SimConsumer(FakeConsumer):
             if self.latest != joined:
                 return  # a newer rebalance came meanwhile: it is the one this member joins
             await self.listener.on_partitions_revoked(list(self.positions))
-            self.joined, self.joined_in = joined, self.sim.seq
+            self.joined, self.joined_in = joined, self.sim.group_of[self.group_id].seq
             self.positions = {TP(self.topics[0], p): 0 for p in partitions}
             self.paused = set()
             await self.listener.on_partitions_assigned(list(self.positions))
@@ -263,31 +318,27 @@ def _answer(future: asyncio.Future, offset: int | None, exc: BaseException | Non
 
 
 class Worker:
-    """One worker: its loop, its driver over the shared logs, its clock skew."""
+    """One worker: its loop, its stages and driver over the shared logs, its clock skew."""
 
     def __init__(self, sim: Simulation, name: str, skew_ms: int) -> None:
         self.sim, self.name, self.skew_ms = sim, name, skew_ms
         self.loop = VirtualLoop()
         self.loop.now = sim.now
         self.frozen = False
-        self.stages = FakeStages(sim.logs)
         self.producer: SimProducer | None = None
-        self.output = OrderedProducer(on_failed=_ignore, new_producer=self._new_producer)
-        self.member: SimConsumer | None = None
-        #: partition -> (the rebalance's sequence number, the group's incarnation, the time) of
-        #: its last confirmation that went through
-        self.confirmed_in: dict[int, tuple[int, int, int]] = {}
-        #: partition -> (its epoch, the confirmation in which it installed the partition)
-        self.installed_in: dict[int, tuple[int, tuple[int, int, int]]] = {}
+        #: input topic -> its group member
+        self.members: dict[str, SimConsumer] = {}
+        #: (changelog, partition) -> (the rebalance's number, the group's incarnation, the
+        #: time) of its last confirmation that went through
+        self.confirmed_in: dict[tuple[str, int], tuple[int, int, int]] = {}
+        #: (changelog, partition) -> (its epoch, the confirmation in which it installed it)
+        self.installed_in: dict[tuple[str, int], tuple[int, tuple[int, int, int]]] = {}
         asyncio.set_event_loop(self.loop)
-        self.driver = fake_driver(sim.logs, self.stages)
-        self.driver.new_consumer = self._new_consumer
-        self.driver.changelogs.new_consumer = self._new_consumer
-        self.driver.writes.output = self.output  # type: ignore[assignment]
+        self.shell: StreamShell | None = None
+        self.driver = self._shell() if sim.real else self._fake_stages()
         self.driver.writes.new_token = lambda: f"{name}-{sim.tokens.getrandbits(64):016x}"
-        self.driver.wall_ms = lambda: sim.base_ms + int(sim.now * 1000) + skew_ms
+        self.driver.wall_ms = self.wall_ms
         self.driver.revoke_wait_s = 15.0
-        self.driver.settings.commit_interval_s = 1.0
         for route in self.driver.routes:
             route.FETCH_TIMEOUT_MS = 60000
 
@@ -297,6 +348,28 @@ class Worker:
         self.driver._watch_loop = no_watch  # type: ignore[method-assign]  # noqa: SLF001
         self._instrument()
         self.loop.run_until_complete(self._start())
+
+    def wall_ms(self) -> int:
+        """Its wall clock: the simulation's time, skewed."""
+        return self.sim.base_ms + int(self.sim.now * 1000) + self.skew_ms
+
+    def _shell(self) -> Any:
+        """The worker's own ``StreamShell`` through its seams."""
+        shell = self.shell = StreamShell(SETTINGS, new_consumer=self._new_consumer, new_producer=self._new_producer)
+        shell.now_ms = self.wall_ms
+        shell.stop_process = _ignore  # its output failed: the scheduler restarts it
+        self.output = shell.output
+        return shell.delivery
+
+    def _fake_stages(self) -> Any:
+        """The driver over checkpoint-only stages, with the worker's ordered producer."""
+        self.stages = FakeStages(self.sim.logs)
+        self.output = OrderedProducer(on_failed=_ignore, new_producer=self._new_producer)
+        driver = fake_driver(self.sim.logs, self.stages)
+        driver.new_consumer = driver.changelogs.new_consumer = self._new_consumer
+        driver.writes.output = self.output  # type: ignore[assignment]
+        driver.settings.commit_interval_s = 1.0
+        return driver
 
     def _new_producer(self, **options: Any) -> SimProducer:
         self.producer = SimProducer(**options)
@@ -309,49 +382,82 @@ class Worker:
 
     def _new_consumer(self, **options: Any) -> SimConsumer:
         consumer = SimConsumer(self.sim.logs, self.sim, **options)
-        if options.get("group_id") == "g-stage1":
-            self.member = consumer
+        group = self.sim.group_of.get(options.get("group_id") or "")
+        if group is not None:
+            self.members[group.topic] = consumer
         return consumer
 
     async def _start(self) -> None:
-        await self.output.start()
-        self.driver.start()
+        if self.shell is None:
+            await self.output.start()
+            self.driver.start()
+        else:
+            self.shell.start()
+            asyncio.get_running_loop().create_task(self._ticks(self.shell))
         await asyncio.sleep(0.01)
 
+    @staticmethod
+    async def _ticks(shell: StreamShell) -> None:
+        """The stages' timers, as Faust's timer runs them."""
+        while True:
+            await asyncio.sleep(SETTINGS.tick_s)
+            shell.on_tick()
+
     def _instrument(self) -> None:
-        """Note the rebalance each confirmation belongs to, each install, and check each fence."""
-        route, writes = self.driver.routes[0], self.driver.writes
-        confirm, fenced = route.confirm_generation, writes.on_fenced
-        worker = self
+        """Note the rebalance each confirmation belongs to, each install and each release,
+        and check each fence and install."""
+        writes, sim, worker = self.driver.writes, self.sim, self
+        fenced, submit = writes.on_fenced, writes.submit
 
         class Noted(Ledger):
             def install(self, topic: str, p: int, turn: int, state: Any, end: int) -> Any:
                 claim = super().install(topic, p, turn, state, end)
-                owned = writes.ownership(CL, p)
+                changelog = sim.changelog_of.get(topic, "")
+                owned = writes.ownership(changelog, p)
                 if claim is not None and owned is not None:
-                    worker.installed_in[p] = (owned.epoch, worker.confirmed_in.get(p, (-1, -1, 0)))
-                    worker.sim.check_install(worker, p, owned.epoch, state.checkpoint)
+                    where = (changelog, p)
+                    worker.installed_in[where] = (owned.epoch, worker.confirmed_in.get(where, (-1, -1, 0)))
+                    sim.check_install(worker, changelog, p, owned.epoch, state.checkpoint)
                 return claim
 
         self.driver.ledger = Noted(self.driver.ledger.topics)
+        for route in self.driver.routes:
+            if route.topic in sim.changelog_of:
+                route.confirm_generation = self._noting_confirmations(route)  # type: ignore[method-assign]
+
+        def on_fenced(changelog: str, p: int) -> None:
+            sim.check_fence(self, changelog, p)
+            fenced(changelog, p)
+
+        def noted_submit(topic: str, partition: int, writes_: Any, release: Any, *args: Any, **kwargs: Any) -> None:
+            checkpoint = max((c for k, v in writes_ if (c := _checkpoint_in(k, v)) is not None), default=None)
+
+            async def noted_release() -> None:
+                await release()
+                if checkpoint is not None:
+                    sim.released[(topic, partition)] = max(sim.released.get((topic, partition), -1), checkpoint)
+
+            submit(topic, partition, writes_, noted_release, *args, **kwargs)
+
+        writes.on_fenced = on_fenced
+        writes.submit = noted_submit  # type: ignore[method-assign]
+
+    def _noting_confirmations(self, route: Any) -> Any:
+        confirm, group = route.confirm_generation, self.sim.groups[route.topic]
+        changelog = self.sim.changelog_of[route.topic]
 
         async def confirm_generation(partitions: Any) -> Any:
             partitions = list(partitions)
-            seq = self.sim.seq
+            seq = group.seq
             confirmed = await confirm(partitions)
             if confirmed is not None:
-                noted = (seq, self.sim.incarnation, confirmed.at_ms)
-                self.sim.confirmations[(confirmed.generation, confirmed.at_ms)] = noted
+                noted = (seq, group.incarnation, confirmed.at_ms)
+                self.sim.confirmations[(changelog, confirmed.generation, confirmed.at_ms)] = noted
                 for p in partitions:
-                    self.confirmed_in[p] = noted
+                    self.confirmed_in[(changelog, p)] = noted
             return confirmed
 
-        def on_fenced(changelog: str, p: int) -> None:
-            self.sim.check_fence(self, p)
-            fenced(changelog, p)
-
-        route.confirm_generation = confirm_generation  # type: ignore[method-assign]
-        writes.on_fenced = on_fenced
+        return confirm_generation
 
     def run(self) -> None:
         """Run its loop up to the simulation's time (unless frozen); a failure in a task fails."""
@@ -378,88 +484,122 @@ class Worker:
 
 
 class Simulation:
-    """The scheduler: the logs, the coordinator, the workers and the trace."""
+    """The scheduler: the logs, the groups' coordinator, the workers, the input and the trace."""
 
-    def __init__(self, seed: int, *, workers: int = 3) -> None:
+    def __init__(self, seed: int, *, workers: int = 3, real: bool = False) -> None:
         self.rng = random.Random(seed)
         self.tokens = random.Random(~seed)  # takeover tokens: of the seed, apart from the schedule's draws
-        self.seed = seed
+        self.seed, self.real = seed, real
         self.logs = SimLogs()
         self.now = 0.0
         self.base_ms = 1_700_000_000_000
-        self.incarnation, self.generation, self.seq = 0, 0, 0
-        #: (generation, at_ms) of each confirmation that went through -> its rebalance's sequence number
-        self.confirmations: dict[tuple[int, int], int] = {}
+        topics = SETTINGS.topics
+        #: input topic -> its changelog, and back; the groups by input topic and by id
+        self.changelog_of = dict(zip((topics.records, topics.partials), changelog_topics(SETTINGS.app_id), strict=True))
+        if not real:
+            self.changelog_of = {R: CL}
+        self.input_of = {changelog: topic for topic, changelog in self.changelog_of.items()}
+        ids = SETTINGS.consumer_groups if real else ("g-stage1",)
+        self.groups = {topic: Group(topic, group_id) for topic, group_id in zip(self.changelog_of, ids, strict=True)}
+        self.group_of = {group.group_id: group for group in self.groups.values()}
+        #: (changelog, generation, at_ms) of each confirmation that went through -> (its
+        #: rebalance's number, its group's incarnation, its time)
+        self.confirmations: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+        #: (changelog, partition) -> the highest checkpoint whose outputs were released
+        self.released: dict[tuple[str, int], int] = {}
         self.trace: list[str] = []
         #: writes of stopped workers that may still land
-        self.orphans: deque = deque()
+        self.orphans: deque[InFlight] = deque()
         #: violations found inside a worker's task that would not fail it (raised by ``run``)
         self.failures: list[Violation] = []
+        #: (batch, revision) -> the metrics published for it (one content each)
+        self.published: dict[tuple[str, int], Any] = {}
+        self.input = SimInput(seed) if real else None
+        for topic in (*self.changelog_of, *self.input_of, topics.metrics, topics.deadletter):
+            for p in range(PARTITIONS):
+                self.logs.logs.setdefault(topic, {}).setdefault(p, [])
         self.workers = [Worker(self, f"w{i}", self.rng.randint(-20_000, 20_000)) for i in range(workers)]
-        for p in range(PARTITIONS):
-            self.logs.logs.setdefault(R, {}).setdefault(p, [])
-            self.logs.logs.setdefault(CL, {}).setdefault(p, [])
 
     def say(self, line: str) -> None:
         self.trace.append(f"{self.now:9.3f} {line}")
 
     def violation(self, what: str) -> Violation:
-        return Violation(f"seed {self.seed}: {what}\n  " + "\n  ".join(self.trace[-40:]))
+        return Violation(
+            f"seed {self.seed}{' (real stages)' if self.real else ''}: {what}\n  " + "\n  ".join(self.trace[-40:])
+        )
 
     # -- the checks ------------------------------------------------------------------------
-    def check_fence(self, worker: Worker, p: int) -> None:
+    def check_fence(self, worker: Worker, changelog: str, p: int) -> None:
         """A fence is legit only by a takeover confirmed in a rebalance not older than the
         one in which the fenced worker installed the partition; or by one of an older group
         incarnation confirmed within the clock-skew bound of it (the bound the protocol
         states: ``docs/ownership.md``, rule 2)."""
-        epoch, installed = worker.installed_in.get(p, (-1, (-1, -1, 0)))
-        for offset, key, value in self.logs.logs[CL][p]:
+        epoch, installed = worker.installed_in.get((changelog, p), (-1, (-1, -1, 0)))
+        for offset, key, value in self.logs.logs[changelog][p]:
             found = _takeover_at(offset, key, value, epoch)
-            noted = self.confirmations.get((found.generation, found.at_ms)) if found is not None else None
+            noted = self.confirmations.get((changelog, found.generation, found.at_ms)) if found is not None else None
             if noted is not None and _may_fence(noted, installed):
                 return
-        raise self.violation(f"a stray takeover fenced {worker.name} on partition {p} (installed in {installed})")
+        raise self.violation(f"a stray takeover fenced {worker.name} on {changelog}[{p}] (installed in {installed})")
 
-    def check_install(self, worker: Worker, p: int, epoch: int, checkpoint: int) -> None:
+    def check_install(self, worker: Worker, changelog: str, p: int, epoch: int, checkpoint: int) -> None:
         """A current owner's install never goes back: its checkpoint is not below any
         released one (a stale reader, whose takeover a newer one followed, may). Noted here
         and raised by the scheduler: the round it runs in retries what fails."""
-        if self._valid(p).epoch != epoch:
+        if self._valid(changelog, p).epoch != epoch:
             return
-        released = self._released(p)
+        released = self.released.get((changelog, p), -1)
         if checkpoint < released:
             self.failures.append(
-                self.violation(f"{worker.name} installed partition {p} at checkpoint {checkpoint}, below {released}")
+                self.violation(f"{worker.name} installed {changelog}[{p}] at checkpoint {checkpoint}, below {released}")
             )
 
-    def _released(self, p: int) -> int:
-        return max((c for w in self.workers for _, q, c in w.stages.released if q == p), default=-1)
+    def check_metrics(self, value: bytes | None) -> None:
+        """One content per (batch, revision): a publication repeated (after a takeover) is
+        the same message."""
+        metrics = decode_metrics(value or b"")
+        key = (metrics.batch_id, metrics.revision)
+        first = self.published.setdefault(key, metrics)
+        if first != metrics:
+            self.failures.append(self.violation(f"two contents for batch {key[0]} revision {key[1]}"))
 
-    def _valid(self, p: int) -> Any:
+    def _valid(self, changelog: str, p: int) -> Any:
         view = ChangelogView()
-        for offset, key, value in self.logs.logs[CL][p]:
+        for offset, key, value in self.logs.logs[changelog][p]:
             view.add(offset, key, value)
         return view.result()
 
     def check_settled(self) -> None:
-        """Every partition read to its end, and its changelog's valid checkpoint not below
-        any released one."""
-        for p in range(PARTITIONS):
-            released, valid = self._released(p), self._valid(p)
-            checkpoint = max((int(v) for k, v in valid.entries if split_key(k)[0].endswith(b"\x1fc")), default=-1)
-            if checkpoint < released:
-                raise self.violation(f"partition {p}: the valid checkpoint {checkpoint} is below {released}, released")
+        """Each changelog's valid checkpoint not below any released one; with the worker's
+        own stages, every batch exact and every record counted once."""
+        for changelog in self.input_of:
+            for p in range(PARTITIONS):
+                released, valid = self.released.get((changelog, p), -1), self._valid(changelog, p)
+                checkpoint = max((c for k, v in valid.entries if (c := _checkpoint_in(k, v)) is not None), default=-1)
+                if checkpoint < released:
+                    raise self.violation(
+                        f"{changelog}[{p}]: the valid checkpoint {checkpoint} is below {released}, released"
+                    )
+        if self.input is not None:
+            try:
+                self.input.check(self.published.values(), self._dead_letters())
+            except AssertionError as exc:
+                raise self.violation(f"not exact: {exc}") from None
+
+    def _dead_letters(self) -> list[Any]:
+        letters = self.logs.logs[SETTINGS.topics.deadletter]
+        return [decode_dead_letter(v) for log in letters.values() for _, _, v in log if v is not None]
 
     # -- the steps -------------------------------------------------------------------------
     def run(self, worker: Worker) -> None:
-        """Let a worker run; one that stopped (fail fast) is restarted and the group rebalances."""
+        """Let a worker run; one that stopped (fail fast) is restarted and the groups rebalance."""
         try:
             worker.run()
             if self.failures:
                 raise self.failures[0]
         except Stopped as stopped:
             self.restart(worker, f"stops ({stopped})")
-            self.rebalance()
+            self.rebalance_all()
 
     def restart(self, worker: Worker, why: str) -> Worker:
         """A worker gone at whatever await its tasks were parked at: a prefix of what it
@@ -474,42 +614,56 @@ class Simulation:
 
     def crash(self, worker: Worker) -> None:
         """A worker killed between two of its awaits (a crash, an OOM kill, a node lost);
-        its group notices now or at a later rebalance."""
+        its groups notice now or at a later rebalance."""
         self.restart(worker, "is killed")
         if self.rng.random() < 0.5:
-            self.rebalance()
+            self.rebalance_all()
 
     def land_orphan(self) -> None:
         if self.orphans:
             topic, partition, key, value, _ = self.orphans.popleft()
-            offset = self.logs.append(topic, partition, value, key)
+            offset = self._append(topic, partition, key, value)
             self.say(f"  a stopped worker's write lands at {topic}[{partition}]@{offset}")
 
-    def rebalance(self, *, restart: bool = False) -> None:
-        """A new generation (of a new group incarnation after a restart) among the live workers."""
+    def _append(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> int:
+        """A write lands (a publication is checked as it does)."""
+        if topic == SETTINGS.topics.metrics and self.real:
+            self.check_metrics(value)
+        return self.logs.append(topic, partition, value, key)
+
+    def rebalance_all(self) -> None:
+        for topic in self.groups:
+            self.rebalance(topic)
+
+    def rebalance(self, topic: str, *, restart: bool = False) -> None:
+        """A new generation of ``topic``'s group (of a new group incarnation after a
+        restart) among the live workers."""
+        group = self.groups[topic]
         if restart:
-            self.incarnation, self.generation = self.incarnation + 1, 0
-        self.generation += 1
-        self.seq += 1
-        live = [w for w in self.workers if not w.frozen]
+            group.incarnation, group.generation = group.incarnation + 1, 0
+        group.generation += 1
+        group.seq += 1
+        live = [w for w in self.workers if not w.frozen and topic in w.members]
         if not live:
             return
-        given = self._assign(live) if self.rng.random() < 0.7 else self._scatter(live)
-        self.say(f"rebalance {self.incarnation}.{self.generation}: {given}")
+        given = self._assign(topic, live) if self.rng.random() < 0.7 else self._scatter(live)
+        self.say(f"rebalance of {topic} {group.incarnation}.{group.generation}: {given}")
         for w in live:
-            if w.member is not None:
-                w.loop.create_task(w.member.join((self.incarnation, self.generation), given[w.name]))
+            w.loop.create_task(w.members[topic].join(group.joined, given[w.name]))
 
-    def _assign(self, live: list[Worker]) -> dict[str, list[int]]:
+    def _assign(self, topic: str, live: list[Worker]) -> dict[str, list[int]]:
         """The project's own sticky assignment among the live members: each reports what it
         holds and the rebalance that gave it (a member woken from a freeze still holds what
         moved meanwhile; the newer rebalance wins)."""
         members = {
-            w.name: Member(frozenset({R}), tuple((R, tp.partition) for tp in w.member.positions), w.member.joined_in)
+            w.name: Member(
+                frozenset({topic}),
+                tuple((topic, tp.partition) for tp in w.members[topic].positions),
+                w.members[topic].joined_in,
+            )
             for w in live
-            if w.member is not None
         }
-        out = sticky_assignment([(R, p) for p in range(PARTITIONS)], members)
+        out = sticky_assignment([(topic, p) for p in range(PARTITIONS)], members)
         return {name: [p for _, p in tps] for name, tps in out.items()}
 
     def _scatter(self, live: list[Worker]) -> dict[str, list[int]]:
@@ -533,13 +687,13 @@ class Simulation:
         if roll < 0.005:
             landed = self.rng.random() < 0.5
             if landed:
-                self.logs.append(topic, partition, value, key)
+                self._append(topic, partition, key, value)
             self.say(f"  {worker.name}'s write to {topic}[{partition}] times out ({'landed' if landed else 'lost'})")
             worker.loop.call_soon(_answer, future, None, KafkaTimeoutError())
             return
-        offset = self.logs.append(topic, partition, value, key)
+        offset = self._append(topic, partition, key, value)
         if roll < 0.02:
-            offset = self.logs.append(topic, partition, value, key)
+            offset = self._append(topic, partition, key, value)
             self.say(f"  {worker.name}'s write lands twice at {topic}[{partition}]@{offset - 1},{offset}: {key!r}")
         elif roll < 0.025:
             self.say(f"  {worker.name}'s write lands at {topic}[{partition}]@{offset}, answered without its offset")
@@ -557,31 +711,48 @@ class Simulation:
             self.say(f"{worker.name} freezes, a takeover in flight")
 
     def compact(self) -> None:
-        """What compaction keeps of the changelog: the latest record per key (offsets kept)."""
-        for log in self.logs.logs[CL].values():
-            latest = {k: o for o, k, _ in log if k is not None}
-            log[:] = [(o, k, v) if k is None or latest[k] == o else (o, None, None) for o, k, v in log]
-        self.say("compaction")
+        """What compaction keeps of the changelogs: the latest record per key (offsets kept),
+        and, once ``delete.retention.ms`` passed, no tombstone at all."""
+        drop_tombstones = self.rng.random() < 0.5
+        for changelog in self.input_of:
+            for log in self.logs.logs[changelog].values():
+                latest = {k: o for o, k, _ in log if k is not None}
+                log[:] = [
+                    (o, k, v)
+                    if k is None or (latest[k] == o and (v is not None or not drop_tombstones))
+                    else (o, None, None)
+                    for o, k, v in log
+                ]
+        self.say(f"compaction{', tombstones dropped' if drop_tombstones else ''}")
 
     def duplicate(self) -> None:
         """A takeover record lands a second time (a retried send)."""
-        p = self.rng.randrange(PARTITIONS)
-        copies = [(k, v) for _, k, v in self.logs.logs[CL][p] if k is not None and v is not None and is_takeover(k)]
+        changelog, p = self.rng.choice(list(self.input_of)), self.rng.randrange(PARTITIONS)
+        log = self.logs.logs[changelog][p]
+        copies = [(k, v) for _, k, v in log if k is not None and v is not None and is_takeover(k)]
         if copies:
             key, value = copies[-1] if self.rng.random() < 0.7 else self.rng.choice(copies)  # mostly the owner's
-            self.say(f"a second copy of {key!r} lands at {self.logs.append(CL, p, value, key)}")
+            self.say(f"a second copy of {key!r} lands at {changelog}[{p}]@{self.logs.append(changelog, p, value, key)}")
+
+    def publish(self) -> None:
+        """The next input message lands (the records topic)."""
+        if self.input is None:
+            self.logs.append(R, self.rng.randrange(PARTITIONS), b"r")
+        elif self.input.messages:
+            partition, key, value = self.input.messages.popleft()
+            self.logs.append(SETTINGS.topics.records, partition, value, key)
 
     def step(self) -> None:
         rng = self.rng
         roll = rng.random()
         worker = rng.choice(self.workers)
         if roll < 0.05:
-            self.rebalance(restart=rng.random() < 0.25)
+            self.rebalance(rng.choice(list(self.groups)), restart=rng.random() < 0.25)
         elif roll < 0.09:
             worker.frozen = not worker.frozen
             self.say(f"{worker.name} {'freezes' if worker.frozen else 'wakes'}")
             if not worker.frozen and rng.random() < 0.5:
-                self.rebalance()  # it rejoins the group its session expired from
+                self.rebalance_all()  # it rejoins the groups its session expired from
         elif roll < 0.10:
             self.freeze_mid_takeover()
         elif roll < 0.11:
@@ -589,8 +760,7 @@ class Simulation:
         elif roll < 0.13:
             self.duplicate()
         elif roll < 0.25:
-            p = rng.randrange(PARTITIONS)
-            self.logs.append(R, p, b"r")
+            self.publish()
         elif roll < 0.27:
             self.land_orphan()
         elif roll < 0.275:
@@ -604,11 +774,14 @@ class Simulation:
             self.run(worker)
 
     def settle(self, bound_s: float = 300.0) -> None:
-        """Everyone wakes and joins a last rebalance; within ``bound_s`` every partition is
-        read to its end by its owner and nothing is left in flight."""
+        """The rest of the input lands, everyone wakes and joins a last rebalance; within
+        ``bound_s`` every partition is read to its end by its owner, every batch published
+        and nothing is left in flight."""
+        while self.input is not None and self.input.messages:
+            self.publish()
         for w in self.workers:
             w.frozen = False
-        self.rebalance()
+        self.rebalance_all()
         deadline = self.now + bound_s
         while self.now < deadline:
             while self.orphans:
@@ -620,16 +793,110 @@ class Simulation:
             if self._done():
                 return
             self.now += 0.5
-        raise self.violation("liveness: a partition was not read to its end within the bound after the group was quiet")
+        raise self.violation("liveness: once the group was quiet, some input was not read to its end within the bound")
 
     def _done(self) -> bool:
-        for p in range(PARTITIONS):
-            end = self.logs.end(R, p)
-            owners = [w for w in self.workers if w.driver.ledger.timers_run(R, p)]
-            states = [w.driver.ledger.following(R).get(p) for w in owners]
-            if len(owners) != 1 or states[0] is None or states[0].checkpoint != end - 1:
+        for topic in self.groups:
+            if not all(self._read_to_end(topic, p) for p in range(PARTITIONS)):
                 return False
-        return not any(w.in_flight or w.output.pending for w in self.workers)
+        if any(w.in_flight or w.output.pending for w in self.workers):
+            return False
+        return self.input is None or self.input.all_published(self.published)
+
+    def _read_to_end(self, topic: str, p: int) -> bool:
+        """One worker runs the partition's timers, and its state is at the log's end."""
+        owners = [w for w in self.workers if w.driver.ledger.timers_run(topic, p)]
+        if len(owners) != 1:
+            return False
+        state = owners[0].driver.ledger.following(topic).get(p)
+        return state is not None and state.checkpoint == self.logs.end(topic, p) - 1
+
+
+class SimInput:
+    """A seeded fleet's records and markers as the producers' library puts them on the
+    records topic: a record keyed by its session (Kafka's default partitioner), a producer's
+    batch closed by one marker per partition naming what it sent there. One of ``FLEETS``
+    fleets, by the seed (drawing one costs more than a schedule)."""
+
+    FLEETS = 64
+
+    def __init__(self, seed: int) -> None:
+        self.events, messages = _fleet(seed % self.FLEETS)
+        self.messages = deque(messages)
+
+    def all_published(self, published: dict[tuple[str, int], Any]) -> bool:
+        """Every batch of the fleet published, complete."""
+        done = {batch for (batch, _), m in published.items() if m.complete}
+        return {e.batch_id for e in self.events if e.kind == "marker"} <= done
+
+    def check(self, published: Any, letters: list[Any]) -> None:
+        """Exact (the offline core's metrics for the same records) and every record counted once."""
+        from .worker_harness import assert_conserved, assert_each_batch_matches, latest_by_batch, produced_records
+
+        published = list(published)
+        assert_each_batch_matches(latest_by_batch(published), self.events, partitions=PARTITIONS)
+        assert_conserved(produced_records(self.events), published, letters)
+
+
+@functools.lru_cache(maxsize=SimInput.FLEETS)
+def _fleet(n: int) -> tuple[list[Any], list[tuple[int, bytes | None, bytes]]]:
+    """Fleet ``n``: its events (every kind of trouble, small) and its messages in order."""
+    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
+
+    spec = FleetSpec(
+        batches=2,
+        sessions_per_batch=4,
+        producers=3,
+        seed=n,
+        redelivery_rate=0.25,
+        conflict_rate=0.02,
+        missing_rate=0.1,
+        invalid_rate=0.02,
+        inconsistent_rate=0.05,
+        batch_prefix=f"s{n}-b",
+        template_pool=16,
+    )
+    events = list(synthetic_fleet(spec))
+    sent: dict[tuple[str, str, int], int] = {}
+    return events, [message for event in events for message in _messages(event, sent)]
+
+
+def _messages(event: Any, sent: dict[tuple[str, str, int], int]) -> list[tuple[int, bytes | None, bytes]]:
+    """An event's messages as the producers' library sends them (``sent``: what each
+    producer sent per batch and partition, which its markers name)."""
+    from specmeter.producers._publisher import partition_for_key
+
+    payload = event.payload
+    if isinstance(payload, BatchMarker):
+        return [
+            (p, payload.batch_id.encode(), _marker(payload, sent.pop((event.producer_id, payload.batch_id, p), 0)))
+            for p in range(PARTITIONS)
+        ]
+    record = isinstance(payload, GenerationRecord)
+    session = payload.session_id if record else payload.get("session_id")
+    key = session.encode() if session else None
+    partition = partition_for_key(key, PARTITIONS) if key else 0
+    batch = payload.batch_id if record else payload.get("batch_id")
+    if batch is not None:
+        where = (event.producer_id, batch, partition)
+        sent[where] = sent.get(where, 0) + 1
+    value = encode_records_message(payload) if record else msgspec.msgpack.encode(payload)
+    return [(partition, key, value)]
+
+
+def _marker(marker: BatchMarker, records_sent: int) -> bytes:
+    return encode_records_message(msgspec.structs.replace(marker, records_sent=records_sent))
+
+
+def _checkpoint_in(key: bytes, value: bytes | None) -> int | None:
+    """The input offset a changelog write checkpoints (None: it is no checkpoint): stage 1's
+    ``c``, stage 2's ``k``, a checkpoint-only stage's plain number."""
+    kind = key.partition(b"\x1f")[2]
+    if value is None or kind not in (b"c", b"k"):
+        return None
+    if value.isdigit():
+        return int(value)
+    return decode_checkpoint(value).offset if kind == b"c" else decode_stage2_checkpoint(value).offset
 
 
 def _next_of_a_partition(in_flight: deque[InFlight], rng: random.Random) -> InFlight:
@@ -669,11 +936,11 @@ def _may_fence(found: tuple[int, int, int], installed: tuple[int, int, int]) -> 
     return found[1] < installed[1] and found[2] + CLOCK_SKEW_MS >= installed[2]
 
 
-def run_simulation(seed: int, *, steps: int = 150) -> Simulation:
+def run_simulation(seed: int, *, steps: int = 150, real: bool = False) -> Simulation:
     """One schedule; raises ``Violation`` when an invariant breaks."""
-    sim = Simulation(seed)
+    sim = Simulation(seed, real=real)
     try:
-        sim.rebalance()
+        sim.rebalance_all()
         for _ in range(steps):
             sim.step()
         sim.settle()

@@ -231,10 +231,17 @@ def wait_complete(deployment: Deployment, batches: set[str], *, timeout_s: float
 
 def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEvent], partitions: int = 4) -> None:
     """The latest revision of every batch equals ``specmeter aggregate``'s result, complete."""
+    latest = latest_by_batch(published)
+    assert_each_batch_matches(latest, events, partitions)
+    assert_positions_match_reference(latest, events)
+    assert_duplicates_identical(published)
+
+
+def assert_each_batch_matches(latest: dict[str, BatchMetrics], events: list[FleetEvent], partitions: int) -> None:
+    """Each batch's latest revision equals the offline core's result for ``events``, complete."""
     from .golden_cases import assert_metrics_equal
 
     expected = expected_metrics(events)
-    latest = latest_by_batch(published)
     assert set(latest) == set(expected)
     for batch_id, want in expected.items():
         got = latest[batch_id]
@@ -249,8 +256,6 @@ def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEven
         assert got.accept_rate_by_position == want.accept_rate_by_position, batch_id
         assert got.tokens_per_verify_by_budget == want.tokens_per_verify_by_budget, batch_id
         assert got.by_task == want.by_task, batch_id
-    assert_positions_match_reference(latest, events)
-    assert_duplicates_identical(published)
 
 
 def assert_positions_match_reference(latest: dict[str, BatchMetrics], events: list[FleetEvent]) -> None:
