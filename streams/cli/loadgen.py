@@ -22,6 +22,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from specmeter.producers import KafkaSecurity
+
     from ..fleet.synthetic import FleetEvent, FleetSpec
 
 
@@ -261,10 +263,7 @@ def loadgen(
         inconsistent_rate=inconsistent_rate,
         draft_lags=draft_lags,
     )
-    security = None
-    if dump is None:  # fail before writing --expect when the broker is not there
-        security = preflight.security_from_env()
-        preflight.check_before_start(broker, security, records_topic=topic)  # before any progress bar
+    security = _broker_security(broker, topic, dump)
     if _written(spec, expect, dump, no_progress):
         return
     assert security is not None  # no dump: the broker run, checked above
@@ -279,6 +278,17 @@ def loadgen(
         f"{summary.seconds:.1f}s ({summary.rate:,.0f} records/s)",
         err=True,
     )
+
+
+def _broker_security(broker: str, topic: str, dump: IO[bytes] | None) -> KafkaSecurity | None:
+    """The KAFKA_* security, checked with the broker and its records topic before ``--expect``
+    is written or a progress bar drawn (a broker that is not there fails first); None for
+    ``--dump``, which needs no broker."""
+    if dump is not None:
+        return None
+    security = preflight.security_from_env()
+    preflight.check_before_start(broker, security, records_topic=topic)
+    return security
 
 
 def _report_interrupted_load(summary: Any, interrupt: KeyboardInterrupt) -> None:
