@@ -314,15 +314,21 @@ def main(dump: Path, as_json: bool, timeout: float, keep_broker: bool, clean: bo
         click.echo("demo: interrupted: stopping what it started", err=True)
         raise SystemExit(exit_status(interrupt)) from None  # 130, 143: the shell's status for the signal
     finally:
-        _stop_worker(owned.worker)
-        if clean and owned.address:
-            _say_removed(owned.address, run)
-        owned.close(outcome)
-        reaper.done()  # not reached when the clean-up itself is interrupted: the reaper finishes it
+        _clean_up(owned, run, clean, outcome)
     click.echo(
         next_steps(owned.address, metrics_topic, broker_running=keep_broker or not owned.broker, cleaned=clean),
         err=True,
     )
+
+
+def _clean_up(owned: Owned, run: str, clean: bool, outcome: str) -> None:
+    """What the demo started goes, however it ended: the worker, with ``--clean`` the run's
+    topics and groups, the broker and the folder; then the reaper is told it is done."""
+    _stop_worker(owned.worker)
+    if clean and owned.address:
+        _say_removed(owned.address, run)
+    owned.close(outcome)
+    owned.reaper.done()  # not reached when the clean-up itself is interrupted: the reaper finishes it
 
 
 def _run(owned: Owned, run: str, dump: Path, as_json: bool, timeout: float) -> str:
