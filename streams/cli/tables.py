@@ -483,11 +483,14 @@ def draft_lag_table(results: list[BatchMetrics], width: int = 80, title: str | N
     batch and draft lag (in numeric order, the unknown lag last, ``?``), its columns the
     by-task view's: read down a batch, acceptance against how far the draft is behind.
     None when no batch has a lag breakdown."""
-    rows: list[tuple[BatchMetrics, Entry]] = [
-        (m, e) for m in sorted(results, key=batch_order) for e in (m.by_draft_lag or [])
-    ]
     legend = "lag: policy updates the draft is behind · ? unknown"
-    return _entry_table(rows, width, title or "by draft lag", "lag", legend)
+    return _entry_table(_lag_rows(results), width, title or "by draft lag", "lag", legend)
+
+
+def _lag_rows(results: list[BatchMetrics]) -> list[tuple[BatchMetrics, Entry]]:
+    """(batch, lag) pairs: the batches by run and batch, each one's lags as published
+    (numeric order, the unknown lag last)."""
+    return [(m, e) for m in sorted(results, key=batch_order) for e in (m.by_draft_lag or [])]
 
 
 def _entry_table(rows: Sequence[tuple[BatchMetrics, Entry]], width: int, title: str, header: str, legend: str) -> Any:
