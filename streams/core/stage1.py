@@ -42,6 +42,7 @@ from specmeter.schemas import (
     BatchMarker,
     DeadLetter,
     GenerationRecord,
+    InvalidRecord,
     PartialAggregate,
     RecordBatch,
     decode_partial,
@@ -512,11 +513,16 @@ class PartitionProcessor:
         self.checkpoint = last
         effects.changelog.append((checkpoint_key(self.key_part), self._checkpoint_value()))
         self._flush_statuses(effects)
-        if self._dropped:  # after the checkpoint that names them: leftovers of a crash are known stale
-            for batch in self._dropped:
-                self._forget_state(batch, effects)
-            self._dropped.clear()
+        if self._dropped:
+            self._forget_dropped(effects)
         return effects
+
+    def _forget_dropped(self, effects: Effects) -> None:
+        """The state of the batches this chunk dropped, deleted after the checkpoint that
+        names them: leftovers of a crash are then known stale."""
+        for batch in self._dropped:
+            self._forget_state(batch, effects)
+        self._dropped.clear()
 
     def _apply_chunk(
         self, messages: Iterable[tuple[int, bytes]], now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
@@ -543,17 +549,8 @@ class PartitionProcessor:
             self._apply_message(offset, value, now_ms, touched, effects)
         except Exception as exc:
             log.exception("partition=%d offset=%d: applying the message failed; dead-lettered", self.partition, offset)
-            self.counters.dead_letter("internal_error")
-            effects.dead_letters.append(
-                self._dead_letter(
-                    "internal_error",
-                    f"the worker failed on this message ({shorten(exc, 400)}); please report it",
-                    value,
-                    offset,
-                    None,
-                    now_ms,
-                )
-            )
+            detail = f"the worker failed on this message ({shorten(exc, 400)}); please report it"
+            self._internal_error(detail, value, offset, now_ms, effects)
 
     def _write_delta(self, batch_key: BatchKey, batch: _Batch, first: int, last: int, effects: Effects) -> None:
         """The chunk's delta of one batch it touched (none when nothing changed)."""
@@ -589,13 +586,24 @@ class PartitionProcessor:
         self, offset: int, value: bytes, now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
     ) -> None:
         """Decode one records-topic message and apply what it holds."""
-        counters = self.counters
         decoded = self.core.decode(value, max_bytes=self.max_message_bytes)
         # one group per batch (usually one); a record without its own run_id or
         # producer_id belongs to the envelope's
         for group, (key, count) in enumerate(decoded.groups):
             self._apply_records(key, decoded, group, count, decoded.producer_id, offset, now_ms, touched, effects)
-        for bad in decoded.invalid:
+        invalid = decoded.invalid  # the native decoder builds the list at each access
+        if invalid:
+            self._apply_invalid(invalid, offset, now_ms, touched, effects)
+        if decoded.marker is not None:
+            self._apply_marker(decoded.marker, value, offset, now_ms, touched, effects)
+
+    def _apply_invalid(
+        self, invalid: list[InvalidRecord], offset: int, now_ms: int, touched: dict[BatchKey, _Batch], effects: Effects
+    ) -> None:
+        """A message's invalid records: each dead-lettered, and counted in the batch it
+        names (every delivery counts; none for a batch gone)."""
+        counters = self.counters
+        for bad in invalid:
             counters.records_invalid += 1
             counters.dead_letter(bad.reason)
             effects.dead_letters.append(
@@ -607,8 +615,6 @@ class PartitionProcessor:
                 if batch is not None:
                     batch.state.add_invalid(bad.producer_id, late=batch.closed)
                     touched[key] = batch
-        if decoded.marker is not None:
-            self._apply_marker(decoded.marker, value, offset, now_ms, touched, effects)
 
     def _batch_for_input(self, key: BatchKey, now_ms: int) -> _Batch | None:
         """The batch to apply input to; None when it expired (the input is late) or
@@ -760,6 +766,23 @@ class PartitionProcessor:
         self.counters.dead_letter(reason, records=len(records))
         effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
 
+    def _internal_error(
+        self,
+        detail: str,
+        raw: bytes,
+        offset: int,
+        now_ms: int,
+        effects: Effects,
+        batch_key: BatchKey | None = None,
+        *,
+        records: int = 1,
+    ) -> None:
+        """A failure of the worker's own (a message it could not apply, a partial it could
+        not build): counted and dead-lettered as ``internal_error``, never a crash."""
+        self.counters.dead_letter("internal_error", records=records)
+        run_id, batch_id = batch_key or (None, None)
+        effects.dead_letters.append(self._dead_letter("internal_error", detail, raw, offset, batch_id, now_ms, run_id))
+
     def _dead_letter(
         self,
         reason: str,
@@ -801,19 +824,11 @@ class PartitionProcessor:
             digest = _digest(partial)
         except Exception as exc:
             log.exception("partition=%d %s: building its partial failed", self.partition, _describe(batch.key))
-            self.counters.dead_letter("internal_error", records=0)
-            effects.dead_letters.append(
-                self._dead_letter(
-                    "internal_error",
-                    f"building the partial of {_describe(batch.key)} failed ({shorten(exc, 400)}); "
-                    "its input is applied but not published; please report it",
-                    b"",
-                    self.checkpoint,
-                    batch.state.batch_id,
-                    now_ms,
-                    batch.state.run_id,
-                )
+            detail = (
+                f"building the partial of {_describe(batch.key)} failed ({shorten(exc, 400)}); "
+                "its input is applied but not published; please report it"
             )
+            self._internal_error(detail, b"", self.checkpoint, now_ms, effects, batch.key, records=0)
             return
         if digest == batch.partial_digest:
             return
@@ -863,14 +878,19 @@ class PartitionProcessor:
         """Close batches idle for ``batch_timeout``; drop those closed more than ``grace`` ago
         (remembering them as expired); forget expired ones past the retention horizon."""
         effects = Effects()
-        for kind, ids in ((b"x", self.expired), (b"y", self.overflowed)):
-            effects.changelog.extend((self._gone_key(kind, number), None) for number in ids.forget(now_ms))
+        self._forget_gone(now_ms, effects)
         self._forget_overflow_partials(now_ms, effects)
         expired = [batch for batch in list(self.batches.values()) if self._timed(batch, now_ms, effects)]
         if expired:
             self._expire(expired, now_ms, effects)
         self._flush_statuses(effects)
         return effects
+
+    def _forget_gone(self, now_ms: int, effects: Effects) -> None:
+        """The expired and overflowed ids the retention horizon passed over are forgotten,
+        their changelog keys deleted."""
+        for kind, ids in ((b"x", self.expired), (b"y", self.overflowed)):
+            effects.changelog.extend((self._gone_key(kind, number), None) for number in ids.forget(now_ms))
 
     def _forget_overflow_partials(self, now_ms: int, effects: Effects) -> None:
         """An overflowed batch's last partial is deleted once its grace has ended."""

@@ -244,13 +244,7 @@ class BatchMerger:
 
     def on_partial(self, partial: PartialAggregate, now_ms: int) -> MergeEffects:
         effects = MergeEffects()
-        key = (partial.run_id, partial.batch_id)
-        entry = self.entries.get(key)
-        new = entry is None
-        if entry is None:
-            entry = self.entries[key] = MergeEntry(
-                batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms
-            )
+        entry, new = self._entry_of(partial, now_ms)
         if not _takes(entry, partial):
             return effects  # a replayed or stale partial
         entry.partials[partial.partition] = partial
@@ -263,6 +257,16 @@ class BatchMerger:
         # publishing one are written alone, one write per partial instead of two.
         self._write(entry, effects, partial, book=new or entry.published_revision >= 0)
         return effects
+
+    def _entry_of(self, partial: PartialAggregate, now_ms: int) -> tuple[MergeEntry, bool]:
+        """The merge a partial belongs to, and whether it is new (its first partial opens
+        it: its timeout runs from ``now_ms``)."""
+        key = (partial.run_id, partial.batch_id)
+        entry = self.entries.get(key)
+        if entry is not None:
+            return entry, False
+        entry = self.entries[key] = MergeEntry(batch_id=partial.batch_id, run_id=partial.run_id, first_seen_ms=now_ms)
+        return entry, True
 
     def _write(
         self, entry: MergeEntry, effects: MergeEffects, partial: PartialAggregate | None = None, *, book: bool = True

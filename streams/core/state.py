@@ -171,14 +171,7 @@ class Decoded:
         self.run_id = message.run_id
         self.invalid: list[InvalidRecord] = message.invalid
         self.marker: BatchMarker | None = message.marker
-        records = message.records
-        self._groups: list[list[GenerationRecord]] = []
-        if records:
-            first = records[0]
-            if all(r.batch_id == first.batch_id and r.run_id == first.run_id for r in records):
-                self._groups = [records]
-            else:
-                self._groups = [[r] for r in records]
+        self._groups = _grouped(message.records)
         self.groups: list[tuple[tuple[str | None, str], int]] = [
             ((self.run_id if g[0].run_id is None else g[0].run_id, g[0].batch_id), len(g)) for g in self._groups
         ]
@@ -189,6 +182,17 @@ class Decoded:
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._groups)
+
+
+def _grouped(records: list[GenerationRecord]) -> list[list[GenerationRecord]]:
+    """A message's records as ``Decoded`` groups them (the native decoder's way): one
+    group when every record names the same batch and run, else one per record."""
+    if not records:
+        return []
+    first = records[0]
+    if all(r.batch_id == first.batch_id and r.run_id == first.run_id for r in records):
+        return [records]
+    return [[r] for r in records]
 
 
 def decode_message(data: bytes, *, max_bytes: int | None = None) -> Decoded:
@@ -408,14 +412,19 @@ class BatchState:
         was new where it was written, but a restore may already hold its key); wide
         entries are the writer's value of the key and replace what is held."""
         self._thaw()
+        self._apply_entries(delta)
+        self._add_counts(delta)
+        if self._journal is not None:  # what was restored is durable already
+            self._journal.base = self._counters()
+
+    def _apply_entries(self, delta: BatchDelta) -> None:
+        """A delta's keys and occurrences into the dedup state: packed entries through the
+        dedup rule, wide ones as the writer's value, then the occurrences it names."""
         for occurrence, value in _packed_entries(delta):
             self._observe(occurrence, value, None)
         for session, generation, conflict, *fields in delta.entries:
             self._values[(session, generation)] = CONFLICT if conflict else _restored_value(*fields)
         self._occurrences.update((s, sample, g) for s, sample, g in delta.occurrences)
-        self._add_counts(delta)
-        if self._journal is not None:  # what was restored is durable already
-            self._journal.base = self._counters()
 
     def _add_counts(self, delta: BatchDelta) -> None:
         """A delta's counts, received records, markers and algorithms, added to the batch's."""
