@@ -361,12 +361,18 @@ async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
     answer = await metadata_without_auto_create(admin, names)
     return ClusterView(
         brokers={b["node_id"]: f"{b['host']}:{b['port']}" for b in answer["brokers"]},
-        topics={
-            t["topic"]: TopicShape(len(t["partitions"]), min(len(p["replicas"]) for p in t["partitions"]))
-            for t in answer["topics"]
-            if t.get("error_code", 0) == 0 and t["partitions"]
-        },
+        topics=_shapes(answer["topics"]),
     )
+
+
+def _shapes(topics: list[dict[str, Any]]) -> dict[str, TopicShape]:
+    """The shape of each topic of a metadata answer that exists (no error, some
+    partitions): its partition count and the fewest replicas any partition has."""
+    return {
+        t["topic"]: TopicShape(len(t["partitions"]), min(len(p["replicas"]) for p in t["partitions"]))
+        for t in topics
+        if t.get("error_code", 0) == 0 and t["partitions"]
+    }
 
 
 #: the metadata error of a topic the principal may not describe
@@ -459,14 +465,8 @@ async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
     """Refuse a state changelog that deletes by retention (``ChangelogDeletes``); warn (one
     line) when the metrics topic does. A cluster that does not let the worker describe
     them gets an INFO line."""
-    try:
-        configs = await topic_configs(admin, [s.name for s in existing], CLEANUP_CONFIGS)
-    except Exception as exc:  # noqa: BLE001 - a check the worker can run without
-        log.info(
-            "could not check the cleanup.policy of the worker's compacted topics (%s): grant the worker's "
-            "principal DescribeConfigs on them to have it checked at start (docs/operations.md)",
-            exc,
-        )
+    configs = await _cleanup_configs(admin, existing)
+    if configs is None:
         return
     deleting = _deleting_by_retention([s for s in existing if s.state], configs)
     if deleting:
@@ -474,6 +474,20 @@ async def _check_cleanup(admin: Any, existing: Sequence[TopicSpec]) -> None:
     warning = cleanup_warning(existing, configs)
     if warning is not None:
         log.warning(warning)
+
+
+async def _cleanup_configs(admin: Any, existing: Sequence[TopicSpec]) -> dict[str, dict[str, str]] | None:
+    """The ``CLEANUP_CONFIGS`` of each of ``existing``; None (said at INFO) where the
+    cluster will not describe them: the check is one the worker can start without."""
+    try:
+        return await topic_configs(admin, [s.name for s in existing], CLEANUP_CONFIGS)
+    except Exception as exc:  # noqa: BLE001 - a check the worker can run without
+        log.info(
+            "could not check the cleanup.policy of the worker's compacted topics (%s): grant the worker's "
+            "principal DescribeConfigs on them to have it checked at start (docs/operations.md)",
+            exc,
+        )
+        return None
 
 
 async def _create_missing(
