@@ -309,7 +309,11 @@ class Outages:
             return
         if unused:
             self._say_unused(outage, now)
-            return
+        else:
+            self._say_back(outage, now, where)
+
+    def _say_back(self, outage: Outage, now: float, where: str) -> None:
+        """An outage said is over: how long it lasted, and the errors folded into it."""
         self._log.log(
             self.back_level,
             "%s is back%s after %.0f s (%d errors folded)",
