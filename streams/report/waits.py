@@ -38,6 +38,16 @@ class BatchWait:
     idle_ms: int = 0
     closes_in_ms: int = 0
 
+    def add(self, partition: int, w: Waiting) -> None:
+        """One more partition's wait of the batch: markers go to every partition, so their
+        union is what arrived; it waits as long as its least idle partition, and closes
+        by timeout on its last."""
+        self.partitions.append(partition)
+        self.marker_producers |= w.marker_producers
+        self.expected_producers = max(self.expected_producers, w.expected_producers)
+        self.idle_ms = min(self.idle_ms, w.idle_ms)
+        self.closes_in_ms = max(self.closes_in_ms, w.closes_in_ms)
+
     @property
     def waiting_for(self) -> str:
         name = _name(self.run_id, self.batch_id)
@@ -76,11 +86,7 @@ def stage1_waits(by_partition: Iterable[tuple[int, Iterable[Waiting]]]) -> list[
     for partition, waits in by_partition:
         for w in waits:
             batch = batches.setdefault((w.run_id, w.batch_id), BatchWait(w.run_id, w.batch_id, idle_ms=w.idle_ms))
-            batch.partitions.append(partition)
-            batch.marker_producers |= w.marker_producers
-            batch.expected_producers = max(batch.expected_producers, w.expected_producers)
-            batch.idle_ms = min(batch.idle_ms, w.idle_ms)
-            batch.closes_in_ms = max(batch.closes_in_ms, w.closes_in_ms)
+            batch.add(partition, w)
     return sorted(batches.values(), key=lambda b: (b.run_id or "", b.batch_id))
 
 
