@@ -65,8 +65,12 @@ class CrashPoints:
         if point != self.point:
             return
         self.remaining -= 1
-        if self.remaining > 0:
-            return
+        if self.remaining <= 0:
+            await self._stop_here(point, flush)
+
+    async def _stop_here(self, point: str, flush: Callable[[], Awaitable[object]] | None) -> None:
+        """The armed point's n-th pass: hang for good (``hang``), or flush and SIGKILL the
+        process, as a crash at that point would."""
         if self.hang:
             log.warning("hang point %s reached: this stage stops here", point)
             await asyncio.Event().wait()
