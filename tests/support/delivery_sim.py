@@ -85,7 +85,7 @@ SETTINGS = WorkerSettings(
     broker="simulated:9092",
     app_id="sim",
     partitions=PARTITIONS,
-    tick_s=5.0,  # timers tick rarely: batches close on their markers, the grace never ends
+    tick_s=30.0,  # timers tick rarely: batches close on their markers, the grace never ends
     batch_timeout_s=1e6,
     grace_s=1e6,
     session_timeout_s=30.0,
@@ -113,6 +113,10 @@ class Group:
 
 class Violation(AssertionError):
     """An invariant broken; the message names the seed and the schedule's trace."""
+
+
+class InjectedFault(RuntimeError):
+    """A failure the scheduler injects where the worker must stop on it (rule 11)."""
 
 
 class Stopped(Exception):
@@ -168,7 +172,7 @@ class SimConsumer(FakeConsumer):
     """A group member as the coordinator sees it: the generation (and group incarnation) it
     joined; a commit from any other is refused, as Kafka's coordinator refuses a stale member."""
 
-    def __init__(self, logs: FakeLogs, sim: Simulation, **options: Any) -> None:
+    def __init__(self, logs: SimLogs, sim: Simulation, **options: Any) -> None:
         super().__init__(logs, **options)
         self.sim = sim
         self.joined: tuple[int, int] = (-1, -1)  # (incarnation, generation)
@@ -176,6 +180,8 @@ class SimConsumer(FakeConsumer):
         #: the rebalance (sequence number) it last joined: its assignor's assignment number
         self.joined_in = -1
         self.lock: asyncio.Lock | None = None
+        #: the worker it belongs to
+        self.worker: Worker | None = None
         #: the fetch waiting for input (ended when a record it follows lands)
         self.waiting: asyncio.Future | None = None
 
@@ -195,11 +201,13 @@ class SimConsumer(FakeConsumer):
         loop = asyncio.get_running_loop()
         self.waiting = waiter = loop.create_future()
         timer = loop.call_later(timeout_ms / 1000, _wake, waiter)
+        self.logs.fetching[self] = None
         try:
             await waiter
         finally:
             timer.cancel()
             self.waiting = None
+            self.logs.fetching.pop(self, None)
         return self._take(tps)
 
     def wake_if_fetchable(self) -> None:
@@ -240,11 +248,27 @@ class SimConsumer(FakeConsumer):
         async with self.lock:
             if self.latest != joined:
                 return  # a newer rebalance came meanwhile: it is the one this member joins
-            await self.listener.on_partitions_revoked(list(self.positions))
+            await self._revoke()
             self.joined, self.joined_in = joined, self.sim.group_of[self.group_id].seq
             self.positions = {TP(self.topics[0], p): 0 for p in partitions}
             self.paused = set()
             await self.listener.on_partitions_assigned(list(self.positions))
+
+    async def _revoke(self) -> None:
+        """The revocation callback, which must end within the group's rebalance timeout:
+        Kafka's coordinator expels a member whose rejoin takes longer (unless the worker was
+        frozen meanwhile: its session expired, the coordinator expelled it anyway)."""
+        loop, worker = asyncio.get_running_loop(), self.worker
+        began, freezes = loop.time(), worker.freezes if worker is not None else 0
+        await self.listener.on_partitions_revoked(list(self.positions))
+        took = loop.time() - began
+        if took > SETTINGS.session_timeout_s and worker is not None and worker.freezes == freezes:
+            self.sim.failures.append(
+                self.sim.violation(
+                    f"{worker.name}'s revocation took {took:.1f} s, past the group's rebalance timeout "
+                    f"({SETTINGS.session_timeout_s:.0f} s): Kafka's coordinator expels such a member"
+                )
+            )
 
 
 def _wake(waiter: asyncio.Future) -> None:
@@ -255,11 +279,16 @@ def _wake(waiter: asyncio.Future) -> None:
 class SimLogs(FakeLogs):
     """The in-memory logs, whose appends end the fetches waiting for them."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: the consumers whose fetch waits for input, in the order they began (a dict: a
+        #: set's order would follow memory addresses, and a replay must wake them alike)
+        self.fetching: dict[SimConsumer, None] = {}
+
     def append(self, topic: str, partition: int, value: bytes | None, key: bytes | None = None) -> int:
         offset = super().append(topic, partition, value, key)
-        for consumer in self.consumers:
-            if isinstance(consumer, SimConsumer) and consumer.waiting is not None:
-                consumer.wake_if_fetchable()
+        for consumer in list(self.fetching):
+            consumer.wake_if_fetchable()
         return offset
 
 
@@ -325,6 +354,8 @@ class Worker:
         self.loop = VirtualLoop()
         self.loop.now = sim.now
         self.frozen = False
+        #: how many times it froze (a revocation across a freeze is not its own doing)
+        self.freezes = 0
         self.producer: SimProducer | None = None
         #: input topic -> its group member
         self.members: dict[str, SimConsumer] = {}
@@ -382,6 +413,7 @@ class Worker:
 
     def _new_consumer(self, **options: Any) -> SimConsumer:
         consumer = SimConsumer(self.sim.logs, self.sim, **options)
+        consumer.worker = self
         group = self.sim.group_of.get(options.get("group_id") or "")
         if group is not None:
             self.members[group.topic] = consumer
@@ -433,6 +465,8 @@ class Worker:
             checkpoint = max((c for k, v in writes_ if (c := _checkpoint_in(k, v)) is not None), default=None)
 
             async def noted_release() -> None:
+                if sim.rng.random() < 0.002:
+                    raise InjectedFault("a release that failed (a bug in a stage's outputs, injected)")
                 await release()
                 if checkpoint is not None:
                     sim.released[(topic, partition)] = max(sim.released.get((topic, partition), -1), checkpoint)
@@ -708,6 +742,7 @@ class Simulation:
         if taking:
             worker = self.rng.choice(taking)
             worker.frozen = True
+            worker.freezes += 1
             self.say(f"{worker.name} freezes, a takeover in flight")
 
     def compact(self) -> None:
@@ -750,6 +785,7 @@ class Simulation:
             self.rebalance(rng.choice(list(self.groups)), restart=rng.random() < 0.25)
         elif roll < 0.09:
             worker.frozen = not worker.frozen
+            worker.freezes += worker.frozen
             self.say(f"{worker.name} {'freezes' if worker.frozen else 'wakes'}")
             if not worker.frozen and rng.random() < 0.5:
                 self.rebalance_all()  # it rejoins the groups its session expired from
@@ -913,7 +949,7 @@ def _stops_by_design(failed: BaseException | None) -> bool:
     """A worker's output failed as the protocol says it stops: writes in flight past a
     revocation's deadline, a write whose delivery timed out, or one answered without its
     offset (``docs/ownership.md``, rules 9 and 10)."""
-    return isinstance(failed, (TimeoutError, KafkaTimeoutError)) or (
+    return isinstance(failed, (TimeoutError, KafkaTimeoutError, InjectedFault)) or (
         isinstance(failed, RuntimeError) and "without its offset" in str(failed)
     )
 
@@ -936,9 +972,19 @@ def _may_fence(found: tuple[int, int, int], installed: tuple[int, int, int]) -> 
     return found[1] < installed[1] and found[2] + CLOCK_SKEW_MS >= installed[2]
 
 
-def run_simulation(seed: int, *, steps: int = 150, real: bool = False) -> Simulation:
-    """One schedule; raises ``Violation`` when an invariant breaks."""
-    sim = Simulation(seed, real=real)
+#: one schedule in this many runs the worker's own stages (the others, checkpoint-only ones)
+REAL_EVERY = 10
+
+
+def runs_real_stages(seed: int) -> bool:
+    """Whether schedule ``seed`` runs the worker's own stages."""
+    return seed % REAL_EVERY == REAL_EVERY - 1
+
+
+def run_simulation(seed: int, *, steps: int = 150, real: bool | None = None) -> Simulation:
+    """One schedule (with the worker's own stages when ``real``; None: as the seed says);
+    raises ``Violation`` when an invariant breaks."""
+    sim = Simulation(seed, real=runs_real_stages(seed) if real is None else real)
     try:
         sim.rebalance_all()
         for _ in range(steps):
@@ -995,6 +1041,28 @@ def run_many(
             if progress is not None:
                 progress(done, len(found))
     return found
+
+
+def _violation_of(seed: int) -> str | None:
+    try:
+        run_simulation(seed)
+    except Violation as violation:
+        return str(violation)
+    return None
+
+
+def first_failure(limit: int, *, jobs: int = 0) -> tuple[int, str] | None:
+    """The first seed below ``limit`` whose schedule breaks an invariant, and its violation
+    (None: none does). Over a process per core, forked: a function replaced in this process
+    (a fix reverted) is replaced in theirs."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs or multiprocessing.cpu_count()) as pool:
+        for seed, violation in enumerate(pool.imap(_violation_of, range(limit), chunksize=4)):
+            if violation is not None:
+                pool.terminate()
+                return seed, violation
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
