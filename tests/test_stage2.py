@@ -141,6 +141,40 @@ def test_restore_rebuilds_entries_and_repeats_the_last_publication():
     assert restored.process([(2, _partial(1, 4))], now_ms=5).published == []  # at the checkpoint: skipped
 
 
+def _prefix(log: dict, effects, n: int) -> None:
+    """The first ``n`` writes of a write group landed, the rest not (its worker stopped
+    while sending it)."""
+    _log(log, type(effects)(changelog=effects.changelog[:n]))
+
+
+def test_a_partial_whose_publication_was_lost_with_the_rest_of_its_group_is_published_at_restore():
+    m = _merger()
+    log: dict = {}
+    _log(log, m.process([(0, _partial(0, 3))], now_ms=0))
+    effects = m.process([(1, _partial(1, 4))], now_ms=1)
+    (published,) = effects.published
+    _prefix(log, effects, 1)  # the partial landed; its publication's bookkeeping and the checkpoint did not
+    restored = _merger()
+    again = restored.restore(log.items())
+    assert again.published == [published], "the batch is complete in the restored state: published now"
+    assert restored.process([(1, _partial(1, 4))], now_ms=5).published == []  # its input again: nothing new
+    log2: dict = dict(log)
+    _log(log2, again)
+    assert _merger().restore(log2.items()).published == [published]  # and repeated, identical, from then on
+
+
+def test_a_revision_whose_publication_was_lost_with_the_rest_of_its_group_is_published_at_restore():
+    m = _merger()
+    log: dict = {}
+    _log(log, m.process([(0, _partial(0, 3)), (1, _partial(1, 4))], now_ms=0))
+    effects = m.process([(2, _partial(1, 5, revision=1))], now_ms=1)
+    (revised,) = effects.published
+    assert revised.revision == 1
+    _prefix(log, effects, 1)
+    again = _merger().restore(log.items())
+    assert again.published[-1] == revised and all(p.revision <= 1 for p in again.published)
+
+
 def test_restore_reads_the_checkpoint_written_before_it_was_a_struct():
     m = _merger()
     m.restore([(stage2_checkpoint_key(0), b"41")])

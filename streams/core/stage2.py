@@ -208,20 +208,39 @@ class BatchMerger:
             effects.changelog.append(self._checkpoint_write())
 
     def _publish_again(self, effects: MergeEffects) -> None:
-        """Each batch's latest publication, to send again (identical to the first)."""
+        """Each batch's latest publication, to send again (identical to the first); then
+        what the restored state holds and no publication says yet, published now as
+        ``on_partial`` would have, with its bookkeeping (``_publish_owed``)."""
         for entry in self.entries.values():
-            if entry.published_revision < 0:
-                continue
-            metrics, digest = self._metrics(entry, entry.published_revision)
-            if digest == entry.published_digest:
-                effects.published.append(metrics)
-            else:  # cannot happen unless the merge rules changed between versions
-                log.warning(
-                    "batch=%s run=%s: restored state does not reproduce revision %d; not repeating it",
-                    shorten(entry.batch_id),
-                    shorten(entry.run_id),
-                    entry.published_revision,
-                )
+            if entry.published_revision >= 0:
+                self._repeat(entry, effects)
+            self._publish_owed(entry, effects)
+
+    def _repeat(self, entry: MergeEntry, effects: MergeEffects) -> None:
+        """The entry's latest publication again, when the restored state reproduces it."""
+        metrics, digest = self._metrics(entry, entry.published_revision)
+        if digest == entry.published_digest:
+            effects.published.append(metrics)
+        else:  # a partial written after it, its publication not: published next (``_publish_owed``)
+            log.debug(
+                "batch=%s run=%s: restored state moved past revision %d; publishing the next",
+                shorten(entry.batch_id),
+                shorten(entry.run_id),
+                entry.published_revision,
+            )
+
+    def _publish_owed(self, entry: MergeEntry, effects: MergeEffects) -> None:
+        """A write group lands in part when its worker stops while sending it (a write
+        refused, a crash): a partial can be durable while the publication it completed, and
+        its bookkeeping, are not. Its input is then before the checkpoint, so it never comes
+        again: the restore publishes what the state holds (a complete batch never published,
+        a published one whose content moved), as the partial would have."""
+        if len(entry.partials) < self.partitions_expected and entry.published_revision < 0:
+            return
+        revision = entry.published_revision
+        self._publish(entry, effects)
+        if entry.published_revision != revision:
+            self._write(entry, effects)
 
     def process(self, messages: Iterable[tuple[int, PartialAggregate]], now_ms: int) -> MergeEffects:
         """Apply partials in offset order; the checkpoint is written last."""

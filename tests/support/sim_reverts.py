@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-from specmeter.streams.core import ownership
+from specmeter.streams.core import ownership, stage2
 from specmeter.streams.delivery import output, routes, writes
 
 #: (module, qualified name of the function, the fix's text in it, the text before the fix)
@@ -122,6 +122,12 @@ REVERTS = (
         "2c",
         "a takeover that does not count is asked for again",
         ((routes, "DeliveryDriver._ask_again", "delay_s = self.RETRY_S", "return"),),
+    ),
+    Revert(
+        43,
+        "stage 2",
+        "a restore publishes what its state holds and no publication says (a write group landed in part)",
+        ((stage2, "BatchMerger._publish_again", "self._publish_owed(entry, effects)", "pass"),),
     ),
     Revert(
         43,
