@@ -14,6 +14,7 @@ from specmeter.streams.core.ownership import (
     Confirmation,
     Takeover,
     confirmation_key,
+    counts_after,
     encode_confirmation,
     encode_takeover,
     owner_key_part,
@@ -188,6 +189,49 @@ def test_an_old_groups_takeover_confirmed_past_the_bound_before_the_counting_one
     log.append(_key(new, "c", ""), b"n")
     state = log.view().result()
     assert state.epoch == new and dict(state.entries) == {_key(new, "c", ""): b"n"}
+
+
+def test_a_takeover_of_the_same_generation_by_another_member_waits_for_the_bound():
+    """Simulation seed 8811: a member of generation 1 appends its takeover and freezes; the
+    group starts again (generations from 1) and another member takes over, as generation 1
+    too. Counted after the first, its records were lost once a second copy of the first
+    landed after it and compaction dropped the first copy (the copy judged where it
+    landed). The same generation by another member counts only past the bound; the owner
+    asks again then (``routes._ask_again``), and no copy of the first counts after that."""
+    log = Log()
+    stale = Takeover(token="stale", generation=1, at_ms=1_000, member="w1-0")
+    first = log.append(takeover_key(0, "stale"), encode_takeover(stale))  # its owner froze: no confirmation
+    early = Takeover(token="early", generation=1, at_ms=3_000, member="w0-5")
+    e = log.append(takeover_key(0, "early"), encode_takeover(early))
+    log.append(confirmation_key(0, "early-r"), encode_confirmation(_confirmation(early, e)))
+    assert log.view().result().epoch == first, "another member's generation 1, within the bound: it does not count"
+    again = Takeover(token="again", generation=1, at_ms=3_000 + CLOCK_SKEW_MS, member="w0-5")
+    new = log.append(takeover_key(0, "again"), encode_takeover(again))
+    log.append(confirmation_key(0, "again-r"), encode_confirmation(_confirmation(again, new)))
+    log.append(_key(new, "c", ""), b"n")
+    log.append(takeover_key(0, "stale"), encode_takeover(stale))  # the second copy, after
+    whole, compacted = log.view().result(), log.compacted().view().result()
+    assert whole.epoch == compacted.epoch == new
+    assert dict(whole.entries) == dict(compacted.entries) == {_key(new, "c", ""): b"n"}
+
+
+def _confirmation(takeover: Takeover, epoch: int) -> Confirmation:
+    return Confirmation(
+        token=takeover.token,
+        epoch=epoch,
+        at_ms=takeover.at_ms,
+        generation=takeover.generation,
+        member=takeover.member,
+    )
+
+
+def test_the_same_generation_counts_again_for_the_same_member_and_past_the_bound_for_another():
+    before = Takeover(token="a", generation=4, at_ms=10_000, member="m1")
+    assert counts_after(Takeover(token="b", generation=4, at_ms=11_000, member="m1"), before)  # its own, again
+    assert not counts_after(Takeover(token="c", generation=4, at_ms=11_000, member="m2"), before)
+    assert counts_after(Takeover(token="d", generation=4, at_ms=11_000 + CLOCK_SKEW_MS, member="m2"), before)
+    assert counts_after(Takeover(token="e", generation=4, at_ms=11_000), before)  # no member said: as before
+    assert counts_after(Takeover(token="f", generation=5, at_ms=11_000, member="m2"), before)
 
 
 @pytest.mark.parametrize("seed", range(100))

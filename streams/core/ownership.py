@@ -120,6 +120,11 @@ class Takeover(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: carried): the keys tagged with this takeover's epoch follow it. Appended: a reader
     #: of format 0 decodes the fields before it and ignores it
     format: int = 0
+    #: the group member id its owner confirmed ``generation`` as ("": not known, or written
+    #: before it was carried). In one group generation a partition has one member: two
+    #: takeovers of the same generation by different members come from two incarnations
+    #: of the group (deleted and started again). Appended, as ``format``
+    member: str = ""
 
 
 class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
@@ -142,11 +147,18 @@ class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     generation: int = -1
     #: the format its owner writes (``core.formats``)
     format: int = 0
+    #: the group member id its owner confirmed ``generation`` as (``Takeover.member``)
+    member: str = ""
 
     def as_takeover(self) -> Takeover:
-        """The takeover it stands for, judged by ``counts_after``: its generation and time."""
+        """The takeover it stands for, judged by ``counts_after``: its generation, time and member."""
         return Takeover(
-            token=self.token, owner=self.owner, at_ms=self.at_ms, generation=self.generation, format=self.format
+            token=self.token,
+            owner=self.owner,
+            at_ms=self.at_ms,
+            generation=self.generation,
+            format=self.format,
+            member=self.member,
         )
 
 
@@ -236,12 +248,20 @@ def counts_after(takeover: Takeover, before: Takeover | None) -> bool:
     older, or it was confirmed more than ``CLOCK_SKEW_MS`` later (the group's generations
     started again). One confirmed more than ``CLOCK_SKEW_MS`` *earlier* counts for nothing,
     whatever its generation: it is an older group's (a member of the group before its
-    generations started again, appending late)."""
+    generations started again, appending late). Within the bound, the same generation
+    counts only for the same member (its own takeover again): another member's is of
+    another incarnation of the group, and which came first cannot be told (a copy of an
+    older incarnation's takeover appended late, its first copy compacted away, must not
+    count after the newer one's); it counts once the bound has passed."""
     if before is None or takeover.generation < 0 or before.generation < 0:
         return True
     if takeover.at_ms + CLOCK_SKEW_MS < before.at_ms:
         return False
-    return takeover.generation >= before.generation or takeover.at_ms > before.at_ms + CLOCK_SKEW_MS
+    if takeover.at_ms > before.at_ms + CLOCK_SKEW_MS:
+        return True
+    if takeover.generation == before.generation and takeover.member and before.member:
+        return takeover.member == before.member
+    return takeover.generation >= before.generation
 
 
 class StateWithoutCheckpoint(SpecmeterError, RuntimeError):

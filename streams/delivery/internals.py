@@ -168,6 +168,17 @@ def set_fetch_wait(consumer: Any, wait_ms: int) -> None:
         fetcher._fetch_max_wait_ms = wait_ms
 
 
+def group_member(consumer: Any) -> str:
+    """The member id this consumer joined its group as ("": none known).
+
+    Why private: aiokafka keeps it in its group coordinator with no public getter. A
+    takeover record carries it beside the generation (``core.ownership.counts_after``):
+    two takeovers of one generation number by different members come from two
+    incarnations of the group."""
+    member = getattr(getattr(consumer, "_coordinator", None), "member_id", "")
+    return member if isinstance(member, str) else ""
+
+
 def group_generation(consumer: Any) -> int:
     """The consumer group generation this member is in (-1: none known).
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .assignor import StickyAssignor
-from .internals import group_generation, set_fetch_wait
+from .internals import group_generation, group_member, set_fetch_wait
 from .ledger import Checkpointed, Claim, TopicPartition
 
 if TYPE_CHECKING:
@@ -26,11 +26,13 @@ log = logging.getLogger("specmeter.worker")
 
 
 class Confirmed(NamedTuple):
-    """A member's group generation, confirmed by a commit, and when (wall clock, ms, before
-    the commit was sent): what its takeover records carry (``core.ownership``)."""
+    """A member's group generation, confirmed by a commit, when (wall clock, ms, before
+    the commit was sent), and its member id: what its takeover records carry
+    (``core.ownership``)."""
 
     generation: int
     at_ms: int
+    member: str = ""
 
 
 def split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list, list]:
@@ -454,7 +456,7 @@ class InputRoute:
             return None
         tps = [TP(self.topic, p) for p in partitions]
         offsets = await _committed_offsets(consumer, tps)
-        generation, confirmed_at_ms = group_generation(consumer), self.driver.wall_ms()
+        generation, member, confirmed_at_ms = group_generation(consumer), group_member(consumer), self.driver.wall_ms()
         request = asyncio.ensure_future(consumer.commit(offsets))
         request.add_done_callback(lambda done: self._recommit_after(done, offsets))
         try:
@@ -462,7 +464,7 @@ class InputRoute:
         except (CommitFailedError, IllegalStateError) as exc:  # stale: the next assignment says what is ours
             log.info("route of %s: not taking partitions %s over (%r)", self.topic, sorted(partitions), exc)
             return None
-        return Confirmed(generation, confirmed_at_ms)
+        return Confirmed(generation, confirmed_at_ms, member)
 
     def _recommit_after(self, request: asyncio.Future, offsets: Mapping[Any, int]) -> None:
         """A generation check went through: its partitions' committed offsets are the ones

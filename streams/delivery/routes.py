@@ -425,10 +425,11 @@ class DeliveryDriver:
         """A takeover that did not count is tried again: the next round confirms the
         generation first (a stale member stops there). A counting takeover of a newer
         generation than the one confirmed, when the member is current, means the group
-        started again within ``CLOCK_SKEW_MS`` of it: the next try waits until that bound
-        has passed, and counts (``core.ownership.counts_after``)."""
+        started again within ``CLOCK_SKEW_MS`` of it (as does one of the same generation by
+        another member): the next try waits until that bound has passed, and counts
+        (``core.ownership.counts_after``)."""
         delay_s = self.RETRY_S
-        if counting is not None and counting.generation > confirmed.generation >= 0:
+        if counting is not None and _another_incarnation(counting, confirmed):
             delay_s += max(0.0, (counting.at_ms + CLOCK_SKEW_MS - confirmed.at_ms) / 1000)
         loop = asyncio.get_running_loop()
         self._asked_again = {h for h in self._asked_again if h.when() > loop.time()}
@@ -569,3 +570,14 @@ class DeliveryDriver:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _another_incarnation(counting: Takeover, confirmed: Confirmed) -> bool:
+    """Whether the counting takeover is of a group incarnation other than the member's
+    (its group started again within the clock-skew bound of it): a newer generation than
+    the member's own, or the same generation by another member."""
+    if confirmed.generation < 0:
+        return False
+    if counting.generation == confirmed.generation:
+        return bool(counting.member and confirmed.member and counting.member != confirmed.member)
+    return counting.generation > confirmed.generation

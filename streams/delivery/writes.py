@@ -137,12 +137,14 @@ class OwnedWrites:
         self.fenced = 0
 
     # -- ownership ---------------------------------------------------------------------
-    async def take_over(self, topic: str, partition: int, generation: int = -1, confirmed_at_ms: int = 0) -> int:
+    async def take_over(
+        self, topic: str, partition: int, generation: int = -1, confirmed_at_ms: int = 0, member: str = ""
+    ) -> int:
         """Append a takeover record to the changelog partition and wait for it, then a
         confirmation that names the offset it landed at; returns the new epoch (that
         offset). ``generation`` is the group generation this worker confirmed at
-        ``confirmed_at_ms`` (wall clock, taken before the confirmation was sent): the record
-        counts only if no newer generation took the partition before it
+        ``confirmed_at_ms`` (wall clock, taken before the confirmation was sent) as group
+        member ``member``: the record counts only if no newer generation took the partition before it
         (``core.ownership``). Whatever this worker held of the partition is forgotten. The
         changelog is to be read up to ``ownership(...).next_offset`` (the confirmation
         included): a takeover landing between the two is one this worker must see."""
@@ -153,6 +155,7 @@ class OwnedWrites:
             at_ms=confirmed_at_ms or int(time.time() * 1000),
             generation=generation,
             format=FORMAT,
+            member=member,
         )
         epoch = await self._append(topic, partition, takeover_key(partition, takeover.token), encode_takeover(takeover))
         confirmation = Confirmation(
@@ -162,6 +165,7 @@ class OwnedWrites:
             at_ms=takeover.at_ms,
             generation=generation,
             format=FORMAT,
+            member=member,
         )
         confirmed = await self._append(
             topic, partition, confirmation_key(partition, self.new_token()), encode_confirmation(confirmation)
@@ -176,7 +180,9 @@ class OwnedWrites:
         owned.idle.set()
         return epoch
 
-    async def confirm(self, topic: str, partition: int, generation: int, confirmed_at_ms: int) -> bool:
+    async def confirm(
+        self, topic: str, partition: int, generation: int, confirmed_at_ms: int, member: str = ""
+    ) -> bool:
         """Keep owning a partition through a rebalance: append a confirmation carrying the
         group generation confirmed again (at ``confirmed_at_ms``) and wait for it. Whether
         it counts and landed where this owner's next write was due (nobody wrote the
@@ -192,6 +198,7 @@ class OwnedWrites:
             at_ms=confirmed_at_ms,
             generation=generation,
             format=FORMAT,
+            member=member,
         )
         if not counts_after(confirmation.as_takeover(), owned.takeover):
             return False  # a group that started again, within the clock-skew bound: a takeover must wait

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import random
 import selectors
 from collections import deque
@@ -182,12 +183,15 @@ class SimConsumer(FakeConsumer):
         self.lock: asyncio.Lock | None = None
         #: the worker it belongs to
         self.worker: Worker | None = None
+        #: its member id: Kafka's coordinator gives a new one to a member that joins anew
+        #: (a group started again, a member expelled while away); kept while it stays in
+        self.member_id = ""
         #: the fetch waiting for input (ended when a record it follows lands)
         self.waiting: asyncio.Future | None = None
 
     @property
     def _coordinator(self) -> SimpleNamespace:
-        return SimpleNamespace(generation=self.joined[1])
+        return SimpleNamespace(generation=self.joined[1], member_id=self.member_id)
 
     async def getmany(self, *tps: Any, timeout_ms: int = 0, **kwargs: Any) -> dict[Any, list[Any]]:
         """What is fetchable now, else the first that is within ``timeout_ms`` of virtual
@@ -249,6 +253,8 @@ class SimConsumer(FakeConsumer):
             if self.latest != joined:
                 return  # a newer rebalance came meanwhile: it is the one this member joins
             await self._revoke()
+            if self.joined != (joined[0], joined[1] - 1):  # not in the generation before: a new member
+                self.member_id = f"{self.worker.name if self.worker else '?'}-{next(self.sim.members)}"
             self.joined, self.joined_in = joined, self.sim.group_of[self.group_id].seq
             self.positions = {TP(self.topics[0], p): 0 for p in partitions}
             self.paused = set()
@@ -542,6 +548,8 @@ class Simulation:
         #: (changelog, partition) -> the highest checkpoint whose outputs were released
         self.released: dict[tuple[str, int], int] = {}
         self.trace: list[str] = []
+        #: numbers of the members' ids
+        self.members = itertools.count()
         #: writes of stopped workers that may still land
         self.orphans: deque[InFlight] = deque()
         #: violations found inside a worker's task that would not fail it (raised by ``run``)

@@ -125,6 +125,20 @@ REVERTS = (
     ),
     Revert(
         43,
+        "2d",
+        "the same generation by another member counts only past the bound",
+        (
+            (
+                ownership,
+                "counts_after",
+                "if takeover.generation == before.generation and takeover.member and before.member:",
+                "if False:",
+            ),
+        ),
+        ((writes, "counts_after"),),
+    ),
+    Revert(
+        43,
         "stage 2",
         "a restore publishes what its state holds and no publication says (a write group landed in part)",
         ((stage2, "BatchMerger._publish_again", "self._publish_owed(entry, effects)", "pass"),),
