@@ -351,6 +351,35 @@ def test_a_foreign_takeover_in_its_changelog_fences_the_worker_and_releases_noth
     assert stages.states[(R, 0)][1].applied == [3]
 
 
+def test_a_gap_that_compaction_emptied_gives_the_partition_up_and_releases_nothing():
+    """Simulation seed 6134: a frozen owner's write lands after another worker's takeover;
+    before the owner wakes, a second copy of that takeover (or a later owner's deletion of
+    it) lets compaction remove the record in the gap. What the gap held cannot be known: the
+    owner gives the partition up rather than release output of writes that may not count."""
+    logs = FakeLogs()
+    stages = FakeStages(logs)
+    for _ in range(3):
+        logs.append(R, 0, b"r")
+
+    async def run() -> None:
+        driver = fake_driver(logs, stages)
+        driver.start()
+        member = await _member(logs, R)
+        await member.rebalance([0])
+        await _until(lambda: (R, 0, 2) in stages.released)
+        logs.append(f"{R}-changelog", 0, None, None)  # an offset compaction emptied, before this worker's next write
+        logs.logs[f"{R}-changelog"][0][-1] = (len(logs.logs[f"{R}-changelog"][0]) - 1, None, None)
+        logs.append(R, 0, b"r")
+        await _until(lambda: driver.writes.unreadable_gaps == 1)
+        assert (R, 0, 3) not in stages.released  # its output never leaves
+        # still assigned here: taken over again, from the changelog, where its writes counted after all
+        await _until(lambda: len(stages.states[(R, 0)]) == 2 and driver.ledger.timers_run(R, 0))
+        assert stages.states[(R, 0)][1].checkpoint == 3 and driver.writes.unreadable_gaps == 1
+        await driver.close()
+
+    asyncio.run(run())
+
+
 def test_a_member_of_a_stale_generation_writes_no_takeover():
     logs = FakeLogs()
     stages = FakeStages(logs)

@@ -135,6 +135,8 @@ class OwnedWrites:
         #: groups whose offsets skipped some, and fencings, over the worker's life (stats)
         self.gaps_checked = 0
         self.fenced = 0
+        #: gaps with offsets compaction removed, each giving the partition up (stats)
+        self.unreadable_gaps = 0
 
     # -- ownership ---------------------------------------------------------------------
     async def take_over(
@@ -339,6 +341,10 @@ class OwnedWrites:
         if found is not None:
             self._fenced_by(topic, partition, owned, found[1], found[0])
             return
+        gone = sorted(set(range(start, end)) - ours - {offset for offset, _, _ in records})
+        if gone:
+            self._fenced_unread(topic, partition, owned, gone)
+            return
         owned.next_offset = end
         owned.checking = False
         await self._complete(topic, partition, owned, group)
@@ -383,6 +389,24 @@ class OwnedWrites:
         if self._owned.get((topic, partition)) is owned:
             self.forget(topic, partition)
             self.on_fenced(topic, partition)
+
+    def _fenced_unread(self, topic: str, partition: int, owned: Ownership, gone: list[int]) -> None:
+        """Skipped offsets compaction removed: what was there cannot be known (a takeover
+        whose second copy, or whose deletion by a later owner, superseded it, and its
+        confirmation after this group's writes). The group may not count: the partition is
+        given up like a fenced one (taken over again if still assigned)."""
+        if self._owned.get((topic, partition)) is not owned:
+            return  # given up meanwhile
+        self.unreadable_gaps += 1
+        log.warning(
+            "%s[%d]: offsets %s before this worker's writes are gone (compacted): another worker's takeover may "
+            "have been among them, so they may not count; it gives the partition up",
+            topic,
+            partition,
+            gone[:5],
+        )
+        self.forget(topic, partition)
+        self.on_fenced(topic, partition)
 
     async def _complete(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
         """A group verified: its outputs leave, then the deletions it made safe."""
@@ -442,7 +466,12 @@ class OwnedWrites:
                 pass
 
     def stats(self) -> dict[str, Any]:
-        return {"owned": len(self._owned), "gaps_checked": self.gaps_checked, "fenced": self.fenced}
+        return {
+            "owned": len(self._owned),
+            "gaps_checked": self.gaps_checked,
+            "fenced": self.fenced,
+            "unreadable_gaps": self.unreadable_gaps,
+        }
 
 
 def _in_place(owned: Ownership, group: _Group) -> bool:

@@ -177,8 +177,13 @@ class FakeConsumer:
             log = self.logs.logs.get(tp.topic, {}).get(tp.partition, [])
             taken = log[position : position + 3]  # a few at a time: fetches interleave with the test
             if taken:
-                out[tp] = [SimpleNamespace(offset=o, key=k, value=v) for o, k, v in taken]
                 self.positions[tp] = taken[-1][0] + 1
+                # an offset compaction removed (no key, no value) is not served, as Kafka's
+                kept = [
+                    SimpleNamespace(offset=o, key=k, value=v) for o, k, v in taken if k is not None or v is not None
+                ]
+                if kept:
+                    out[tp] = kept
         return out
 
 
