@@ -5,7 +5,8 @@ Cyclomatic complexity as radon counts it (``radon cc``): no function or method i
 ``streams/``, ``producers/`` or ``schemas/`` above ``WORST`` (12), and the mean over
 ``streams/``' functions and methods (classes not counted as blocks of their own, nor
 closures) at most ``MEAN_CEILING``. The mean's target is ``MEAN_TARGET`` (2.8); the
-ceiling is where the code stands (3.20 on main before issue 45, 3.117 after it), only ever lowered,
+ceiling is where the code stands (3.20 on main before issue 45, 3.117 after its first splits, 2.955
+after its second), only ever lowered,
 until it reaches the target (tests/test_complexity.py fails the day it does). Split what
 passes along its concerns; never raise a bound to let it pass.
 
@@ -28,7 +29,7 @@ BOUNDED = ("streams", "producers", "schemas")
 MEANT = "streams"
 WORST = 12
 MEAN_TARGET = 2.8
-MEAN_CEILING = 3.12
+MEAN_CEILING = 2.96
 
 
 def functions(folder: str) -> list[tuple[str, Function]]:
