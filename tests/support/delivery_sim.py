@@ -745,6 +745,8 @@ class Simulation:
             landed = self.rng.random() < 0.5
             if landed:
                 self._append(topic, partition, key, value)
+            else:
+                _lose_after(worker, in_flight, topic, partition)
             self.say(f"  {worker.name}'s write to {topic}[{partition}] times out ({'landed' if landed else 'lost'})")
             worker.loop.call_soon(_answer, future, None, KafkaTimeoutError())
             return
@@ -960,6 +962,14 @@ def _checkpoint_in(key: bytes, value: bytes | None) -> int | None:
     return decode_checkpoint(value).offset if kind == b"c" else decode_stage2_checkpoint(value).offset
 
 
+def _lose_after(worker: Worker, in_flight: deque[InFlight], topic: str, partition: int) -> None:
+    """A write lost: the idempotent producer's later writes to its partition are refused
+    (their sequence numbers no longer follow): none of them lands, each fails."""
+    for write in [w for w in in_flight if w[0] == topic and w[1] == partition]:
+        in_flight.remove(write)
+        worker.loop.call_soon(_answer, write[4], None, KafkaTimeoutError())
+
+
 def _next_of_a_partition(in_flight: deque[InFlight], rng: random.Random) -> InFlight:
     """The oldest write in flight to a partition picked at random among those waiting."""
     topic, partition = rng.choice(in_flight)[:2]
@@ -1055,7 +1065,7 @@ def failures_among(seeds: range) -> list[str]:
 
 
 def run_many(
-    schedules: int, *, start: int = 0, jobs: int = 0, progress: Callable[[int, int], None] | None = None
+    schedules: int, *, start: int = 0, jobs: int = 0, progress: Callable[[int, list[str]], None] | None = None
 ) -> list[str]:
     """Schedules ``start`` to ``start + schedules - 1`` over ``jobs`` processes (0: one per
     core); the violations found, each with its seed and shortest trace."""
@@ -1071,7 +1081,7 @@ def run_many(
             found += violations
             done += len(chunk)
             if progress is not None:
-                progress(done, len(found))
+                progress(done, found)
     return found
 
 
@@ -1117,18 +1127,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.CRITICAL)  # the workers say what they do; the violations say what matters
     began = last = time.monotonic()
 
-    def progress(done: int, violations: int) -> None:
-        nonlocal last
+    said = 0
+
+    def progress(done: int, found: list[str]) -> None:
+        nonlocal last, said
+        for violation in found[said:]:  # each as soon as it is found
+            print(violation, file=sys.stderr, flush=True)
+        said = len(found)
         now = time.monotonic()
         if now - last >= args.every or done == args.schedules:
             last = now
             rate = done / (now - began)
-            print(f"{done:,}/{args.schedules:,} schedules, {violations} violations, {rate:,.0f}/s", file=sys.stderr)
+            print(
+                f"{done:,}/{args.schedules:,} schedules, {said} violations, {rate:,.0f}/s", file=sys.stderr, flush=True
+            )
 
     found = run_many(args.schedules, start=args.start, jobs=args.jobs, progress=progress)
     elapsed = time.monotonic() - began
-    for violation in found:
-        print(violation, file=sys.stderr)
     summary = {"schedules": args.schedules, "start": args.start, "violations": len(found), "seconds": round(elapsed, 1)}
     print(json.dumps(summary))
     return 1 if found else 0
