@@ -1085,22 +1085,24 @@ def run_many(
     return found
 
 
-def _violation_of(seed: int) -> str | None:
+def _violation_of(seed: int, real: bool | None = None) -> str | None:
     try:
-        run_simulation(seed)
+        run_simulation(seed, real=real)
     except Violation as violation:
         return str(violation)
     return None
 
 
-def first_failure(limit: int, *, jobs: int = 0) -> tuple[int, str] | None:
+def first_failure(limit: int, *, jobs: int = 0, real: bool | None = None) -> tuple[int, str] | None:
     """The first seed below ``limit`` whose schedule breaks an invariant, and its violation
-    (None: none does). Over a process per core, forked: a function replaced in this process
-    (a fix reverted) is replaced in theirs."""
+    (None: none does); every schedule with the worker's own stages when ``real``. Over a
+    process per core, forked: a function replaced in this process (a fix reverted) is
+    replaced in theirs."""
     import multiprocessing
 
+    check = functools.partial(_violation_of, real=real)
     with multiprocessing.get_context("fork").Pool(jobs or multiprocessing.cpu_count()) as pool:
-        for seed, violation in enumerate(pool.imap(_violation_of, range(limit), chunksize=4)):
+        for seed, violation in enumerate(pool.imap(check, range(limit), chunksize=4)):
             if violation is not None:
                 pool.terminate()
                 return seed, violation
