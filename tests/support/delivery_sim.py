@@ -904,22 +904,9 @@ class SimInput:
 @functools.lru_cache(maxsize=SimInput.FLEETS)
 def _fleet(n: int) -> tuple[list[Any], list[tuple[int, bytes | None, bytes]]]:
     """Fleet ``n``: its events (every kind of trouble, small) and its messages in order."""
-    from specmeter.streams.fleet.synthetic import FleetSpec, synthetic_fleet
+    from .worker_harness import fleet_events
 
-    spec = FleetSpec(
-        batches=2,
-        sessions_per_batch=4,
-        producers=3,
-        seed=n,
-        redelivery_rate=0.25,
-        conflict_rate=0.02,
-        missing_rate=0.1,
-        invalid_rate=0.02,
-        inconsistent_rate=0.05,
-        batch_prefix=f"s{n}-b",
-        template_pool=16,
-    )
-    events = list(synthetic_fleet(spec))
+    events = fleet_events(n, batches=2, sessions=4, template_pool=16)
     sent: dict[tuple[str, str, int], int] = {}
     return events, [message for event in events for message in _messages(event, sent)]
 

@@ -29,9 +29,10 @@ from .kafka_helpers import delete_topics, read_topic
 JUNK = [b"\xc1\xc1 not msgpack", b"\x93\x01\x02", b"\x81\xa4type\xa7nonsuch"]
 
 
-def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetEvent]:
+def fleet_events(seed: int, batches: int = 4, sessions: int = 24, template_pool: int = 2048) -> list[FleetEvent]:
     """A small seeded fleet with every kind of trouble (redeliveries, conflicts, unknowns,
-    invalid, histograms that contradict their counters), of three tasks."""
+    invalid, histograms that contradict their counters), of three tasks (``template_pool``:
+    the counters drawn from; fewer draw faster)."""
     return list(
         synthetic_fleet(
             FleetSpec(
@@ -45,6 +46,7 @@ def fleet_events(seed: int, batches: int = 4, sessions: int = 24) -> list[FleetE
                 invalid_rate=0.02,
                 inconsistent_rate=0.05,
                 batch_prefix=f"s{seed}-b",
+                template_pool=template_pool,
             )
         )
     )
