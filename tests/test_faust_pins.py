@@ -53,6 +53,11 @@ def test_the_metadata_request_the_fetch_wait_and_the_appender_are_where_they_wer
 
     assert inspect.iscoroutinefunction(Sender.close) and "self._sender_task.cancel()" in inspect.getsource(Sender.close)
     assert "return_when=asyncio.FIRST_COMPLETED" in inspect.getsource(AIOKafkaProducer.stop)
+    # group_generation, group_member: the group coordinator keeps both of the last join
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+
+    coordinator = inspect.getsource(GroupCoordinator)
+    assert "self.generation = " in coordinator and "self.member_id = " in coordinator
     check_pins()  # and what the worker checks at start holds
 
 
