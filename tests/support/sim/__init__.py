@@ -1,5 +1,5 @@
 """A deterministic simulation of the worker (issue 43): its own delivery layer, stages and
-ordered producer, for three workers over an in-memory Kafka that behaves like Kafka where
+ordered producer, for two to four workers over an in-memory Kafka that behaves like Kafka where
 the ownership protocol cares.
 
 Two kinds of schedule share the scheduler:
@@ -13,14 +13,15 @@ Two kinds of schedule share the scheduler:
   cheaper, so that more schedules reach the ownership protocol's corners.
 
 The in-memory Kafka: partition logs with offsets; compaction at any step (the latest
-record per key, tombstones kept); a coordinator per consumer group with the classic
-protocol's generations, the project's own sticky assignor (or another leader's mind), members
-expired while frozen (their commits refused, their fetches and writes going on), groups
-deleted and started again (generations from 1); fetches that end on input; writes in flight
-that land whenever the scheduler says, in order per partition, from frozen and dead workers
-too, sometimes twice, answered without an offset, or timed out (landed or not); takeover
-records appended twice. Workers freeze, wake, stop as designed (fail fast) and are killed
-between any two awaits, and restart.
+record per key, tombstones kept or dropped, emptied offsets never served); a coordinator per
+consumer group with the classic protocol's generations and member ids, the project's own
+sticky assignor (or another leader's mind), members expired while frozen (their commits
+refused, their fetches and writes going on), groups deleted and started again (generations
+from 1, new member ids); fetches that end on input; writes in flight that land whenever the
+scheduler says, in order per partition, from frozen and dead workers too, sometimes twice,
+answered without an offset, or timed out (landed, or lost with the later writes to its
+partition); takeover records appended twice. Workers freeze, wake, stop as designed (fail
+fast) and are killed between any two awaits, and restart.
 
 Each worker runs on an event loop of its own whose clock is virtual (``VirtualLoop``: it
 jumps to the next timer when nothing is ready), advanced to the simulation's time only when
