@@ -81,13 +81,21 @@ def run_many(
     chunks = [range(s, min(s + size, start + schedules)) for s in range(start, start + schedules, size)]
     found: list[str] = []
     done = 0
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_quiet) as pool:
         for violations, chunk in zip(pool.imap(failures_among, chunks), chunks, strict=True):
             found += violations
             done += len(chunk)
             if progress is not None:
                 progress(done, found)
     return found
+
+
+def _quiet() -> None:
+    """A schedule's process logs nothing: the workers say much, a violation carries its
+    trace, and under pytest every line would be formatted and held by its capture."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
 
 
 def _violation_of(seed: int, real: bool | None = None) -> str | None:
@@ -106,7 +114,7 @@ def first_failure(limit: int, *, jobs: int = 0, real: bool | None = None) -> tup
     import multiprocessing
 
     check = functools.partial(_violation_of, real=real)
-    with multiprocessing.get_context("fork").Pool(jobs or multiprocessing.cpu_count()) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs or multiprocessing.cpu_count(), initializer=_quiet) as pool:
         for seed, violation in enumerate(pool.imap(check, range(limit), chunksize=4)):
             if violation is not None:
                 pool.terminate()
