@@ -200,6 +200,9 @@ def main() -> None:
     import time
 
     from .delivery_sim import first_failure
+    from .sim.runs import with_fixed_hash_seed
+
+    with_fixed_hash_seed("tests.support.sim_reverts")
 
     parser = argparse.ArgumentParser(prog="python -m tests.support.sim_reverts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=2000, help="seeds tried per fix (default 2,000)")

@@ -27,7 +27,8 @@ Each worker runs on an event loop of its own whose clock is virtual (``VirtualLo
 jumps to the next timer when nothing is ready), advanced to the simulation's time only when
 the scheduler lets it run. Its wall clock is the simulation's time plus a skew of its own
 (up to ±20 s; a restarted group's takeovers are judged past the 60 s bound). One seed is one
-schedule, and replays exactly.
+schedule, and replays exactly under one hash seed (``PYTHONHASHSEED``: sets of strings
+are iterated; ``deploy/dev test`` and the long mode fix it at 0).
 
 The parts, a module each, so that each can be read (and changed) on its own:
 
