@@ -107,13 +107,16 @@ def start_workers(
     web_ports: list[int] | None = None,
     first: int = 0,
     extra: tuple[str, ...] = (),
+    profile_to: str | None = None,
 ) -> tuple[str, list]:
     """Start worker processes of a fresh app (or more of app ``name``); returns (app name,
     processes).
 
     ``web_port``: serve the (first) worker's web pages there instead of none; ``web_ports``:
     one port per worker; ``first``: the number of the first worker's log (workers already
-    started); ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``)."""
+    started); ``extra``: more ``specmeter worker`` flags (e.g. ``--grace 60``);
+    ``profile_to``: run the (one) worker under cProfile, its stats written to that file when
+    it stops."""
     name = name or f"bench-{uuid.uuid4().hex[:8]}"
     topics = [
         "--records-topic",
@@ -130,7 +133,9 @@ def start_workers(
         port = web_ports[i] if web_ports else web_port if not procs else None
         web = ["--web-port", str(port), "--web-host", "127.0.0.1"] if port else ["--no-web"]
         flags = ["--partitions", str(partitions), "--batch-timeout", "120", *web, "--log-level", "info"]
-        command = [sys.executable, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap, "--app-id", name]
+        profiler = ["-m", "cProfile", "-o", profile_to] if profile_to else []
+        command = [sys.executable, *profiler, "-m", "specmeter.streams.cli", "worker", "--broker", bootstrap]
+        command += ["--app-id", name]
         command += [*topics, *flags, "--data-dir", tempfile.mkdtemp(prefix="bench-"), *extra]
         with open(worker_logs(name, first + workers)[first + len(procs)], "wb") as log:  # the worker keeps its own
             procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -241,16 +246,22 @@ def _ready_at(log_path: str) -> float | None:
 
 
 def run_workers_timed(
-    bootstrap: str, records_topic: str, partitions: int, batches: int, workers: int, timeout_s: float = 900.0
+    bootstrap: str,
+    records_topic: str,
+    partitions: int,
+    batches: int,
+    workers: int,
+    timeout_s: float = 900.0,
+    profile_to: str | None = None,
 ) -> WorkerRun:
     """Start ``workers`` worker processes and time them to the last batch's BatchMetrics
-    (and to ready, read from their logs)."""
+    (and to ready, read from their logs); ``profile_to``: the one worker under cProfile."""
     from aiokafka import AIOKafkaConsumer
 
     from specmeter.schemas import decode_metrics
 
     started = time.time()
-    name, procs = start_workers(bootstrap, records_topic, partitions, workers)
+    name, procs = start_workers(bootstrap, records_topic, partitions, workers, profile_to=profile_to)
     cpu = _CpuSampler([proc.pid for proc in procs])
 
     async def wait_metrics() -> float:
