@@ -211,6 +211,8 @@ _SPLIT_GAUGES = (
 
 #: (revision 5) the spread of tokens per verify step, a histogram, and its retracted twin
 _SPREAD_HISTOGRAMS = (f"specmeter_{SPREAD_STEM}", f"specmeter_{SPREAD_STEM}_retracted")
+#: the slot of the spread's first bucket (``SLOTS``: its buckets follow it, in ``SPREAD_BOUNDS``' order)
+_SPREAD_FIRST = SLOTS.index(next(slot for slot in SLOTS if slot.stem == SPREAD_STEM))
 
 EXPORTED_METRICS = (
     *_PUBLISHED_COUNTERS,
@@ -359,9 +361,8 @@ class WorkerCollector:
     @staticmethod
     def _published(published: PublishedTotals) -> Iterator[Any]:
         families = _published_families()
-        for labels, totals in published.totals.items():
+        for labels, totals in published.totals.items():  # slots and tasks: families of their own
             _add_slots(families, labels, totals)
-        for labels, totals in published.totals.items():
             _add_tasks(families, labels, totals)
         for added, retracted in families.values():
             yield added
@@ -456,15 +457,20 @@ def _spread(published: PublishedTotals) -> Iterator[HistogramMetricFamily]:
     edges. No ``_sum`` (a generation's own ratio is not kept, only its bucket), so no
     ``_count`` either: the ``+Inf`` bucket counts the generations."""
     added, retracted = _spread_families()
-    first = SLOTS.index(next(slot for slot in SLOTS if slot.stem == SPREAD_STEM))
     for labels, totals in published.totals.items():
-        if first not in totals.present:
+        if _SPREAD_FIRST not in totals.present:
             continue
         for family, counts in ((added, totals.added), (retracted, totals.retracted)):
-            cumulative = itertools.accumulate(counts[first : first + len(SPREAD_BOUNDS)])
-            family.add_metric(list(labels), list(zip(SPREAD_BOUNDS, cumulative, strict=True)), None)
+            family.add_metric(list(labels), _spread_buckets(counts), None)
     yield added
     yield retracted
+
+
+def _spread_buckets(counts: list[int]) -> list[tuple[str, int]]:
+    """A label set's spread buckets (its slots' counts, each bucket apart) as the histogram
+    has them: cumulative, each under its ``le``."""
+    cumulative = itertools.accumulate(counts[_SPREAD_FIRST : _SPREAD_FIRST + len(SPREAD_BOUNDS)])
+    return list(zip(SPREAD_BOUNDS, cumulative, strict=True))
 
 
 def _spread_families() -> tuple[HistogramMetricFamily, HistogramMetricFamily]:
@@ -502,12 +508,9 @@ class _Latest:
 
     def __init__(self) -> None:
         batch = LATEST_LABELS
-        self.gauges = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_GAUGES.items()}
-        self.fields = {name: GaugeMetricFamily(name, doc, labels=batch) for name, (_, doc) in _BATCH_FIELDS.items()}
-        self.versions = {
-            name: GaugeMetricFamily(name, doc, labels=[*batch, "version_age"])
-            for name, (_, doc) in _VERSION_GAUGES.items()
-        }
+        self.gauges = _gauge_families(_BATCH_GAUGES, batch)
+        self.fields = _gauge_families(_BATCH_FIELDS, batch)
+        self.versions = _gauge_families(_VERSION_GAUGES, [*batch, "version_age"])
         self.positions = GaugeMetricFamily(
             "specmeter_batch_position_accept_rate_ratio",
             "Share of the newest batch's verify steps (with a histogram) that accepted their k-th draft "
@@ -550,10 +553,7 @@ class _Latest:
 
     def _gauges(self, m: Any, ids: list[str]) -> None:
         """The batch's gauges of the metrics it has."""
-        for name, (key, _) in _BATCH_GAUGES.items():
-            value = m.metrics.get(key)
-            if value is not None:
-                self.gauges[name].add_metric(ids, value)
+        _add_known(self.gauges, _BATCH_GAUGES, m.metrics, ids)
 
     def _steps(self, histogram: list[int], ids: list[str]) -> None:
         """The acceptance-length gauge: bins past the last exported one folded into it."""
@@ -571,11 +571,23 @@ class _Latest:
     def _version(self, entries: list[Any], ids: list[str]) -> None:
         """The gauges of one version age (``ids`` ending with it)."""
         metrics, rates = _age_metrics(entries)
-        for name, (key, _) in _VERSION_GAUGES.items():
-            value = metrics.get(key)
-            if value is not None:
-                self.versions[name].add_metric(ids, value)
+        _add_known(self.versions, _VERSION_GAUGES, metrics, ids)
         _add_positions(self.version_positions, ids, rates)
+
+
+def _gauge_families(table: dict[str, tuple[str, str]], labels: list[str]) -> dict[str, GaugeMetricFamily]:
+    """A gauge family, empty, for each gauge of ``table`` (name -> (source, help)), labelled ``labels``."""
+    return {name: GaugeMetricFamily(name, doc, labels=labels) for name, (_, doc) in table.items()}
+
+
+def _add_known(
+    families: dict[str, GaugeMetricFamily], table: dict[str, tuple[str, str]], metrics: dict, ids: list[str]
+) -> None:
+    """Each gauge of ``table`` (name -> (key of ``metrics``, help)) whose metric is known, under ``ids``."""
+    for name, (key, _) in table.items():
+        value = metrics.get(key)
+        if value is not None:
+            families[name].add_metric(ids, value)
 
 
 def _by_age(m: Any) -> dict[str, list[Any]]:
