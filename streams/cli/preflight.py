@@ -55,11 +55,16 @@ class BrokerUnreachable(SpecmeterError, ConnectionError):
 
     @property
     def authentication_failed(self) -> bool:
-        return any("Authentication" in r or "authentication" in r or "SASL" in r for r in self.reasons)
+        return _mentions(self.reasons, ("Authentication", "authentication", "SASL"))
 
     @property
     def tls_failed(self) -> bool:
-        return any("SSL" in r or "certificate" in r or "TLS" in r for r in self.reasons)
+        return _mentions(self.reasons, ("SSL", "certificate", "TLS"))
+
+
+def _mentions(reasons: list[str], words: tuple[str, ...]) -> bool:
+    """Whether one of aiokafka's reasons names one of ``words`` (how it says what failed)."""
+    return any(word in reason for reason in reasons for word in words)
 
 
 class PortInUse(SpecmeterError, OSError):
@@ -112,13 +117,18 @@ def _check_mechanism(mechanism: str, protocol: str) -> None:
 
 def _check_credentials(security: KafkaSecurity) -> None:
     """What the protocol needs besides: a readable CA bundle, a SASL user and password."""
-    if security.ssl_cafile is not None and not os.access(security.ssl_cafile, os.R_OK):
-        raise BadSecurity(
-            f"KAFKA_SSL_CAFILE={security.ssl_cafile}: no such readable file: point it at the PEM CA "
-            "bundle that verifies the brokers"
-        )
+    if security.ssl_cafile is not None:
+        _check_cafile(security.ssl_cafile)
     if "SASL" in security.protocol:
         _check_login(security)
+
+
+def _check_cafile(cafile: str) -> None:
+    """The CA bundle KAFKA_SSL_CAFILE names, a file that can be read."""
+    if not os.access(cafile, os.R_OK):
+        raise BadSecurity(
+            f"KAFKA_SSL_CAFILE={cafile}: no such readable file: point it at the PEM CA bundle that verifies the brokers"
+        )
 
 
 def _check_login(security: KafkaSecurity) -> None:
