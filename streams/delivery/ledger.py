@@ -84,6 +84,16 @@ class _Partition:
     restoring: bool = False  # a takeover and restore is under way in this turn
     catch_up_end: int | None = None  # installed, timers held until the route reaches this offset
 
+    @property
+    def awaits_restore(self) -> bool:
+        """No state installed, and no restore under way in this turn."""
+        return self.state is None and not self.restoring
+
+
+def _of_topic(tp: TopicPartition, topic: str | None) -> bool:
+    """Whether a partition is of ``topic`` (None: of any topic)."""
+    return topic is None or tp[0] == topic
+
 
 @dataclass(slots=True)
 class Ledger:
@@ -110,10 +120,12 @@ class Ledger:
         if topic not in self.topics:
             return []
         wanted = {(topic, p) for p in partitions}
-        gone = [tp for tp in self._partitions if tp[0] == topic and tp not in wanted]
-        if gone:
-            self.revoke(gone)
+        self._revoke_unwanted(topic, wanted)
         return self._add_new(topic, wanted)
+
+    def _revoke_unwanted(self, topic: str, wanted: set[TopicPartition]) -> None:
+        """The partitions of ``topic`` held and no longer wanted, revoked (suspended)."""
+        self.revoke([tp for tp in self._partitions if tp[0] == topic and tp not in wanted])
 
     def _add_new(self, topic: str, wanted: set[TopicPartition]) -> list[int]:
         """The wanted partitions not held yet, each new in its own turn; returns them."""
@@ -166,18 +178,14 @@ class Ledger:
     # -- restore ----------------------------------------------------------------------------
     def to_restore(self, topic: str | None = None) -> list[TopicPartition]:
         """Assigned partitions without a state and no restore under way in their turn."""
-        return sorted(
-            tp
-            for tp, part in self._partitions.items()
-            if part.state is None and not part.restoring and (topic is None or tp[0] == topic)
-        )
+        return sorted(tp for tp, part in self._partitions.items() if part.awaits_restore and _of_topic(tp, topic))
 
     def begin_restore(self, topic: str, partition: int) -> int | None:
         """A restore starts; returns its turn (its token for ``install`` and
         ``end_restore``), or None when the partition is not ours, has its state, or is
         being restored in this turn already."""
         part = self._partitions.get((topic, partition))
-        if part is None or part.state is not None or part.restoring:
+        if part is None or not part.awaits_restore:
             return None
         part.restoring = True
         return part.turn
@@ -267,5 +275,5 @@ class Ledger:
         return {
             tp: part.state.checkpoint + 1
             for tp, part in self._partitions.items()
-            if part.state is not None and part.state.checkpoint >= 0 and (topic is None or tp[0] == topic)
+            if part.state is not None and part.state.checkpoint >= 0 and _of_topic(tp, topic)
         }
