@@ -111,6 +111,12 @@ class Ownership:
     #: set while no group is in flight
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def waiting_groups(self) -> bool:
+        """Whether groups wait: handed over and not all acknowledged, acknowledged and not
+        verified, or held back behind a barrier (a group under its check aside: ``checking``)."""
+        return bool(self.groups or self.acknowledged or self.held_back)
+
 
 class OwnedWrites:
     """Takeovers and write groups of the changelog partitions this worker owns."""
@@ -160,15 +166,7 @@ class OwnedWrites:
             member=member,
         )
         epoch = await self._append(topic, partition, takeover_key(partition, takeover.token), encode_takeover(takeover))
-        confirmation = Confirmation(
-            token=takeover.token,
-            epoch=epoch,
-            owner=self.owner,
-            at_ms=takeover.at_ms,
-            generation=generation,
-            format=FORMAT,
-            member=member,
-        )
+        confirmation = self._confirmation(takeover.token, epoch, takeover.at_ms, generation, member)
         confirmed = await self._append(
             topic, partition, confirmation_key(partition, self.new_token()), encode_confirmation(confirmation)
         )
@@ -191,17 +189,9 @@ class OwnedWrites:
         partition since): then a takeover of an older rebalance landing later counts for
         nothing, and the partition is kept; else it is to be taken over and restored."""
         owned = self._owned.get((topic, partition))
-        if owned is None or owned.takeover is None or owned.groups or owned.acknowledged or owned.held_back:
+        if owned is None or owned.takeover is None or owned.waiting_groups:
             return False
-        confirmation = Confirmation(
-            token=owned.token,
-            epoch=owned.epoch,
-            owner=self.owner,
-            at_ms=confirmed_at_ms,
-            generation=generation,
-            format=FORMAT,
-            member=member,
-        )
+        confirmation = self._confirmation(owned.token, owned.epoch, confirmed_at_ms, generation, member)
         if not counts_after(confirmation.as_takeover(), owned.takeover):
             return False  # a group that started again, within the clock-skew bound: a takeover must wait
         offset = await self._append(
@@ -212,6 +202,13 @@ class OwnedWrites:
         owned.next_offset = offset + 1
         owned.takeover = confirmation.as_takeover()
         return True
+
+    def _confirmation(self, token: str, epoch: int, at_ms: int, generation: int, member: str) -> Confirmation:
+        """This worker's confirmation of its takeover ``token`` landed at ``epoch``: after the
+        takeover itself, or when it keeps the partition through a rebalance."""
+        return Confirmation(
+            token=token, epoch=epoch, owner=self.owner, at_ms=at_ms, generation=generation, format=FORMAT, member=member
+        )
 
     async def _append(self, topic: str, partition: int, key: bytes, value: bytes) -> int:
         """Append one record of this worker's own (a takeover, a confirmation) and wait for
@@ -413,7 +410,7 @@ class OwnedWrites:
         try:
             await self._release(topic, partition, owned, group)
         finally:
-            if not owned.groups and not owned.acknowledged and not owned.checking and not owned.held_back:
+            if not owned.waiting_groups and not owned.checking:
                 owned.idle.set()
 
     async def _release(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
@@ -423,13 +420,18 @@ class OwnedWrites:
             try:
                 await group.release()
             finally:
-                if group.barrier:
-                    owned.behind_barrier = False  # its deletions go first, then what waited
-                if group.deletions:
-                    deletions = _Group(expected=len(group.deletions), release=_nothing, deletions=[])
-                    self._submit_group(topic, partition, owned, deletions, [(key, None) for key in group.deletions])
-                if group.barrier:
-                    self._past_barrier(topic, partition, owned)
+                self._after_release(topic, partition, owned, group)
+
+    def _after_release(self, topic: str, partition: int, owned: Ownership, group: _Group) -> None:
+        """Once a group's outputs left (or failed to): its deletions handed over as a group
+        of their own and, for a barrier, the groups held back behind it after them."""
+        if group.barrier:
+            owned.behind_barrier = False  # its deletions go first, then what waited
+        if group.deletions:
+            deletions = _Group(expected=len(group.deletions), release=_nothing, deletions=[])
+            self._submit_group(topic, partition, owned, deletions, [(key, None) for key in group.deletions])
+        if group.barrier:
+            self._past_barrier(topic, partition, owned)
 
     def _past_barrier(self, topic: str, partition: int, owned: Ownership) -> None:
         """A barrier group's deletions are handed over: the groups held back behind it go."""
