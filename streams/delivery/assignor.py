@@ -22,7 +22,7 @@ so that the two stages' groups in one process keep apart what each holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -75,7 +75,7 @@ def _by_topic(partitions: Iterable[Partition]) -> dict[str, list[Partition]]:
 
 def _assign_topic(tps: list[Partition], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
     owner = _owners(tps, members)
-    held: dict[str, list[Partition]] = {m: sorted(tp for tp, o in owner.items() if o == m) for m in members}
+    held = _held(owner, members)
     share = _shares(len(tps), held)
     out: dict[str, list[Partition]] = {}
     free: list[Partition] = sorted(tp for tp in tps if tp not in owner)
@@ -96,6 +96,11 @@ def _owners(tps: list[Partition], members: Mapping[str, Member]) -> dict[Partiti
             if tp in existing:
                 owner[tp] = member
     return owner
+
+
+def _held(owner: dict[Partition, str], members: Mapping[str, Member]) -> dict[str, list[Partition]]:
+    """Each member's partitions as ``_owners`` gave them (sorted; none for some)."""
+    return {m: sorted(tp for tp, o in owner.items() if o == m) for m in members}
 
 
 def _shares(partitions: int, held: dict[str, list[Partition]]) -> dict[str, int]:
@@ -178,8 +183,7 @@ class StickyAssignor:
 
         infos = {member_id: _member(metadata) for member_id, metadata in members.items()}
         partitions = _partitions(cluster, {t for info in infos.values() for t in info.topics})
-        number = max((info.assignment for info in infos.values()), default=-1) + 1
-        userdata = assignment_userdata(number, group_format(info.format for info in infos.values()))
+        userdata = _next_userdata(infos.values())
         out = {}
         for member_id, given in sticky_assignment(partitions, infos).items():
             out[member_id] = ConsumerProtocolMemberAssignment(
@@ -191,6 +195,13 @@ class StickyAssignor:
         self.held = [(tp.topic, tp.partition) for tp in assignment.partitions()]  # type: ignore[attr-defined]
         self.assignment, self.group_format = read_assignment_userdata(assignment.user_data)  # type: ignore[attr-defined]
         self.refused = refusal(self.group_format, self.oldest_format)
+
+
+def _next_userdata(infos: Collection[Member]) -> bytes:
+    """The userdata of the assignment the members' metadata calls for: the number one past
+    the highest any of them reported, and the oldest format any of them writes."""
+    number = max((info.assignment for info in infos), default=-1) + 1
+    return assignment_userdata(number, group_format(info.format for info in infos))
 
 
 def _partitions(cluster: object, topics: set[str]) -> list[Partition]:
