@@ -87,37 +87,41 @@ def _batch_labels(batches: Sequence[BatchMetrics]) -> list[str | None]:
 def _batch_marks(batches: Sequence[BatchMetrics], key: str, what: str, fmt: str) -> list[Mark]:
     """One mark per batch that has ``metrics[key]``, labelled every few batches."""
     having = [m for m in batches if isinstance(m.metrics.get(key), int | float)]
-    return [
-        Mark(
-            key=m.batch_id,
-            value=m.metrics[key],
-            label=label,
-            title=f"{_batch_name(m)}, revision {m.revision}: {what} {format(m.metrics[key], fmt)}",
-            attrs={"run": m.run_id or "", "revision": str(m.revision)},
-        )
-        for m, label in zip(having, _batch_labels(having), strict=True)
-    ]
+    return [_batch_mark(m, label, key, what, fmt) for m, label in zip(having, _batch_labels(having), strict=True)]
+
+
+def _batch_mark(m: BatchMetrics, label: str | None, key: str, what: str, fmt: str) -> Mark:
+    """One batch's mark of ``metrics[key]``, its run and revision in its attributes."""
+    return Mark(
+        key=m.batch_id,
+        value=m.metrics[key],
+        label=label,
+        title=f"{_batch_name(m)}, revision {m.revision}: {what} {format(m.metrics[key], fmt)}",
+        attrs={"run": m.run_id or "", "revision": str(m.revision)},
+    )
 
 
 def _coverage_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
     """One bar per batch, its partitions reported; an incomplete one styled apart."""
-    return [
-        Mark(
-            key=m.batch_id,
-            value=m.partitions_reported,
-            label=label,
-            title=f"{_batch_name(m)}: {m.partitions_reported} of {m.partitions_expected} partitions, "
-            + ("complete" if m.complete else f"incomplete ({m.close_reason})"),
-            attrs={
-                "run": m.run_id or "",
-                "revision": str(m.revision),
-                "expected": str(m.partitions_expected),
-                "complete": "true" if m.complete else "false",
-            },
-            style="" if m.complete else "incomplete",
-        )
-        for m, label in zip(batches, _batch_labels(batches), strict=True)
-    ]
+    return [_coverage_mark(m, label) for m, label in zip(batches, _batch_labels(batches), strict=True)]
+
+
+def _coverage_mark(m: BatchMetrics, label: str | None) -> Mark:
+    """One batch's bar of partitions reported, said and styled complete or incomplete."""
+    return Mark(
+        key=m.batch_id,
+        value=m.partitions_reported,
+        label=label,
+        title=f"{_batch_name(m)}: {m.partitions_reported} of {m.partitions_expected} partitions, "
+        + ("complete" if m.complete else f"incomplete ({m.close_reason})"),
+        attrs={
+            "run": m.run_id or "",
+            "revision": str(m.revision),
+            "expected": str(m.partitions_expected),
+            "complete": "true" if m.complete else "false",
+        },
+        style="" if m.complete else "incomplete",
+    )
 
 
 def _newest(batches: Sequence[BatchMetrics], has: str | None = None) -> BatchMetrics | None:
@@ -179,22 +183,21 @@ def staleness(batches: Iterable[BatchMetrics]) -> list[tuple[int | None, int, in
 
 
 def _staleness_marks(batches: Sequence[BatchMetrics]) -> list[Mark]:
-    out = []
-    for lag, accepted, proposed, count in staleness(batches):
-        if proposed <= 0:
-            continue
-        name = "unknown" if lag is None else str(lag)
-        out.append(
-            Mark(
-                key=name,
-                value=accepted / proposed,
-                label=name,
-                title=f"draft lag {name}: accept rate {accepted / proposed:.4f} "
-                f"({accepted} of {proposed} drafts, {count} batches)",
-                attrs={"accepted": str(accepted), "proposed": str(proposed), "batches": str(count)},
-            )
-        )
-    return out
+    """A point per draft lag of the staleness curve that has drafts proposed."""
+    return [_staleness_mark(*point) for point in staleness(batches) if point[2] > 0]
+
+
+def _staleness_mark(lag: int | None, accepted: int, proposed: int, count: int) -> Mark:
+    """One draft lag's point: its accept rate, the drafts and batches it sums."""
+    name = "unknown" if lag is None else str(lag)
+    return Mark(
+        key=name,
+        value=accepted / proposed,
+        label=name,
+        title=f"draft lag {name}: accept rate {accepted / proposed:.4f} "
+        f"({accepted} of {proposed} drafts, {count} batches)",
+        attrs={"accepted": str(accepted), "proposed": str(proposed), "batches": str(count)},
+    )
 
 
 def bucket_range(bucket: int) -> str:
@@ -229,7 +232,7 @@ def _spread_marks(m: BatchMetrics) -> list[Mark]:
     """A bar per bucket drawn (``spread_drawn``); each whole token named when few are drawn."""
     counts = m.tokens_per_verify_distribution or []
     drawn = spread_drawn(counts)
-    names = _SPREAD_LABELS if drawn > 24 else {b: _SPREAD_LABELS.get(b, f"{1 + b // 4}") for b in range(0, drawn, 4)}
+    names = _spread_names(drawn)
     return [
         Mark(
             key=str(b),
@@ -239,6 +242,14 @@ def _spread_marks(m: BatchMetrics) -> list[Mark]:
         )
         for b, count in enumerate(counts[:drawn])
     ]
+
+
+def _spread_names(drawn: int) -> dict[int, str]:
+    """The buckets named under the spread chart of ``drawn`` buckets: ``_SPREAD_LABELS``'
+    when many are drawn, else each whole token's first bucket."""
+    if drawn > 24:
+        return _SPREAD_LABELS
+    return {b: _SPREAD_LABELS.get(b, f"{1 + b // 4}") for b in range(0, drawn, 4)}
 
 
 def _spread_note(m: BatchMetrics) -> str:
@@ -408,8 +419,6 @@ def _summary(m: BatchMetrics) -> str:
 def _summary_rows(m: BatchMetrics) -> list[tuple[str, str]]:
     """What the newest batch's table says, row by row (a name, its text); "-" for a ratio
     the batch has not."""
-    rate = m.metrics.get("spec/accept_rate")
-    tpv = m.metrics.get("spec/tokens_per_verify")
     return [
         ("batch", m.batch_id),
         ("run", m.run_id or "(default)"),
@@ -417,9 +426,14 @@ def _summary_rows(m: BatchMetrics) -> list[tuple[str, str]]:
         ("revision", str(m.revision)),
         ("closed", f"{m.close_reason}, " + ("complete" if m.complete else "incomplete")),
         ("records", f"{m.record_count} ({m.invalid_record_count} invalid, {m.late_record_count} late)"),
-        ("accept rate", "-" if rate is None else f"{rate:.4f}"),
-        ("tokens / verify step", "-" if tpv is None else f"{tpv:.3f}"),
+        ("accept rate", _ratio_text(m.metrics.get("spec/accept_rate"), ".4f")),
+        ("tokens / verify step", _ratio_text(m.metrics.get("spec/tokens_per_verify"), ".3f")),
     ]
+
+
+def _ratio_text(value: float | None, fmt: str) -> str:
+    """A ratio of the newest batch's table in ``fmt``; "-" for one the batch has not."""
+    return "-" if value is None else format(value, fmt)
 
 
 _STYLE = """
