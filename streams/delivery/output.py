@@ -170,6 +170,11 @@ class OrderedProducer:
         return self._task is not None
 
     @property
+    def _draining(self) -> bool:
+        """Whether the task that drains the queue runs (started, not ended)."""
+        return self._task is not None and not self._task.done()
+
+    @property
     def pending(self) -> int:
         """Messages queued and not yet handed to aiokafka."""
         return len(self._queue)
@@ -208,7 +213,7 @@ class OrderedProducer:
     async def room(self, limit_bytes: int) -> None:
         """Wait while more than ``limit_bytes`` are queued, until half of that is left
         (returns at once before the producer started: nothing drains the queue yet)."""
-        if self.queued_bytes <= limit_bytes or self._task is None or self._task.done():
+        if self.queued_bytes <= limit_bytes or not self._draining:
             return
         if self._room is None:
             self._room = asyncio.Event()
@@ -234,21 +239,24 @@ class OrderedProducer:
         try:
             await self.flush()
         finally:
-            if self._task is not None:
-                self._task.cancel()
+            self._stop_task()
             if self._room is not None:
                 self._room.set()  # nothing drains the queue any more: no one waits for room
-            self._producer.client.cluster.remove_listener(self._forget_partitions)
             await self._producer.stop()
             self._producer = None
 
     async def _stop_failed(self) -> None:
         """After a failure: stop the task and close the connection, sending nothing more."""
+        self._stop_task()
+        await internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
+        self._producer = None
+
+    def _stop_task(self) -> None:
+        """Either stop's first step: the task that hands the queue over is cancelled, and
+        metadata refreshes are no longer listened to."""
         if self._task is not None:
             self._task.cancel()
         self._producer.client.cluster.remove_listener(self._forget_partitions)
-        await internals.stop_without_sending(self._producer)  # aiokafka's stop would send what it holds
-        self._producer = None
 
     async def _learn_partitions(self, topic: str) -> _Partitions:
         partitions = self._partitions[topic] = _Partitions(topic, await self._producer.partitions_for(topic))
