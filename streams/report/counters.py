@@ -9,7 +9,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 __all__ = [
     "PublishedTotals",
@@ -262,11 +262,10 @@ def _quantity(metrics: Any, source: str) -> int:
 
 
 def _natural_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Order of weight versions: digit runs compare as numbers (v9 < v10, 99 < 100)."""
+    """Order of weight versions: digit runs compare as numbers (v9 < v10, 99 < 100). The
+    split's odd parts are its digit runs (what the group captured)."""
     return tuple(
-        (0, int(part)) if part.isascii() and part.isdigit() else (1, part)
-        for part in re.split(r"([0-9]+)", version)
-        if part
+        (0, int(part)) if i % 2 else (1, part) for i, part in enumerate(re.split(r"([0-9]+)", version)) if part
     )
 
 
@@ -279,8 +278,13 @@ def version_ages(metrics: Any) -> dict[str | None, str]:
     known = sorted((e.weight_version for e in entries if e.weight_version is not None), key=_natural_key)
     ages: dict[str | None, str] = {None: "unknown"}
     for age, version in enumerate(reversed(known)):
-        ages[version] = str(age) if age < 4 else "4+"
+        ages[version] = _folded(age, 4)
     return ages
+
+
+def _folded(n: int, fold: int) -> str:
+    """A count as a label of a fixed set: itself below ``fold``, ``"<fold>+"`` from there on."""
+    return str(n) if n < fold else f"{fold}+"
 
 
 def _vector(metrics: Any) -> tuple[_Vector, frozenset[int]]:
@@ -309,7 +313,7 @@ def draft_lag_label(lag: int | None) -> str:
     """The ``draft_lag`` label of a lag (``DRAFT_LAGS``)."""
     if lag is None:
         return "unknown"
-    return str(lag) if lag < 8 else "8+"
+    return _folded(lag, 8)
 
 
 def _lag_shares(metrics: Any) -> list[tuple[str, Any]]:
@@ -535,8 +539,7 @@ class PublishedTotals:
         totals = self.totals.get(labels)
         if totals is None:
             totals = self.totals[labels] = LabelTotals()
-            while len(self.totals) > self.max_label_sets:
-                self.totals.popitem(last=False)
+            _drop_oldest(self.totals, self.max_label_sets)
         else:
             self.totals.move_to_end(labels)
         return totals
@@ -550,7 +553,7 @@ class PublishedTotals:
         batch = _Batch.of(metrics)
         if count:
             self._count(known, labels, batch)
-        if known is not None and known.labels != labels:
+        if _moved(known, labels):
             self._drop_latest(known.labels, key)
         self._last[key] = _Published(labels, batch, metrics.revision, now_s)
         self._last.move_to_end(key)
@@ -561,8 +564,7 @@ class PublishedTotals:
         """Count a revision's difference from the batch's previous one (taken back from its
         label set first when the batch moved to another)."""
         before = _NOTHING
-        if known is not None and known.labels != labels:
-            # a marker named the algorithm after the first revision: the batch moves
+        if _moved(known, labels):
             self._label_totals(known.labels).add(known.batch, _NOTHING, self.max_tasks)
         elif known is not None:
             before = known.batch
@@ -575,16 +577,10 @@ class PublishedTotals:
             del self.latest[labels]
 
     def _keep_latest(self, labels: Labels, metrics: Any) -> None:
-        newest = self.latest.get(labels)
-        if (
-            newest is None
-            or (newest.run_id, newest.batch_id) == (metrics.run_id, metrics.batch_id)
-            or metrics.closed_at >= newest.closed_at
-        ):
+        if _newest_now(self.latest.get(labels), metrics):
             self.latest[labels] = metrics
         self.latest.move_to_end(labels)
-        while len(self.latest) > self.latest_label_sets:
-            self.latest.popitem(last=False)
+        _drop_oldest(self.latest, self.latest_label_sets)
 
     def _forget(self, now_s: float) -> None:
         last = self._last
@@ -593,3 +589,26 @@ class PublishedTotals:
             if len(last) <= self.max_remembered and now_s - oldest.at_s <= self.forget_after_s:
                 break
             del last[key]
+
+
+def _moved(known: _Published | None, labels: Labels) -> TypeGuard[_Published]:
+    """Whether a batch's new revision goes under other labels than its last one remembered:
+    a marker named the algorithm after the first revision (the batch moves to that label set)."""
+    return known is not None and known.labels != labels
+
+
+def _newest_now(newest: Any, metrics: Any) -> bool:
+    """Whether a revision is its label set's newest batch now: none was, it is the newest
+    batch's own later revision, or it closed no earlier (a late revision of an older batch
+    is not)."""
+    return (
+        newest is None
+        or (newest.run_id, newest.batch_id) == (metrics.run_id, metrics.batch_id)
+        or metrics.closed_at >= newest.closed_at
+    )
+
+
+def _drop_oldest(kept: OrderedDict[Any, Any], most: int) -> None:
+    """The least recently used entries dropped until ``most`` are left."""
+    while len(kept) > most:
+        kept.popitem(last=False)
