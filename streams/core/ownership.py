@@ -63,6 +63,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
@@ -165,6 +166,8 @@ class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
 _takeover_decoder = msgspec.msgpack.Decoder(Takeover)
 _confirmation_decoder = msgspec.msgpack.Decoder(Confirmation)
 _encoder = msgspec.msgpack.Encoder()
+#: a record of the owners' own: a takeover or a confirmation
+_R = TypeVar("_R", Takeover, Confirmation)
 
 
 def takeover_token() -> str:
@@ -356,13 +359,9 @@ class ChangelogView:
             self._takeovers.pop(key, None)
             self._confirmations.pop(key, None)
         elif is_takeover(key):
-            takeover = takeover_of(value)
-            if takeover is not None and key not in self._takeovers:  # a later copy changes nothing
-                self._takeovers[key] = (offset, takeover)
+            _keep_first(self._takeovers, key, offset, takeover_of(value))
         elif is_confirmation(key):
-            confirmation = confirmation_of(value)
-            if confirmation is not None and key not in self._confirmations:
-                self._confirmations[key] = (offset, confirmation)
+            _keep_first(self._confirmations, key, offset, confirmation_of(value))
         else:
             self._latest[key] = (offset, value)
 
@@ -443,10 +442,7 @@ class ChangelogView:
         first (each one's confirmations, then its takeover)."""
         if not epochs:
             return []
-        tags = [tag for _, physical, _ in valid.values() if (tag := split_key(physical)[1]) is not None]
-        # a takeover older than every tag still held judges no record any more: records
-        # written later by its owner land after a newer takeover, and are judged by that one
-        needed_from = min([*tags, epochs[-1]])
+        needed_from = _needed_from(valid, epochs[-1])
         counting = set(epochs)
         return [
             key
@@ -454,6 +450,21 @@ class ChangelogView:
             if owner.position in counting and owner.position < needed_from
             for key in owner.keys
         ]
+
+
+def _keep_first(records: dict[bytes, tuple[int, _R]], key: bytes, offset: int, record: _R | None) -> None:
+    """A takeover's or a confirmation's first readable copy, kept with its offset (a later
+    copy of its key changes nothing)."""
+    if record is not None and key not in records:
+        records[key] = (offset, record)
+
+
+def _needed_from(valid: dict[bytes, tuple[int, bytes, bytes]], latest_epoch: int) -> int:
+    """The oldest epoch a valid record still needs: the oldest of the tags held and the
+    latest epoch. A takeover older than every tag still held judges no record any more: records
+    written later by its owner land after a newer takeover, and are judged by that one."""
+    tags = [tag for _, physical, _ in valid.values() if (tag := split_key(physical)[1]) is not None]
+    return min([*tags, latest_epoch])
 
 
 def _epoch_at(epochs: list[int], offset: int) -> int | None:
