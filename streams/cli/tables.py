@@ -46,6 +46,8 @@ __all__ = [
 WHOLE_WIDTH = 10_000
 #: (header, content width) of the numeric columns, between "batch" and "c/i/l"
 _FIXED = (("rev", 3), ("accept", 6), ("tok/v", 5), ("cov", 4), ("gens", 5))
+#: the numeric columns of a narrow table: "gens" left out
+_NARROW = tuple(c for c in _FIXED if c[0] != "gens")
 #: below this width "gens" is left out, so batch names and the drift view keep room
 _WIDE = 100
 _GAP = 2  # between columns: the (blank) divider and one space of right padding
@@ -60,7 +62,7 @@ _TASK_NAME = 12
 
 
 def _fixed(width: int) -> tuple[tuple[str, int], ...]:
-    return _FIXED if width >= _WIDE else tuple(c for c in _FIXED if c[0] != "gens")
+    return _FIXED if width >= _WIDE else _NARROW
 
 
 def _rate(value: Any) -> str:
@@ -234,16 +236,15 @@ def batch_label(m: BatchMetrics, width: int) -> str:
     return fit_labels([m], width)[0]
 
 
+#: how a large count is shortened: (from, unit, its size, the format of the count in units), the largest first
+_COUNT_UNITS = ((10_000_000, "M", 1e6, ".0f"), (1_000_000, "M", 1e6, ".1f"), (100_000, "k", 1e3, ".0f"))
+
+
 def _count(n: float | None) -> str:
     if n is None:
         return "-"
-    if n >= 10_000_000:
-        return f"{n / 1e6:.0f}M"
-    if n >= 1_000_000:
-        return f"{n / 1e6:.1f}M"
-    if n >= 100_000:
-        return f"{n / 1e3:.0f}k"
-    return f"{n:.0f}"
+    shortened = (format(n / size, fmt) + unit for least, unit, size, fmt in _COUNT_UNITS if n >= least)
+    return next(shortened, f"{n:.0f}")
 
 
 def _problems(m: BatchMetrics) -> str:
@@ -359,11 +360,11 @@ def _widest(texts: list[str], least: int) -> int:
 
 def _fixed_columns(total: int, shown: list[BatchMetrics]) -> list[tuple[str, int]]:
     """The numeric columns (the revision's as wide as the largest), then c/i/l and close, never cut."""
-    revision_w = _widest([str(m.revision) for m in shown], 3)
-    fixed = [(name, revision_w if name == "rev" else w) for name, w in _fixed(total)]
-    fixed.append(("c/i/l", _widest([_problems(m) for m in shown], 5)))
-    fixed.append(("close", _widest([_close(m) for m in shown], 5)))
-    return fixed
+    widths = dict(_fixed(total))
+    widths["rev"] = _widest([str(m.revision) for m in shown], 3)
+    widths["c/i/l"] = _widest([_problems(m) for m in shown], 5)
+    widths["close"] = _widest([_close(m) for m in shown], 5)
+    return list(widths.items())
 
 
 def _tasks_width(shown: list[BatchMetrics], spare: int) -> int:
