@@ -235,7 +235,7 @@ class BatchMerger:
         its bookkeeping, are not. Its input is then before the checkpoint, so it never comes
         again: the restore publishes what the state holds (a complete batch never published,
         a published one whose content moved), as the partial would have."""
-        if len(entry.partials) < self.partitions_expected and entry.published_revision < 0:
+        if not self._publishes(entry):
             return
         revision = entry.published_revision
         self._publish(entry, effects)
@@ -268,7 +268,7 @@ class BatchMerger:
             return effects  # a replayed or stale partial
         entry.partials[partial.partition] = partial
         entry.last_change_ms = now_ms
-        if len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0:
+        if self._publishes(entry):
             self._publish(entry, effects)
         # Until its first publication an entry's bookkeeping changes only in last_change_ms,
         # which nothing reads before then (the timeout runs from first_seen_ms, the grace
@@ -276,6 +276,11 @@ class BatchMerger:
         # publishing one are written alone, one write per partial instead of two.
         self._write(entry, effects, partial, book=new or entry.published_revision >= 0)
         return effects
+
+    def _publishes(self, entry: MergeEntry) -> bool:
+        """Whether a batch publishes what its partials hold now (a revision whose content
+        changed): every partition reported, or it was published already."""
+        return len(entry.partials) >= self.partitions_expected or entry.published_revision >= 0
 
     def _entry_of(self, partial: PartialAggregate, now_ms: int) -> tuple[MergeEntry, bool]:
         """The merge a partial belongs to, and whether it is new (its first partial opens
