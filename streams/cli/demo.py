@@ -81,10 +81,15 @@ class Owned:
     def _remove_folder(self, outcome: str) -> None:
         """The demo's folder removed, all but a worker's log worth reading (a failed demo's,
         or one that keeps its broker), whose path is said."""
-        keep_log = (outcome == "failed" or self.keep_broker) and self.log.exists() and self.log.stat().st_size
+        keep_log = self._log_worth_reading(outcome)
         shutil.rmtree(self.folder / "data" if keep_log else self.folder, ignore_errors=True)
         if keep_log:
             click.echo(f"worker log kept: {self.log}", err=True)
+
+    def _log_worth_reading(self, outcome: str) -> bool:
+        """Whether the worker's log is kept: a failed demo's, or one that keeps its broker,
+        and not empty."""
+        return bool((outcome == "failed" or self.keep_broker) and self.log.exists() and self.log.stat().st_size)
 
 
 def _start_broker(owned: Owned) -> tuple[str, bool]:
@@ -212,7 +217,7 @@ def _column_style(column: str) -> dict[str, Any]:
 
 def _row(m, offline: dict) -> list[str]:
     """A batch's row: its numbers, whether it matches the offline result, its drift."""
-    from .tables import WHOLE_WIDTH, drift_text, staleness_text
+    from .tables import drift_text, staleness_text
 
     x = m.metrics
     return [
@@ -232,9 +237,17 @@ def _row(m, offline: dict) -> list[str]:
         str(m.invalid_record_count),
         "yes" if m.complete else "no",
         "yes" if offline.get(m.batch_id) == m.metrics else "NO",
-        drift_text(m.by_weight_version, 32 if sys.stdout.isatty() else WHOLE_WIDTH),
-        staleness_text(m.by_draft_lag, 24 if sys.stdout.isatty() else WHOLE_WIDTH),
+        drift_text(m.by_weight_version, _view_width(32)),
+        staleness_text(m.by_draft_lag, _view_width(24)),
     ]
+
+
+def _view_width(on_terminal: int) -> int:
+    """A view's width in the table: ``on_terminal`` on a terminal; piped, whole, so that
+    nothing is cut (``| grep`` finds what it looks for)."""
+    from .tables import WHOLE_WIDTH
+
+    return on_terminal if sys.stdout.isatty() else WHOLE_WIDTH
 
 
 def _number(v) -> str:
