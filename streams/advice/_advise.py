@@ -137,9 +137,10 @@ def advise(
     ids = [m.batch_id for m in batches]
     curves, skipped = _curves(_histograms(batches, by, run), draft_cost)
     stale = staleness_of(batches, refresh_cost) if by == "draft_lag" else None
-    if not curves and not (stale and stale.points):
+    advice = Advice(run, ids, by, draft_cost, curves, skipped, stale)
+    if not (curves or advice.lag_points):
         raise _no_curve(run, ids, skipped)
-    return Advice(run, ids, by, draft_cost, curves, skipped, stale)
+    return advice
 
 
 def _check_arguments(by: str | None, draft_cost: float | None, refresh_cost: float | None) -> None:

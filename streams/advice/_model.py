@@ -12,7 +12,7 @@ import msgspec
 
 from ..errors import SpecmeterError
 from ._budget import BudgetPoint, Recommendation, engine_settings, recommendation_text
-from ._staleness import Staleness
+from ._staleness import LagPoint, Staleness
 
 __all__ = [
     "BREAKDOWNS",
@@ -101,6 +101,11 @@ class Advice(msgspec.Struct, frozen=True):
     skipped: list[tuple[Group, str]] = msgspec.field(default_factory=list)
     #: with ``by="draft_lag"``: the staleness curve
     staleness: Staleness | None = None
+
+    @property
+    def lag_points(self) -> list[LagPoint]:
+        """The staleness curve's points; none where the advice is not by draft lag."""
+        return [] if self.staleness is None else self.staleness.points
 
     def as_document(self) -> dict[str, Any]:
         """The advice as JSON-ready builtins (``--json``)."""

@@ -55,19 +55,15 @@ def _series_label(by: str | None, group: Group) -> str:
 
 def _staleness_panels(advice: Advice) -> list[LinePanel]:
     """Tokens per verify step and accept rate against the draft lag, each where measured."""
-    stale = advice.staleness
-    known = [p for p in stale.points if p.draft_lag is not None] if stale is not None else []
-    tokens = _lag_series(known, "tokens_per_verify")
-    rates = _lag_series(known, "accept_rate")
-    panels: list[LinePanel] = []
-    if tokens:
-        title = "staleness: tokens per verify step by draft lag"
-        panels.append(LinePanel(title, _LAG, "tokens/verify", [Line("tokens per verify step", tokens)]))
-    if rates:
-        panels.append(
-            LinePanel("staleness: accept rate by draft lag", _LAG, "accept rate", [Line("accept rate", rates)])
-        )
-    return panels
+    known = [p for p in advice.lag_points if p.draft_lag is not None]
+    tokens = _lag_panel(known, "tokens_per_verify", "tokens per verify step", "tokens/verify")
+    return tokens + _lag_panel(known, "accept_rate", "accept rate", "accept rate")
+
+
+def _lag_panel(known: list[LagPoint], value: str, name: str, axis: str) -> list[LinePanel]:
+    """One staleness panel, ``value`` against the draft lag; none where no lag measured it."""
+    series = _lag_series(known, value)
+    return [LinePanel(f"staleness: {name} by draft lag", _LAG, axis, [Line(name, series)])] if series else []
 
 
 def _lag_series(known: list[LagPoint], value: str) -> list[tuple[float, float]]:

@@ -152,14 +152,14 @@ def _row_recommendation(curve: Curve) -> str:
     return text
 
 
-def _staleness_table(s: Staleness) -> TextTable:
+def _staleness_table(points: list[LagPoint]) -> TextTable:
     table = TextTable(
         title="the staleness curve: per draft lag (policy updates the draft is behind), summed over the batches"
     )
     # paired: spec/paired_verify_total, not the matrix's histogram steps (``_VERIFY_STEPS_NOTE``)
     for name in ("draft lag", "paired verify steps", "accept rate", "tokens/verify"):
         table.add_column(name, justify="right")
-    for p in s.points:
+    for p in points:
         table.add_row(*_lag_cells(p))
     return table
 
@@ -181,8 +181,8 @@ def advice_tables(advice: Advice) -> list[TextTable]:
     tables = []
     if advice.curves:
         tables = [_table(advice, advice.curves[0])] if advice.by is None else [_matrix(advice)]
-    if advice.staleness is not None and advice.staleness.points:
-        tables.append(_staleness_table(advice.staleness))
+    if advice.lag_points:
+        tables.append(_staleness_table(advice.lag_points))
     return tables
 
 
@@ -218,8 +218,7 @@ _VERIFY_STEPS_NOTE = (
 
 def _verify_steps_notes(advice: Advice) -> list[str]:
     """What each table's verify steps count, where a lag's two counts are printed side by side."""
-    both = advice.curves and advice.staleness is not None and advice.staleness.points
-    return [_VERIFY_STEPS_NOTE] if both else []
+    return [_VERIFY_STEPS_NOTE] if advice.curves and advice.lag_points else []
 
 
 def _recommendation_notes(advice: Advice) -> list[str]:
