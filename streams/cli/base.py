@@ -173,7 +173,7 @@ def _local_failure(exc: BaseException, command: str, broker: str) -> tuple[str, 
     """What failed here: a file a KAFKA_ variable names, the TLS setup, or specmeter's own error."""
     import ssl
 
-    if isinstance(exc, OSError) and exc.filename and _env_naming(exc.filename):
+    if isinstance(exc, OSError) and _env_naming(exc.filename):  # none for an error that names no file
         return (f"cannot read {exc.filename}: {exc.strerror}", f"check {' and '.join(_env_naming(exc.filename))}")
     if isinstance(exc, ssl.SSLError):
         return f"TLS setup failed ({exc})", "check KAFKA_SSL_CAFILE (a PEM CA bundle) and KAFKA_SECURITY_PROTOCOL"
