@@ -282,6 +282,11 @@ def _stdin_meant(ctx: click.Context) -> bool:
     named = ("broker", "topic")
     if any(ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None) for name in named):
         return False
+    return _stdin_is_data()
+
+
+def _stdin_is_data() -> bool:
+    """Whether stdin is a pipe or a regular file (not a terminal, /dev/null or closed)."""
     try:
         mode = os.fstat(sys.stdin.fileno()).st_mode
     except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
