@@ -57,6 +57,11 @@ class Recommendation(msgspec.Struct, frozen=True):
     def speculate(self) -> bool:
         return self.budget > 0
 
+    @property
+    def others_tied(self) -> list[int]:
+        """The budgets that tie with the recommended one (``tied`` without it), smallest first."""
+        return [k for k in self.tied if k != self.budget]
+
 
 def budget_curve(histogram: list[int], draft_cost: float | None = None) -> list[BudgetPoint]:
     """Tokens per verify step for every budget k >= 1 a summed histogram can speak for, and
@@ -84,11 +89,9 @@ def recommend(points: list[BudgetPoint]) -> Recommendation:
     Raises:
         ValueError: a point without a speedup (no draft cost).
     """
-    if any(p.speedup is None for p in points):
-        raise ValueError("recommend() needs every point's speedup (a draft cost)")
-    speedups = {0: 1.0, **{p.budget: float(p.speedup or 0.0) for p in points}}
+    speedups = _speedups(points)
     tied = _tied_at_the_top(speedups)
-    best_speculating = max(points, key=lambda p: (speedups[p.budget], -p.budget)) if points else None
+    best_speculating = max(points, key=lambda p: (speedups[p.budget], -p.budget), default=None)
     return Recommendation(
         budget=tied[0],
         speedup=speedups[tied[0]],
@@ -96,6 +99,17 @@ def recommend(points: list[BudgetPoint]) -> Recommendation:
         at_edge=bool(points) and tied[0] == points[-1].budget,
         best_speculating=best_speculating,
     )
+
+
+def _speedups(points: list[BudgetPoint]) -> dict[int, float]:
+    """What the recommendation ranks: each budget's speedup, budget 0 (no speculation) at 1.
+
+    Raises:
+        ValueError: a point without a speedup (no draft cost).
+    """
+    if any(p.speedup is None for p in points):
+        raise ValueError("recommend() needs every point's speedup (a draft cost)")
+    return {0: 1.0, **{p.budget: float(p.speedup or 0.0) for p in points}}
 
 
 def _tied_at_the_top(speedups: dict[int, float]) -> list[int]:
@@ -114,7 +128,7 @@ def _off_text(r: Recommendation) -> str:
     best = r.best_speculating
     if best is None:
         return "no budget was measured: turn speculative decoding off"
-    if 0 in r.tied and len(r.tied) > 1:
+    if r.others_tied:
         return _tie_off_text(r)
     return (
         f"no budget beats decoding without speculation (the best, k={best.budget}, gives "
@@ -124,7 +138,7 @@ def _off_text(r: Recommendation) -> str:
 
 def _tie_off_text(r: Recommendation) -> str:
     """Budgets that only tie budget 0: off all the same, the same speed for no draft."""
-    others = budgets_text([k for k in r.tied if k])
+    others = budgets_text(r.others_tied)
     return (
         f"no budget beats decoding without speculation: {others} only tie it at {printed(r.speedup)}× "
         "(equal within the printed precision); turn speculative decoding off, which gives the same "

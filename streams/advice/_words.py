@@ -144,9 +144,8 @@ def _row_recommendation(curve: Curve) -> str:
     if r is None:
         return ""
     text = "off (no speculation)" if not r.speculate else f"k={r.budget}"
-    others = [k for k in r.tied if k != r.budget]
-    if others:
-        text += f", ties {budgets_text(others)}"
+    if r.others_tied:
+        text += f", ties {budgets_text(r.others_tied)}"
     if r.at_edge:
         text += " (edge of the data)"
     return text
