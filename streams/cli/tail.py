@@ -128,16 +128,24 @@ async def follow_metrics(
         TopicNotFound: ``topic`` does not exist (it is never created).
     """
     consumer = _consumer(broker, from_beginning, kafka)
-    seen = 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         await consumer.start()  # inside try: a failed start must still close the client
         await _subscribe(consumer, topic, broker, from_beginning, last)
-        while _room(seen, max_messages) and _before(deadline):
-            for messages in (await consumer.getmany(timeout_ms=250)).values():
-                seen = _deliver(messages, on_metrics, seen, max_messages)
+        return await _consume(consumer, on_metrics, max_messages, deadline)
     finally:
         await consumer.stop()
+
+
+async def _consume(
+    consumer: Any, on_metrics: Callable[[BatchMetrics], None], max_messages: int | None, deadline: float | None
+) -> int:
+    """Hand the messages on until ``max_messages`` or the deadline (the consumer's start and
+    stop are the caller's); how many were."""
+    seen = 0
+    while _room(seen, max_messages) and _before(deadline):
+        for messages in (await consumer.getmany(timeout_ms=250)).values():
+            seen = _deliver(messages, on_metrics, seen, max_messages)
     return seen
 
 
