@@ -115,17 +115,23 @@ def _print_metrics(results: list[Any], fmt: str, title: str) -> None:
     """``aggregate``'s output: JSON lines, one JSON document, or a table. A reader that
     leaves early (``| head -1``) ends the output quietly and leaves the exit status to
     what was read (issue 47.7: click made it 1, which says no line could be read)."""
-    out = sys.stdout.buffer
     try:
-        if fmt == "jsonl":
-            out.writelines(encode_metrics(m) + b"\n" for m in results)
-        elif fmt == "json":
-            out.write(_json_document(results))
-        elif results:
-            _print_tables(results, title)
-        out.flush()
+        _write(results, fmt, title)
     except BrokenPipeError:
         reader_left()
+
+
+def _write(results: list[Any], fmt: str, title: str) -> None:
+    """The results in ``fmt``, flushed: JSON lines, one JSON document, or the tables (none
+    for no batch)."""
+    out = sys.stdout.buffer
+    if fmt == "jsonl":
+        out.writelines(encode_metrics(m) + b"\n" for m in results)
+    elif fmt == "json":
+        out.write(_json_document(results))
+    elif results:
+        _print_tables(results, title)
+    out.flush()
 
 
 def _json_document(results: list[Any]) -> bytes:
