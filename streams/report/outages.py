@@ -501,10 +501,14 @@ class OutageLogFilter(logging.Filter):
         The coordinator's logger is kept at INFO for that line alone: its INFO lines show
         only where aiokafka's own level lets them (worker/run.py quiets it)."""
         if record.levelno == logging.INFO and "Discovered coordinator" in str(record.msg):
-            found = _DISCOVERED.search(record.getMessage())
-            if found:
-                self.outages.found_coordinator(found.group(1), self._clock())
+            self._discovered(record)
         return record.name != COORDINATOR_LOGGER or logging.getLogger("aiokafka").isEnabledFor(record.levelno)
+
+    def _discovered(self, record: logging.LogRecord) -> None:
+        """A "Discovered coordinator" line: the coordinator's outage ends, on the node it names."""
+        found = _DISCOVERED.search(record.getMessage())
+        if found:
+            self.outages.found_coordinator(found.group(1), self._clock())
 
 
 def _with_exception(record: logging.LogRecord) -> str:
