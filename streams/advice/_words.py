@@ -12,7 +12,7 @@ import msgspec
 
 from ._budget import SPEEDUP_DECIMALS, BudgetPoint, budgets_text, engine_settings, printed, recommendation_text
 from ._model import CAVEAT, Advice, Curve, group_label, shown_value
-from ._staleness import LagPoint, Staleness
+from ._staleness import LagPoint, RefreshPlan, Staleness
 
 __all__ = ["ENGINES", "TextTable", "Verbatim", "advice_notes", "advice_tables"]
 
@@ -57,14 +57,19 @@ def _group_name(advice: Advice, curve: Curve) -> str:
 def _table(advice: Advice, curve: Curve) -> TextTable:
     """One curve as rows of budgets, budget 0 (no speculation) first."""
     table = TextTable(title=f"{_group_name(advice, curve)}: {curve.verify_steps:,} verify steps")
-    table.add_column("budget k", justify="right")
-    table.add_column("tokens/verify", justify="right")
-    if advice.draft_cost is not None:
-        table.add_column(f"speedup (c={advice.draft_cost:g})", justify="right")
-    table.add_column("")
+    _budget_columns(table, advice.draft_cost)
     for point in curve.points_from_0(advice.draft_cost is not None):
         table.add_row(*_point_cells(curve, point), style="bold" if point.budget == curve.best else None)
     return table
+
+
+def _budget_columns(table: TextTable, draft_cost: float | None) -> None:
+    """The budget, its tokens per verify step, with a draft cost its speedup, and its marks."""
+    table.add_column("budget k", justify="right")
+    table.add_column("tokens/verify", justify="right")
+    if draft_cost is not None:
+        table.add_column(f"speedup (c={draft_cost:g})", justify="right")
+    table.add_column("")
 
 
 def _point_cells(curve: Curve, point: BudgetPoint) -> list[str]:
@@ -166,12 +171,13 @@ def _staleness_table(points: list[LagPoint]) -> TextTable:
 def _lag_cells(p: LagPoint) -> list[str]:
     """A lag's row: the lag, its paired verify steps, its accept rate and tokens per verify
     step (``-`` where not measured)."""
-    return [
-        "(unknown)" if p.draft_lag is None else str(p.draft_lag),
-        f"{p.verify_steps:,}",
-        "-" if p.accept_rate is None else f"{p.accept_rate:.3f}",
-        "-" if p.tokens_per_verify is None else f"{p.tokens_per_verify:.3f}",
-    ]
+    lag = "(unknown)" if p.draft_lag is None else str(p.draft_lag)
+    return [lag, f"{p.verify_steps:,}", _measured(p.accept_rate), _measured(p.tokens_per_verify)]
+
+
+def _measured(value: float | None) -> str:
+    """A ratio of the staleness table to three decimals, ``-`` where it was not measured."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def advice_tables(advice: Advice) -> list[TextTable]:
@@ -189,12 +195,8 @@ def advice_notes(advice: Advice) -> list[str]:
     """The lines around the tables: what was read first; after the tables the
     recommendations and their engine settings, the refresh interval, what is missing,
     what the curve can say and how the speedup is counted."""
-    run = "the default run" if advice.run_id is None else f"run {advice.run_id}"
-    batches = advice.batches
-    span = batches[0] if len(batches) == 1 else f"{batches[0]} .. {batches[-1]}"
-    by = f", one curve per {advice.by.replace('_', ' ')}" if advice.by else ""
     return [
-        f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}",
+        _read_note(advice),
         *_verify_steps_notes(advice),
         *_recommendation_notes(advice),
         *_refresh_notes(advice.staleness),
@@ -202,6 +204,15 @@ def advice_notes(advice: Advice) -> list[str]:
         f"The curve is {CAVEAT}.",
         _cost_note(advice.draft_cost),
     ]
+
+
+def _read_note(advice: Advice) -> str:
+    """The first line: the run, the batches read and how their histograms were summed."""
+    run = "the default run" if advice.run_id is None else f"run {advice.run_id}"
+    batches = advice.batches
+    span = batches[0] if len(batches) == 1 else f"{batches[0]} .. {batches[-1]}"
+    by = f", one curve per {advice.by.replace('_', ' ')}" if advice.by else ""
+    return f"specmeter advise: {run}, {len(batches)} batch(es) ({span}), histograms summed{by}"
 
 
 #: why the matrix's and the staleness table's verify steps of one lag differ (issue 47.5:
@@ -262,25 +273,22 @@ def _engine_lines(budget: int, groups: str) -> list[str]:
     return lines + [Verbatim(f"  {ENGINES[engine]}: {text}") for engine, text in engine_settings(budget).items()]
 
 
+#: the matrix's remarks in words, one line per kind (``_remarks``: the groups that should not
+#: speculate, those whose budgets tie, those recommended at the edge of the data)
+_REMARK_LINES = (
+    "No budget beats decoding without speculation for {kind} {groups}: turn it off there.",
+    "Ties within the printed precision, the smaller budget recommended (the same speedup for fewer draft "
+    "tokens per step): {kind} {groups}.",
+    "Recommended at the largest budget the histograms cover (the one the fleet ran): {kind} {groups}; "
+    "whether a larger one pays more is beyond the data.",
+)
+
+
 def _matrix_recommendation_notes(advice: Advice, curves: list[Curve]) -> list[str]:
-    """What the matrix's recommended column abbreviates, one line per kind of remark."""
+    """What the matrix's recommended column abbreviates, one line per kind of remark some group has."""
     kind = _in_words(advice.by, "group")
-    off, ties, edges = _remarks(advice.by, curves)
-    lines = []
-    if off:
-        lines.append(f"No budget beats decoding without speculation for {kind} {', '.join(off)}: turn it off there.")
-    if ties:
-        lines.append(
-            f"Ties within the printed precision, the smaller budget recommended (the same speedup for fewer draft "
-            f"tokens per step): {kind} {', '.join(ties)}."
-        )
-    if edges:
-        lines.append(
-            f"Recommended at the largest budget the histograms cover (the one the fleet ran): {kind} "
-            f"{', '.join(edges)}; "
-            "whether a larger one pays more is beyond the data."
-        )
-    return lines
+    remarks = zip(_remarks(advice.by, curves), _REMARK_LINES, strict=True)
+    return [line.format(kind=kind, groups=", ".join(groups)) for groups, line in remarks if groups]
 
 
 def _remarks(by: str | None, curves: list[Curve]) -> tuple[list[str], list[str], list[str]]:
@@ -306,12 +314,17 @@ def _refresh_notes(s: Staleness | None) -> list[str]:
         return []
     if s.no_refresh is not None:
         return [f"No refresh interval: {s.no_refresh}."]
-    plan = s.refresh
-    if plan is None:
+    if s.refresh is None:
         return [
             "Pass --refresh-cost R (one draft refresh, in verify steps: docs/advise.md) for the number of "
             "policy updates after which a refresh pays for itself."
         ]
+    return _interval_notes(s.refresh)
+
+
+def _interval_notes(plan: RefreshPlan) -> list[str]:
+    """The refresh interval, what it costs against refreshing every update or as rarely as the
+    lags allow, and whether it is the longest the lags measured allow."""
     n, steps = plan.every, _verify_steps_text
     lines = [
         f"Refresh the draft every {n} policy update(s): a refresh of {plan.refresh_cost:g} verify steps pays for "
