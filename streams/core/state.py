@@ -212,6 +212,11 @@ class _Journal:
         self.occurrences: list[Occurrence] = []
         self.base = base
 
+    @property
+    def changed(self) -> bool:
+        """Whether a key or an occurrence changed (the counters aside)."""
+        return bool(self.keys or self.occurrences)
+
 
 class BatchState:
     """Everything one partition knows about one batch.
@@ -370,7 +375,7 @@ class BatchState:
         if journal is None:
             raise RuntimeError("take_delta() needs start_journal() first")
         base, now = journal.base, self._counters()
-        if not journal.keys and not journal.occurrences and now == base:
+        if not journal.changed and now == base:
             return None
         delta = BatchDelta(
             batch_id=self.batch_id,
@@ -468,7 +473,7 @@ class BatchState:
         (they name live entries). Only bytes written here are unpickled.
         """
         journal = self._journal
-        if self._frozen is not None or (journal is not None and (journal.keys or journal.occurrences)):
+        if self._frozen is not None or (journal is not None and journal.changed):
             return
         self._frozen_generations = len(self._values)
         self._frozen = pickle.dumps((self._values, self._occurrences), protocol=pickle.HIGHEST_PROTOCOL)
@@ -685,12 +690,21 @@ class _LegacyRatios:
 
     def _add(self, accepted: int | None, proposed: int | None, verify: int | None, completion: int | None) -> None:
         """One sample's ratios, each where its counters are known (and its divisor not 0)."""
-        if accepted is not None and proposed is not None and proposed > 0:
+        accept = _ratio(accepted, proposed)
+        if accept is not None:
             self.accept_samples += 1
-            grow(self.accept_parts, accepted / proposed)
-        if completion is not None and verify is not None and verify > 0:
+            grow(self.accept_parts, accept)
+        length = _ratio(completion, verify)
+        if length is not None:
             self.length_samples += 1
-            grow(self.length_parts, completion / verify)
+            grow(self.length_parts, length)
+
+
+def _ratio(numerator: int | None, denominator: int | None) -> float | None:
+    """A sample's ratio of two counters: None unless both are known and the divisor is positive."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
 
 
 def _samples(
