@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from operator import attrgetter
 from types import EllipsisType
 
 from specmeter.schemas import BatchMetrics
@@ -25,6 +26,8 @@ from ._staleness import staleness_of
 
 __all__ = ["advise"]
 
+_revision = attrgetter("revision")
+
 
 def _curve(group: Group, histograms: list[list[int] | None], draft_cost: float | None) -> Curve | str:
     """One group's curve, or why it has none."""
@@ -32,9 +35,10 @@ def _curve(group: Group, histograms: list[list[int] | None], draft_cost: float |
     if isinstance(summed, str):
         return summed
     points = budget_curve(summed, draft_cost)
-    recommendation = None if draft_cost is None else recommend(points)
-    best = None if recommendation is None else recommendation.budget
-    return Curve(group, summed, points, len(summed) - 1, best, recommendation)
+    if draft_cost is None:
+        return Curve(group, summed, points, len(summed) - 1)
+    recommendation = recommend(points)
+    return Curve(group, summed, points, len(summed) - 1, recommendation.budget, recommendation)
 
 
 def _summed(histograms: list[list[int] | None]) -> list[int] | str:
@@ -60,11 +64,11 @@ def _runs_text(runs: Iterable[str | None]) -> str:
 
 
 def _newest(metrics: Iterable[BatchMetrics]) -> dict[tuple[str | None, str], BatchMetrics]:
+    """Each (run, batch)'s newest revision (the first seen of equal ones)."""
     newest: dict[tuple[str | None, str], BatchMetrics] = {}
     for m in metrics:
         key = (m.run_id, m.batch_id)
-        if key not in newest or m.revision > newest[key].revision:
-            newest[key] = m
+        newest[key] = max(newest.get(key, m), m, key=_revision)
     return newest
 
 
@@ -131,9 +135,7 @@ def advise(
         ValueError: a cost negative or not finite; a refresh cost without ``by="draft_lag"``.
     """
     _check_arguments(by, draft_cost, refresh_cost)
-    newest = _newest(metrics)
-    run = _choose_run({r for r, _ in newest}, run_id)
-    batches = _last_batches(newest, run, last)
+    run, batches = _run_batches(metrics, run_id, last)
     ids = [m.batch_id for m in batches]
     curves, skipped = _curves(_histograms(batches, by, run), draft_cost)
     stale = staleness_of(batches, refresh_cost) if by == "draft_lag" else None
@@ -143,9 +145,18 @@ def advise(
     return advice
 
 
+def _run_batches(
+    metrics: Iterable[BatchMetrics], run_id: str | EllipsisType | None, last: int
+) -> tuple[str | None, list[BatchMetrics]]:
+    """The run the advice is of, and its last ``last`` batches at their newest revisions."""
+    newest = _newest(metrics)
+    run = _choose_run({r for r, _ in newest}, run_id)
+    return run, _last_batches(newest, run, last)
+
+
 def _check_arguments(by: str | None, draft_cost: float | None, refresh_cost: float | None) -> None:
     """``by`` a breakdown or None, the costs finite and >= 0, a refresh cost only by draft lag."""
-    if by is not None and by not in BREAKDOWNS:
+    if by not in (None, *BREAKDOWNS):
         raise ValueError(f"by must be one of {sorted(BREAKDOWNS)} or None, not {by!r}")
     _check_cost("draft_cost", draft_cost)
     _check_cost("refresh_cost", refresh_cost)
