@@ -12,7 +12,7 @@ import msgspec
 
 from ..errors import SpecmeterError
 from ._budget import BudgetPoint, Recommendation, engine_settings, recommendation_text
-from ._staleness import LagPoint, Staleness
+from ._staleness import LagPoint, RefreshPlan, Staleness
 
 __all__ = [
     "BREAKDOWNS",
@@ -163,17 +163,20 @@ def _staleness_document(s: Staleness) -> dict[str, Any]:
             }
             for p in s.points
         ],
-        "refresh": None
-        if plan is None
-        else {
-            "refresh_cost_verify_steps": plan.refresh_cost,
-            "tokens_per_update": plan.tokens_per_update,
-            "update_cost_by_lag": plan.update_costs,
-            "average_cost_by_interval": plan.averages,
-            "refresh_every_updates": plan.every,
-            "beyond_data": plan.at_edge,
-        },
+        "refresh": None if plan is None else _plan_document(plan),
         "no_refresh": s.no_refresh,
+    }
+
+
+def _plan_document(plan: RefreshPlan) -> dict[str, Any]:
+    """The refresh interval as JSON-ready builtins (the staleness document's ``refresh``)."""
+    return {
+        "refresh_cost_verify_steps": plan.refresh_cost,
+        "tokens_per_update": plan.tokens_per_update,
+        "update_cost_by_lag": plan.update_costs,
+        "average_cost_by_interval": plan.averages,
+        "refresh_every_updates": plan.every,
+        "beyond_data": plan.at_edge,
     }
 
 

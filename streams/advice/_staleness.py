@@ -153,7 +153,7 @@ def _tokens_per_update(batches: list[BatchMetrics]) -> float | None:
     """G, the tokens per policy update: the mean ``spec/completion_total`` of the batches
     that give one; None where none does, or they sum to nothing (no G to divide by)."""
     known = [t for t in (m.metrics.get("spec/completion_total") for m in batches) if isinstance(t, (int, float))]
-    if not known or sum(known) <= 0:
+    if sum(known) <= 0:
         return None
     return sum(known) / len(known)
 
