@@ -99,9 +99,9 @@ class FleetSpec:
 
     def _check_fleet(self) -> None:
         """The fleet's sizes and its versions."""
-        if self.producers < 1 or self.batches < 0 or self.sessions_per_batch < 1:
+        if min(self.producers, self.sessions_per_batch) < 1 or self.batches < 0:
             raise ValueError("producers and sessions_per_batch must be >= 1, batches >= 0")
-        if self.stale_versions < 0 or self.draft_refresh_batches < 0 or self.first_version < 0:
+        if min(self.stale_versions, self.draft_refresh_batches, self.first_version) < 0:
             raise ValueError("stale_versions, draft_refresh_batches and first_version must be >= 0")
 
     def _check_rates(self) -> None:
@@ -113,7 +113,7 @@ class FleetSpec:
 
     def _check_names(self) -> None:
         """What the records name: the run and the tasks, as ids a record can carry."""
-        if self.run_id is not None and not self.run_id:
+        if self.run_id == "":
             raise ValueError("run_id must be None or a non-empty string")
         if any(not 0 < len(name) <= MAX_ID or not 0 < factor <= 1 for name, factor in self.tasks):
             raise ValueError(f"tasks must be (name of 1 to {MAX_ID} characters, acceptance factor in (0, 1]) pairs")
@@ -160,14 +160,19 @@ def _speculated(rng: random.Random, algorithm: str, target: int, factor: float) 
     """One generation of about ``target`` tokens, its verify steps drawn from the per-step
     model: k drafts accepted with probability ~ p^k (1-p) for k < drafts, p^drafts for all."""
     drafts, (lo, hi) = ALGORITHMS[algorithm]
-    p = rng.uniform(lo, hi) * factor
-    weights = [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
+    weights = _acceptance_weights(rng.uniform(lo, hi) * factor, drafts)
     steps = max(1, round(target / sum((k + 1) * w for k, w in enumerate(weights))))
     histogram = [0] * (drafts + 1)
     for k in rng.choices(range(drafts + 1), weights=weights, k=steps):
         histogram[k] += 1
     accepted = sum(k * c for k, c in enumerate(histogram))
     return (accepted, drafts * steps, steps, accepted + steps, histogram)
+
+
+def _acceptance_weights(p: float, drafts: int) -> list[float]:
+    """The per-step model's chances of k = 0 .. ``drafts`` drafts accepted, each draft with
+    probability ``p``: p^k (1-p) for k < drafts, p^drafts for all."""
+    return [p**k * (1 - p) for k in range(drafts)] + [p**drafts]
 
 
 def _with_missing(rng: random.Random, value: tuple) -> tuple:
@@ -207,12 +212,19 @@ class _Pools:
         pool = self.pools.get((staleness, factor))
         if pool is None:
             s = self.spec
-            # the pool of a task factor of 1 is the one a fleet without tasks draws from
-            rng = random.Random(f"{s.seed}/{staleness}" if factor == 1.0 else f"{s.seed}/{staleness}/{factor}")
             pool = self.pools[(staleness, factor)] = _templates(
-                rng, s.algorithm, s.template_pool, factor * (1 - s.drift_per_version) ** staleness
+                random.Random(_pool_seed(s.seed, staleness, factor)),
+                s.algorithm,
+                s.template_pool,
+                factor * (1 - s.drift_per_version) ** staleness,
             )
         return pool
+
+
+def _pool_seed(seed: int, staleness: int, factor: float) -> str:
+    """The seed of a pool's generator: a task factor of 1 seeds the pool a fleet without
+    tasks draws from (its events stay those of a spec without tasks)."""
+    return f"{seed}/{staleness}" if factor == 1.0 else f"{seed}/{staleness}/{factor}"
 
 
 def _session_version(rng: random.Random, spec: FleetSpec, batch: int) -> int:
@@ -335,11 +347,9 @@ class _Fleet:
 
     def _session(self, b: int, batch_id: str, s: int, producer: str, out: list[FleetEvent]) -> None:
         """A session of batch ``b``: its trajectories share their first generations."""
-        spec, rng = self.spec, self.rng
         session, pool = self._drawn_session(b, batch_id, s, producer)
-        samples = rng.randint(1, spec.max_samples_per_session)
-        shared = rng.randint(0, spec.max_turns - 1) if samples > 1 else 0
-        ancestors = [(f"{session.session_id}/gen-{j}", rng.choice(pool)) for j in range(shared)]
+        samples, shared = self._drawn_shape()
+        ancestors = [(f"{session.session_id}/gen-{j}", self.rng.choice(pool)) for j in range(shared)]
         self._reported_values = {}  # a generation's counters as its producer reports them, drawn once
         for t in range(samples):
             sample_id = f"traj-{t}" if samples > 1 else None
@@ -355,6 +365,12 @@ class _Fleet:
         lag = staleness if spec.draft_lags else None
         session = _Session(batch_id, f"{batch_id}/sess-{s:05d}", producer, f"v{version}", task, spec.run_id, lag)
         return session, self.pools(staleness, factor)
+
+    def _drawn_shape(self) -> tuple[int, int]:
+        """How many trajectories the session has, and how many first generations they share
+        (none for a single one)."""
+        samples = self.rng.randint(1, self.spec.max_samples_per_session)
+        return samples, self.rng.randint(0, self.spec.max_turns - 1) if samples > 1 else 0
 
     def _own_generations(self, session: _Session, t: int, shared: int, pool: list[tuple]) -> list[tuple[str, tuple]]:
         """Trajectory ``t``'s generations after the ``shared`` ones."""
