@@ -349,12 +349,17 @@ class PartitionProcessor:
             if delta.last_offset > self.checkpoint or self._gone_reason(batch_key) is not None:
                 effects.changelog.append((key, None))
                 continue
-            batch = self._open(batch_key, delta.last_input_ms)
-            batch.state.apply_delta(delta)
-            batch.marker_producers.update(m.producer_id for m in delta.markers)
-            batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
-            batch.delta_keys.append(key)
+            self._restore_delta(batch_key, key, delta)
             yield
+
+    def _restore_delta(self, batch_key: BatchKey, key: bytes, delta: BatchDelta) -> None:
+        """One delta onto its batch (opened by its first): its state, markers and last
+        input, and its key for the batch's deletion."""
+        batch = self._open(batch_key, delta.last_input_ms)
+        batch.state.apply_delta(delta)
+        batch.marker_producers.update(m.producer_id for m in delta.markers)
+        batch.last_input_ms = max(batch.last_input_ms, delta.last_input_ms)
+        batch.delta_keys.append(key)
 
     def _own_checkpoint_and_statuses(self, found: _Found, effects: Effects) -> list[bytes]:
         """Write the checkpoint and every status again under this owner's tag (before the
@@ -362,6 +367,11 @@ class PartitionProcessor:
         replace, deleted once written: a late write of the previous owner under its own
         tag can then never leave a restore without them (``ownership``). A status of a
         batch no delta restored is deleted."""
+        return self._own_checkpoint(found, effects) + self._own_statuses(found, effects)
+
+    def _own_checkpoint(self, found: _Found, effects: Effects) -> list[bytes]:
+        """The checkpoint written again under this owner's tag, unless found there; returns
+        the key it replaces (none when no checkpoint was found)."""
         own_checkpoint = checkpoint_key(self.key_part)
         replaced = []
         owned = own_checkpoint != checkpoint_key(self.partition)
@@ -371,7 +381,7 @@ class PartitionProcessor:
             effects.changelog.append((own_checkpoint, self._checkpoint_value()))
             if found.checkpoint_at is not None:
                 replaced.append(found.checkpoint_at)
-        return replaced + self._own_statuses(found, effects)
+        return replaced
 
     def _own_statuses(self, found: _Found, effects: Effects) -> list[bytes]:
         """Each restored status onto its batch, written again under this owner's tag;
@@ -398,8 +408,7 @@ class PartitionProcessor:
         then close or emit now what the closing chunk would have."""
         for batch in self.batches.values():
             if not batch.closed:
-                if batch.state.markers_complete:
-                    self._close(batch, "markers", now_ms, effects)
+                self._close_on_markers(batch, now_ms, effects)
                 continue
             if now_ms - batch.closed_at_ms >= self.grace_ms:
                 continue  # stage 2 may have forgotten the batch: a repeat would publish it anew
@@ -564,12 +573,16 @@ class PartitionProcessor:
         """Close a batch whose markers are all in; a closed one (late input within grace)
         emits a new revision if it changed."""
         if not batch.closed:
-            if batch.state.markers_complete:
-                self._close(batch, "markers", now_ms, effects)
+            self._close_on_markers(batch, now_ms, effects)
             return
         if batch.close_reason == "timeout" and batch.state.markers_complete:
             batch.close_reason = "markers"  # every marker arrived after all (within grace): complete
         self._emit(batch, now_ms, effects)
+
+    def _close_on_markers(self, batch: _Batch, now_ms: int, effects: Effects) -> None:
+        """An open batch closes once the markers of all its producers are in."""
+        if batch.state.markers_complete:
+            self._close(batch, "markers", now_ms, effects)
 
     def _write_overflowed(self, last: int, now_ms: int, effects: Effects) -> None:
         """The batches this chunk overflowed, under a key of their own, before the checkpoint:
@@ -610,11 +623,14 @@ class PartitionProcessor:
                 self._dead_letter(bad.reason, bad.detail, bad.raw, offset, bad.batch_id, now_ms, bad.run_id)
             )
             if bad.batch_id is not None:
-                key = (bad.run_id, bad.batch_id)
-                batch = self._batch_for_input(key, now_ms)
-                if batch is not None:
-                    batch.state.add_invalid(bad.producer_id, late=batch.closed)
-                    touched[key] = batch
+                self._count_invalid(bad, (bad.run_id, bad.batch_id), now_ms, touched)
+
+    def _count_invalid(self, bad: InvalidRecord, key: BatchKey, now_ms: int, touched: dict[BatchKey, _Batch]) -> None:
+        """An invalid record counted in the batch it names (``key``), unless that batch is gone."""
+        batch = self._batch_for_input(key, now_ms)
+        if batch is not None:
+            batch.state.add_invalid(bad.producer_id, late=batch.closed)
+            touched[key] = batch
 
     def _batch_for_input(self, key: BatchKey, now_ms: int) -> _Batch | None:
         """The batch to apply input to; None when it expired (the input is late) or
@@ -736,15 +752,19 @@ class PartitionProcessor:
         key = (marker.run_id, marker.batch_id)
         batch = self._batch_for_input(key, now_ms)
         if batch is None:
-            overflowed = self._gone_reason(key) == "overflow"
-            reason = "overflow" if overflowed else "late"
-            detail = self._overflow_detail(key) if overflowed else f"marker for {_describe(key)} after its grace ended"
-            self.counters.dead_letter(reason, records=0)
-            effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
+            self._reject_marker(key, raw, offset, now_ms, effects)
             return
         batch.state.add_marker(marker)
         batch.marker_producers.add(marker.producer_id)
         touched[key] = batch
+
+    def _reject_marker(self, key: BatchKey, raw: bytes, offset: int, now_ms: int, effects: Effects) -> None:
+        """A marker of a batch gone for good: dead-lettered as ``overflow`` or ``late``."""
+        overflowed = self._gone_reason(key) == "overflow"
+        reason = "overflow" if overflowed else "late"
+        detail = self._overflow_detail(key) if overflowed else f"marker for {_describe(key)} after its grace ended"
+        self.counters.dead_letter(reason, records=0)
+        effects.dead_letters.append(self._dead_letter(reason, detail, raw, offset, key[1], now_ms, key[0]))
 
     def _dead_letter_records(
         self,
