@@ -32,6 +32,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Iterator
+from operator import attrgetter
 from types import EllipsisType
 from typing import Any, TypeGuard
 
@@ -49,6 +50,8 @@ from .topic_lookup import TopicNotFound, subscribe_existing
 __all__ = ["consume_metrics", "consume_metrics_sync", "metrics_scalars", "DEFAULT_METRICS_TOPIC", "TopicNotFound"]
 
 log = logging.getLogger("specmeter.consume")
+
+_revision = attrgetter("revision")
 
 DEFAULT_METRICS_TOPIC = METRICS_TOPIC
 
@@ -253,8 +256,7 @@ class _Reader:
 def _keep_newest(folded: dict[tuple[str | None, str], BatchMetrics], m: BatchMetrics) -> None:
     """Keep ``m`` where it is its batch's first or a newer revision than the one kept."""
     key = (m.run_id, m.batch_id)
-    if key not in folded or m.revision > folded[key].revision:
-        folded[key] = m
+    folded[key] = max(folded.get(key, m), m, key=_revision)
 
 
 async def _behind(consumer: Any, end: dict[Any, int]) -> bool:
@@ -307,8 +309,7 @@ def metrics_scalars(m: BatchMetrics, prefix: str = "specmeter/") -> dict[str, fl
     out.update(_weight_version_scalars(m, prefix))
     out.update(_task_scalars(m, prefix))
     out.update(_draft_lag_scalars(m, prefix))
-    for b, n in enumerate(m.tokens_per_verify_distribution or ()):
-        out[f"{prefix}tokens_per_verify_distribution/{b}"] = float(n)
+    out.update(_distribution_scalars(m, prefix))
     return out
 
 
@@ -344,6 +345,12 @@ def _draft_lag_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
         lag = "unknown" if entry.draft_lag is None else str(entry.draft_lag)
         out.update(_entry_scalars(entry, f"{prefix}by_draft_lag/{lag}/"))
     return out
+
+
+def _distribution_scalars(m: BatchMetrics, prefix: str) -> dict[str, float]:
+    """The spread of tokens per verify step: the generations in quarter-token bucket b (from 0)."""
+    counts = m.tokens_per_verify_distribution or ()
+    return {f"{prefix}tokens_per_verify_distribution/{b}": float(n) for b, n in enumerate(counts)}
 
 
 def _entry_scalars(entry: WeightVersionMetrics | TaskMetrics | DraftLagMetrics, prefix: str) -> dict[str, float]:

@@ -24,12 +24,17 @@ __all__ = ["TopicNotFound", "similar_topics", "subscribe_existing", "topics_of_r
 
 def similar_topics(topic: str, existing: Iterable[str], limit: int = 3) -> list[str]:
     """Topics a person may have meant: the existing names closest to ``topic``."""
-    return difflib.get_close_matches(topic, sorted(t for t in existing if not t.startswith("_")), n=limit, cutoff=0.6)
+    return difflib.get_close_matches(topic, sorted(_named_by_people(existing)), n=limit, cutoff=0.6)
 
 
 def topics_of_role(existing: Iterable[str], role: str = "metrics", limit: int = 3) -> list[str]:
     """Existing topics named like one of this role (``specmeter.metrics``, ``demo-ab12.metrics``)."""
-    return sorted(t for t in existing if t.endswith(role) and not t.startswith("_"))[:limit]
+    return sorted(t for t in _named_by_people(existing) if t.endswith(role))[:limit]
+
+
+def _named_by_people(existing: Iterable[str]) -> list[str]:
+    """The topics a person may name: Kafka's internal ones (``__consumer_offsets``, ``_schemas``) left out."""
+    return [t for t in existing if not t.startswith("_")]
 
 
 class TopicNotFound(SpecmeterError, LookupError):
