@@ -119,7 +119,7 @@ class GoneIds:
         """Keep one generation open, the newest: a newer span opens (the one open before
         is frozen, no id joins it again); an older one is frozen at once."""
         if self._open is None or span > self._open:
-            if self._open is not None and self._open in self._generations:
+            if self._open is not None:  # always held: ``forget`` drops the open span's generation with it
                 self._generations[self._open].freeze()
             self._open = span
         elif span < self._open:
