@@ -519,9 +519,15 @@ def _other_takeover(
         if offset in ours or key is None or value is None:
             continue
         found = _takeover_in(key, value, owned)
-        if found is not None and found.token != owned.token and counts_after(found, owned.takeover):
+        if found is not None and _fences(found, owned):
             return offset, found
     return None
+
+
+def _fences(takeover: Takeover, owned: Ownership) -> bool:
+    """Whether a takeover found fences this owner: another's (another token) that counts
+    after this one's."""
+    return takeover.token != owned.token and counts_after(takeover, owned.takeover)
 
 
 def _takeover_in(key: bytes, value: bytes, owned: Ownership) -> Takeover | None:
