@@ -64,10 +64,15 @@ async def publish_fleet(
                 await _pace(summary, rate, started)
     finally:
         summary.seconds = time.monotonic() - started
-        for publisher in publishers.values():
-            await publisher.stop()
+        await _stop(publishers.values())
     summary.seconds = time.monotonic() - started
     return summary
+
+
+async def _stop(publishers: Iterable[Publisher]) -> None:
+    """Stop the publishers one by one, each delivering what it accepted: the end of a run or its interruption."""
+    for publisher in publishers:
+        await publisher.stop()
 
 
 async def _drawn(events: Iterable[FleetEvent]) -> AsyncIterator[FleetEvent]:
@@ -137,14 +142,18 @@ class _Drawer:
         """The events drawn since the last call (waiting for one); [] once all are drawn."""
         while not self._ready:
             if self._finished:
-                if self._error is not None:
-                    raise self._error
-                return []
+                return self._end()
             self._waiter = self._loop.create_future()
             await self._waiter
         drawn = [self._ready.popleft() for _ in range(len(self._ready))]
         self._room.release(len(drawn))
         return drawn
+
+    def _end(self) -> list[FleetEvent]:
+        """Nothing left once the thread finished: no more events, or what stopped the drawing raised again."""
+        if self._error is not None:
+            raise self._error
+        return []
 
     def stop(self) -> None:
         self._stopped.set()

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -207,7 +207,7 @@ def _replayed_run(obj: dict, default_run: str | None) -> str | None:
     """The run an invalid object is counted in: the one it names, else the default run
     (written into it, where it names none)."""
     named = obj.get("run_id")
-    if isinstance(named, str) and named:
+    if _is_name(named):
         return named
     if named is None and default_run is not None:
         obj["run_id"] = default_run
@@ -217,7 +217,12 @@ def _replayed_run(obj: dict, default_run: str | None) -> str | None:
 def _session_of(obj: Any) -> str | None:
     """The session an invalid line names, where it names one (a non-empty string)."""
     session = obj.get("session_id") if isinstance(obj, dict) else None
-    return session if isinstance(session, str) and session else None
+    return session if _is_name(session) else None
+
+
+def _is_name(value: Any) -> TypeGuard[str]:
+    """A non-empty string: what an invalid line's run or session must be to name one."""
+    return isinstance(value, str) and value != ""
 
 
 async def replay_lines(
