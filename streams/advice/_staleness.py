@@ -70,8 +70,9 @@ def _paired_sums(batches: Iterable[BatchMetrics]) -> dict[int | None, dict[str, 
     """Each lag's paired totals (``_PAIRED``), summed over the batches' entries; a total an
     entry does not give (or gives as no int) adds nothing."""
     sums: dict[int | None, dict[str, int]] = {}
-    for entry in (e for m in batches for e in m.by_draft_lag or ()):
-        _add_paired(sums.setdefault(entry.draft_lag, {}), entry.metrics)
+    for m in batches:
+        for entry in m.by_draft_lag or ():
+            _add_paired(sums.setdefault(entry.draft_lag, {}), entry.metrics)
     return sums
 
 
@@ -162,7 +163,7 @@ def _measured_from_lag_0(points: list[LagPoint]) -> list[float]:
     """T(0), T(1), ... up to the first lag without tokens per verify step (0 tokens: no
     cost to weigh)."""
     measured: list[float] = []
-    by_lag = {p.draft_lag: p.tokens_per_verify for p in points if p.draft_lag is not None}
+    by_lag = {p.draft_lag: p.tokens_per_verify for p in points}  # the unknown lag (None) is never looked up
     while (tokens := by_lag.get(len(measured))) is not None and tokens > 0:
         measured.append(tokens)
     return measured

@@ -81,17 +81,22 @@ def _point_cells(curve: Curve, point: BudgetPoint) -> list[str]:
 def _marks(curve: Curve, budget: int) -> list[str]:
     """What the last column says of a budget: the recommended one, those that tie with it,
     no speculation, the one the fleet ran."""
-    marks = []
-    r = curve.recommendation
-    if budget == curve.best:
-        marks.append("◀ best")
-    elif r is not None and budget in r.tied:
-        marks.append(f"ties with k={r.budget}")
+    marks = _rank_marks(curve, budget)
     if budget == 0:
         marks.append("no speculation")
     if budget == curve.budget_ran:
         marks.append("the fleet ran this")
     return marks
+
+
+def _rank_marks(curve: Curve, budget: int) -> list[str]:
+    """What the recommendation says of a budget: the recommended one, or one that ties with it."""
+    r = curve.recommendation
+    if budget == curve.best:
+        return ["◀ best"]
+    if r is not None and budget in r.tied:
+        return [f"ties with k={r.budget}"]
+    return []
 
 
 def _matrix(advice: Advice) -> TextTable:
