@@ -87,6 +87,13 @@ def _takes(entry: MergeEntry, partial: PartialAggregate) -> bool:
     return True
 
 
+def _newer(entry: MergeEntry, partial: PartialAggregate) -> bool:
+    """Whether a restored partial is a newer revision than what its batch holds of its
+    partition (restored partials come in any order)."""
+    known = entry.partials.get(partial.partition)
+    return known is None or known.revision < partial.revision
+
+
 class BatchMerger:
     """Every batch whose partials land on one partition of the partials topic."""
 
@@ -192,8 +199,7 @@ class BatchMerger:
                 orphans.add(key)
                 effects.changelog.append((key, None))
                 continue
-            known = owner.partials.get(partial.partition)
-            if known is None or known.revision < partial.revision:
+            if _newer(owner, partial):
                 owner.partials[partial.partition] = partial
         return orphans
 
