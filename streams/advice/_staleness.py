@@ -119,10 +119,15 @@ def _check_refresh_inputs(tokens_per_verify: list[float], tokens_per_update: flo
     """Lag 0 at least, every T(L) and G finite and > 0, R finite and >= 0."""
     if not tokens_per_verify:
         raise ValueError("refresh_interval() needs the tokens per verify step of lag 0 at least")
-    if not all(math.isfinite(t) and t > 0 for t in [*tokens_per_verify, tokens_per_update]):
+    if not all(map(_finite_and_positive, [*tokens_per_verify, tokens_per_update])):
         raise ValueError("tokens per verify step and per update must be finite and > 0")
     if not (math.isfinite(refresh_cost) and refresh_cost >= 0):
         raise ValueError(f"the refresh cost must be a finite number >= 0, not {refresh_cost!r}")
+
+
+def _finite_and_positive(tokens: float) -> bool:
+    """A T(L) or G an update's cost can be divided out of: finite and > 0."""
+    return math.isfinite(tokens) and tokens > 0
 
 
 def _averages(costs: list[float], refresh_cost: float) -> list[float]:
