@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 from specmeter.schemas import (
@@ -147,37 +147,15 @@ def merge_partials(partials: Sequence[PartialAggregate]) -> PartialAggregate:
         batch_id=partials[0].batch_id,
         run_id=partials[0].run_id,
         partition=-1,
-        **_merged_bookkeeping(partials),
-        **_merged_counts(partials),
+        close_reason=partials[0].close_reason,
+        **_merged_fields(partials),
         **_merged_breakdowns(partials),
     )
 
 
-def _merged_bookkeeping(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
-    """The close bookkeeping: the newest revision and close, per-producer counts summed,
-    markers and algorithms unioned."""
-    return {
-        "revision": max(p.revision for p in partials),
-        "close_reason": partials[0].close_reason,
-        "closed_at_ms": max(p.closed_at_ms for p in partials),
-        "records_received": _per_producer(p.records_received for p in partials),
-        "records_sent": _per_producer(p.records_sent for p in partials),
-        "marker_producers": _union(p.marker_producers for p in partials),
-        "expected_producers": max(p.expected_producers for p in partials),
-        "speculative_algorithms": _union(p.speculative_algorithms for p in partials),
-    }
-
-
-def _merged_counts(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
-    """The counts: histograms, expansions and distributions merged exactly, the rest summed."""
-    return {
-        "counters_seen": any(p.counters_seen for p in partials),
-        "accept_histogram": add_histograms(p.accept_histogram for p in partials),
-        "accept_ratio_parts": merge_expansions(p.accept_ratio_parts for p in partials),
-        "length_ratio_parts": merge_expansions(p.length_ratio_parts for p in partials),
-        "tokens_per_verify_distribution": merge_distributions(p.tokens_per_verify_distribution for p in partials),
-        **{name: sum(getattr(p, name) for p in partials) for name in _SUMMED},
-    }
+def _merged_fields(partials: Sequence[PartialAggregate]) -> dict[str, Any]:
+    """Each field of ``_MERGED`` by its rule over the partials' values."""
+    return {name: rule([getattr(p, name) for p in partials]) for name, rule in _MERGED.items()}
 
 
 def _check_one_batch(partials: Sequence[PartialAggregate]) -> None:
@@ -218,6 +196,27 @@ def merge_distributions(distributions: Iterable[list[int] | None]) -> list[int] 
     """Spreads of tokens per verify step (docs/contract.md §3.7) from disjoint partitions,
     added element-wise (exact); None when none is known."""
     return add_histograms(distributions)
+
+
+#: how each field of the merged partial comes from the partials' (the breakdowns aside):
+#: the close bookkeeping (the newest revision and close, per-producer counts summed,
+#: markers and algorithms unioned), then the counts (histograms, expansions and
+#: distributions merged exactly, the rest summed)
+_MERGED: dict[str, Callable[[list[Any]], Any]] = {
+    "revision": max,
+    "closed_at_ms": max,
+    "records_received": _per_producer,
+    "records_sent": _per_producer,
+    "marker_producers": _union,
+    "expected_producers": max,
+    "speculative_algorithms": _union,
+    "counters_seen": any,
+    "accept_histogram": add_histograms,
+    "accept_ratio_parts": merge_expansions,
+    "length_ratio_parts": merge_expansions,
+    "tokens_per_verify_distribution": merge_distributions,
+    **dict.fromkeys(_SUMMED, sum),
+}
 
 
 def missing_records(partials: Iterable[PartialAggregate]) -> int:

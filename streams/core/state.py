@@ -530,8 +530,8 @@ class BatchState:
         )
 
     def _bookkeeping(self) -> dict[str, Any]:
-        """The partial's close bookkeeping (what stage 2 sums or unions as
-        ``merge._merged_bookkeeping``): deliveries received and sent per producer, the
+        """The partial's close bookkeeping (what stage 2 sums or unions by
+        ``merge._MERGED``): deliveries received and sent per producer, the
         markers' producers and count, the algorithms, whether a counter was seen."""
         markers = self._markers
         return {
