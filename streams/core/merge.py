@@ -111,9 +111,15 @@ def merge_breakdown(partials: Sequence[PartialAggregate], breakdown: Breakdown) 
     if any(getattr(p, breakdown.too_many) for p in partials) or not any(lists):
         return None
     by_key = _entries_by_key(partials, lists)
-    if sum(key is not None for key in by_key) > MAX_BREAKDOWN_KEYS:
+    if _too_many_keys(by_key):
         return None
     return [_added(key, by_key[key]) for key in sorted(by_key, key=breakdown_order)]
+
+
+def _too_many_keys(keys: Iterable[str | int | None]) -> bool:
+    """Whether more than ``MAX_BREAKDOWN_KEYS`` known keys appear (the unknown one, None,
+    not counted): then the breakdown has no entries."""
+    return sum(key is not None for key in keys) > MAX_BREAKDOWN_KEYS
 
 
 def _entries_by_key(
@@ -336,9 +342,15 @@ def batch_metrics_dict(merged: PartialAggregate) -> dict[str, int | float]:
         "spec/sample_count": m.sample_count,
         **_sums_metrics(m, m.unique_generation_count),
     }
-    if m.sample_count > 0 and m.conflicting_generation_count == 0 and m.invalid_record_count == 0:
+    if _legacy_known(m):
         out.update(_legacy_ratios(m))
     return out
+
+
+def _legacy_known(m: PartialAggregate) -> bool:
+    """Whether the legacy per-sample aliases may be given (docs/contract.md §3): the batch
+    has samples, no conflict and no invalid record."""
+    return m.sample_count > 0 and m.conflicting_generation_count == 0 and m.invalid_record_count == 0
 
 
 def _legacy_ratios(m: PartialAggregate) -> dict[str, float]:
