@@ -331,12 +331,30 @@ class _Owner:
 class _Counted:
     """Which takeovers count (their positions: the epochs, sorted), the keys of those that
     do not, the latest counting one (with its owner's last counting confirmation) and
-    every token's records."""
+    every token's records; built up event by event, in the order they landed."""
 
     epochs: list[int]
     strays: list[bytes]
     latest: Takeover | None
     owners: dict[str, _Owner]
+    #: the token of the latest counting takeover
+    current: str | None = None
+
+    def landed(self, offset: int, token: str) -> None:
+        """A takeover landed at ``offset``: it counts after the latest counting one (then it
+        is the latest), or its records are strays."""
+        owner = self.owners[token]
+        if counts_after(owner.base, self.latest):
+            self.epochs.append(offset)
+            self.latest, self.current = owner.base, token
+        else:
+            self.strays.extend(owner.keys)
+
+    def confirmed(self, token: str, confirmation: Confirmation) -> None:
+        """A confirmation landed: the latest counting takeover's owner confirmed a newer
+        generation when it counts after the latest (another's confirms nothing here)."""
+        if token == self.current and counts_after(confirmation.as_takeover(), self.latest):
+            self.latest = confirmation.as_takeover()
 
 
 @dataclass
@@ -391,16 +409,11 @@ class ChangelogView:
         events: list[tuple[int, str, Confirmation | None]] = [(o.position, token, None) for token, o in owners.items()]
         events += [(offset, c.token, c) for offset, c in self._confirmations.values()]
         counted = _Counted([], [], None, owners)
-        current: str | None = None
         for offset, token, confirmation in sorted(events, key=lambda e: (e[0], e[2] is not None)):
             if confirmation is None:
-                if counts_after(owners[token].base, counted.latest):
-                    counted.epochs.append(offset)
-                    counted.latest, current = owners[token].base, token
-                else:
-                    counted.strays.extend(owners[token].keys)
-            elif token == current and counts_after(confirmation.as_takeover(), counted.latest):
-                counted.latest = confirmation.as_takeover()  # the owner confirmed a newer generation
+                counted.landed(offset, token)
+            else:
+                counted.confirmed(token, confirmation)
         return counted
 
     def result(self) -> ValidState:
