@@ -105,6 +105,10 @@ class ClusterView(msgspec.Struct, frozen=True):
     brokers: dict[int, str]
     topics: dict[str, TopicShape]
 
+    def shapes_of(self, specs: Iterable[TopicSpec]) -> list[tuple[TopicSpec, TopicShape]]:
+        """Each of ``specs`` whose topic exists, with its shape."""
+        return [(s, self.topics[s.name]) for s in specs if s.name in self.topics]
+
 
 class TopicPlan(msgspec.Struct, frozen=True):
     """What starting the worker would do: the topics to create, and the existing
@@ -219,8 +223,7 @@ async def check_partials_not_shared(admin: Any, settings: WorkerSettings) -> Non
 async def _other_stage2_readers(admin: Any, own: str, topic: str) -> list[str]:
     """The stage-2 consumer groups other than ``own`` that committed offsets on ``topic``
     (what the check refuses; asking may raise a KafkaError, which the check forgives)."""
-    groups = [g[0] for g in await admin.list_consumer_groups()]
-    others = [g for g in groups if g.endswith("-stage2") and g != own]
+    others = [g for g, *_ in await admin.list_consumer_groups() if g.endswith("-stage2") and g != own]
     return [g for g in others if await _reads(admin, g, topic)]
 
 
@@ -249,7 +252,7 @@ def worker_topics(settings: WorkerSettings) -> list[TopicSpec]:
 
 def plan_topics(specs: Sequence[TopicSpec], view: ClusterView, partitions: int) -> TopicPlan:
     """Compare what the worker needs with what exists (pure: no broker)."""
-    matched_counts = {s.name: view.topics[s.name].partitions for s in specs if s.matched and s.name in view.topics}
+    matched_counts = {s.name: shape.partitions for s, shape in view.shapes_of(specs) if s.matched}
     return TopicPlan(
         partitions=partitions,
         create=tuple(s for s in specs if s.name not in view.topics),
@@ -262,8 +265,7 @@ def replication_warning(view: ClusterView, specs: Sequence[TopicSpec]) -> str | 
     """One line when a topic of ``specs`` has fewer replicas than the cluster has
     brokers (up to ``WANTED_REPLICAS``); None when every one has enough."""
     target = min(len(view.brokers), WANTED_REPLICAS)
-    thin = [(s.name, view.topics[s.name].replicas) for s in specs if s.name in view.topics]
-    thin = [(name, r) for name, r in thin if r < target]
+    thin = [(s.name, shape.replicas) for s, shape in view.shapes_of(specs) if shape.replicas < target]
     if not thin:
         return None
     listed = ", ".join(f"{name} ({r})" for name, r in thin)
