@@ -147,10 +147,7 @@ class BatchMerger:
         replaced = yield from self._read_all(entries, kept)
         refuse_without_checkpoint(f"partials partition {self.partition}", replaced, self._checkpoint_found)
         orphans = self._attach_partials(kept, effects)
-        if replaced or self.owner_epoch is not None:
-            self._write_all_again(effects)
-            # deleted once the writes that replace them count (``delivery.writes``)
-            effects.verified_deletions.extend(key for key in replaced if key not in orphans)
+        self._own_again(replaced, orphans, effects)
         log.debug("partition=%d restored merges=%d checkpoint=%d", self.partition, len(self.entries), self.checkpoint)
         self._publish_again(effects)
         return effects
@@ -202,6 +199,15 @@ class BatchMerger:
             if _newer(owner, partial):
                 owner.partials[partial.partition] = partial
         return orphans
+
+    def _own_again(self, replaced: list[bytes], orphans: set[bytes], effects: MergeEffects) -> None:
+        """When another owner's keys were restored (or this is an owner): the whole state
+        written again under this owner's keys, and the keys it replaces deleted (orphans
+        aside: deleted already)."""
+        if replaced or self.owner_epoch is not None:
+            self._write_all_again(effects)
+            # deleted once the writes that replace them count (``delivery.writes``)
+            effects.verified_deletions.extend(key for key in replaced if key not in orphans)
 
     def _write_all_again(self, effects: MergeEffects) -> None:
         """The whole state, written again under this owner's keys."""
