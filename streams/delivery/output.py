@@ -240,8 +240,7 @@ class OrderedProducer:
             await self.flush()
         finally:
             self._stop_task()
-            if self._room is not None:
-                self._room.set()  # nothing drains the queue any more: no one waits for room
+            self._no_more_room_waits()
             await self._producer.stop()
             self._producer = None
 
@@ -257,6 +256,11 @@ class OrderedProducer:
         if self._task is not None:
             self._task.cancel()
         self._producer.client.cluster.remove_listener(self._forget_partitions)
+
+    def _no_more_room_waits(self) -> None:
+        """Nothing drains the queue any more (stopped, failed): no one waits for room."""
+        if self._room is not None:
+            self._room.set()
 
     async def _learn_partitions(self, topic: str) -> _Partitions:
         partitions = self._partitions[topic] = _Partitions(topic, await self._producer.partitions_for(topic))
@@ -357,8 +361,7 @@ class OrderedProducer:
         self.failed = exc
         self._queue.clear()
         self.queued_bytes = 0
-        if self._room is not None:
-            self._room.set()
+        self._no_more_room_waits()
         if self._idle is not None:
             self._idle.set()
         self._on_failed(topic, exc)
