@@ -55,14 +55,14 @@ def sticky_assignment(partitions: Iterable[Partition], members: Mapping[str, Mem
     for topic, tps in sorted(_by_topic(partitions).items()):
         subscribed = _subscribed(topic, members)
         if subscribed:
-            for member, given in _assign_topic(tps, {m: members[m] for m in subscribed}).items():
+            for member, given in _assign_topic(tps, subscribed).items():
                 out[member].extend(given)
     return out
 
 
-def _subscribed(topic: str, members: Mapping[str, Member]) -> list[str]:
+def _subscribed(topic: str, members: Mapping[str, Member]) -> dict[str, Member]:
     """The members subscribed to ``topic``, sorted."""
-    return sorted(m for m, info in members.items() if topic in info.topics)
+    return {m: info for m, info in sorted(members.items()) if topic in info.topics}
 
 
 def _by_topic(partitions: Iterable[Partition]) -> dict[str, list[Partition]]:
