@@ -3,13 +3,8 @@ runs (deploy/complexity.py): cyclomatic complexity as radon counts it.
 
 * No function or method in ``streams/``, ``producers/`` or ``schemas/`` above 12: what
   passes is split along its concerns, never given a higher bound.
-* The mean over ``streams/``' functions and methods: the target is 2.8. It was 3.20 on
-  main before issue 45, 3.14 after its first splits and 2.955 after its second (about
-  1,200 functions and methods); reaching 2.8 means about 185 points of complexity
-  less, more than honest splits gave, so the lint holds the mean to
-  ``MEAN_CEILING``, only ever lowered as the code comes down, and the target's test
-  below is a strict xfail that fails the day it is met (then the ceiling becomes the
-  target).
+* The mean over ``streams/``' functions and methods at most 2.8 (it was 3.20 on main
+  before issue 45, 2.79 after it).
 """
 
 from __future__ import annotations
@@ -18,8 +13,6 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +51,7 @@ def test_deploy_dev_lint_runs_the_check():
     assert "mean" in done.stdout and "worst" in done.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="issue 45: streams/' mean is above the 2.8 target (see the module docstring)")
-def test_the_mean_over_streams_reaches_the_target():
+def test_the_mean_over_streams_is_at_most_2_8():
     check = _check()
-    assert check.mean_of("streams") <= check.MEAN_TARGET
+    assert check.MEAN == 2.8
+    assert check.mean_of("streams") <= check.MEAN
