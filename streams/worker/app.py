@@ -630,7 +630,8 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     async def on_shutdown(app: Any, **kwargs: Any) -> None:
         await shell.close()
 
-    _add_pages(app, shell, settings)
+    if settings.web_enabled:  # off, nothing serves the pages: Faust's web (aiohttp's server) is never built
+        _add_pages(app, shell, settings)
     return app, shell
 
 
