@@ -14,39 +14,13 @@ import os
 import stat
 import sys
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
 from specmeter.schemas import BatchMetrics
 
-from ..advice import (
-    BREAKDOWNS,
-    CAVEAT,
-    SPEEDUP_DECIMALS,
-    Advice,
-    AdviceError,
-    BudgetPoint,
-    Curve,
-    LagPoint,
-    Recommendation,
-    RefreshPlan,
-    Staleness,
-    TextTable,
-    Verbatim,
-    advice_json,
-    advice_notes,
-    advice_svg,
-    advice_tables,
-    advise,
-    budget_curve,
-    engine_settings,
-    metrics_from_lines,
-    recommend,
-    refresh_interval,
-    staleness,
-)
 from . import preflight
 from .base import (
     DEFAULTS,
@@ -60,6 +34,31 @@ from .base import (
     one_line_errors,
     run_id,
 )
+
+if TYPE_CHECKING:  # imported on first use (``__getattr__``, below; the functions' own imports)
+    from ..advice import (
+        BREAKDOWNS,
+        CAVEAT,
+        SPEEDUP_DECIMALS,
+        Advice,
+        AdviceError,
+        BudgetPoint,
+        Curve,
+        LagPoint,
+        Recommendation,
+        RefreshPlan,
+        Staleness,
+        TextTable,
+        advice_notes,
+        advice_tables,
+        advise,
+        budget_curve,
+        engine_settings,
+        metrics_from_lines,
+        recommend,
+        refresh_interval,
+        staleness,
+    )
 
 #: the library's names, importable from here as before issue 45 (tests/test_advise.py)
 __all__ = [
@@ -85,6 +84,19 @@ __all__ = [
     "advice_notes",
     "advise_command",
 ]
+
+#: the library's names: ``streams.advice``'s, imported on first use (``__getattr__``), so that
+#: building the command line (every command, the worker's too) does not import the advice code
+_LIBRARY = frozenset(__all__) - {"advise_command"}
+
+
+def __getattr__(name: str) -> Any:
+    """One of the library's names (``_LIBRARY``), from ``streams.advice``."""
+    if name not in _LIBRARY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import advice
+
+    return getattr(advice, name)
 
 
 # -- the command --
@@ -224,6 +236,8 @@ def advise_command(
         raise OptionRefused("--refresh-cost needs --by draft_lag (the staleness curve it is weighed against)")
     if plot is not None:
         _check_plot(plot)
+    from ..advice import advise
+
     metrics = _metrics(file, broker, topic)
     advice = advise(metrics, run_id=run_id, last=last, by=by, draft_cost=draft_cost, refresh_cost=refresh_cost)
     _print(advice, plot, as_json)
@@ -231,6 +245,8 @@ def advise_command(
 
 def _metrics(file: IO[bytes] | None, broker: str, topic: str) -> Iterable[BatchMetrics]:
     """What the command reads: FILE, stdin where it is meant (``_stdin_meant``), or the topic."""
+    from ..advice import metrics_from_lines
+
     if file is None and _stdin_meant(click.get_current_context()):
         file = click.get_binary_stream("stdin")
     if file is not None:
@@ -241,6 +257,8 @@ def _metrics(file: IO[bytes] | None, broker: str, topic: str) -> Iterable[BatchM
 def _print(advice: Advice, plot: str | None, as_json: bool) -> None:
     """What the command prints: the plot first (``--plot``), then the JSON document or the
     terminal's text and where the plot went."""
+    from ..advice import advice_json
+
     if plot is not None:
         _write_plot(plot, advice)
     if as_json:
@@ -267,6 +285,8 @@ def _check_plot(plot: str) -> None:
 def _write_plot(plot: str, advice: Advice) -> None:
     """The plot written; a failure checked for before (the folder gone meanwhile, a full
     disk) said in one line."""
+    from ..advice import advice_svg
+
     try:
         with open(plot, "w", encoding="utf-8") as out:
             out.write(advice_svg(advice))
@@ -298,6 +318,8 @@ def _print_advice(advice: Advice) -> None:
     """The advice on the terminal: what was read, the tables, then the recommendation and
     what the curve can say."""
     from rich.console import Console
+
+    from ..advice import Verbatim, advice_notes, advice_tables
 
     console = Console()
     first, *rest = advice_notes(advice)

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -33,7 +33,9 @@ from .base import (
     one_line_errors,
     reader_left,
 )
-from .tables import RowPrinter, metrics_table, output_console
+
+if TYPE_CHECKING:
+    from .tables import RowPrinter
 
 __all__ = ["follow_metrics", "run_tail", "tail"]
 
@@ -320,6 +322,8 @@ def _follow_table(follow: Follow, topic: str, rows: int, wide: bool = False) -> 
     comes, then the final table (a long id or drift view never cut). The count."""
     from rich.console import Console
     from rich.live import Live
+
+    from .tables import RowPrinter, metrics_table, output_console
 
     console = output_console()  # piped: no line wrapped (ids never cut; --wide: no cell)
     piped = not console.is_terminal
