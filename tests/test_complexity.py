@@ -55,3 +55,10 @@ def test_the_mean_over_streams_is_at_most_2_8():
     check = _check()
     assert check.MEAN == 2.8
     assert check.mean_of("streams") <= check.MEAN
+
+
+def test_the_advise_command_stays_a_thin_command_line():
+    """Issue 45: the advice is a library (``streams/advice/``); its command reads, calls and
+    prints, in at most 350 lines."""
+    lines = (ROOT / "streams" / "cli" / "advise.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 350, f"streams/cli/advise.py has {lines} lines: its arithmetic belongs in streams/advice/"

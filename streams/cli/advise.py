@@ -36,58 +36,36 @@ from .base import (
 )
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``, below; the functions' own imports)
-    from ..advice import (
-        BREAKDOWNS,
-        CAVEAT,
-        SPEEDUP_DECIMALS,
-        Advice,
-        AdviceError,
-        BudgetPoint,
-        Curve,
-        LagPoint,
-        Recommendation,
-        RefreshPlan,
-        Staleness,
-        TextTable,
-        advice_notes,
-        advice_tables,
-        advise,
-        budget_curve,
-        engine_settings,
-        metrics_from_lines,
-        recommend,
-        refresh_interval,
-        staleness,
-    )
+    from ..advice import Advice, TextTable
 
-#: the library's names, importable from here as before issue 45 (tests/test_advise.py)
-__all__ = [
-    "Advice",
-    "AdviceError",
-    "BudgetPoint",
-    "Curve",
-    "Recommendation",
-    "LagPoint",
-    "Staleness",
-    "RefreshPlan",
-    "BREAKDOWNS",
-    "CAVEAT",
-    "SPEEDUP_DECIMALS",
-    "advise",
-    "budget_curve",
-    "recommend",
-    "engine_settings",
-    "staleness",
-    "refresh_interval",
-    "metrics_from_lines",
-    "advice_tables",
-    "advice_notes",
-    "advise_command",
-]
-
-#: the library's names: ``streams.advice``'s, imported on first use (``__getattr__``), so that
-#: building the command line (every command, the worker's too) does not import the advice code
-_LIBRARY = frozenset(__all__) - {"advise_command"}
+#: the library's names, importable from here as before issue 45 (tests/test_advise.py): from
+#: ``streams.advice`` on first use (``__getattr__``), so that building the command line (every
+#: command, the worker's too) does not import the advice code
+_LIBRARY = frozenset(
+    [
+        "Advice",
+        "AdviceError",
+        "BudgetPoint",
+        "Curve",
+        "Recommendation",
+        "LagPoint",
+        "Staleness",
+        "RefreshPlan",
+        "BREAKDOWNS",
+        "CAVEAT",
+        "SPEEDUP_DECIMALS",
+        "advise",
+        "budget_curve",
+        "recommend",
+        "engine_settings",
+        "staleness",
+        "refresh_interval",
+        "metrics_from_lines",
+        "advice_tables",
+        "advice_notes",
+    ]
+)
+__all__ = ["advise_command"]
 
 
 def __getattr__(name: str) -> Any:
