@@ -152,3 +152,57 @@ def test_the_public_module_paths_outlive_the_folders():
 
     assert synthetic.FleetSpec is moved.FleetSpec and synthetic.synthetic_fleet is moved.synthetic_fleet
     assert callable(streams.consume_metrics) and callable(main) and WorkerSettings
+
+
+_CIRCLES = """
+import sys
+import grimp
+
+graph = grimp.build_graph("specmeter")  # imports under TYPE_CHECKING included
+index, low, stack, on, found = {}, {}, [], set(), []
+
+
+def visit(module):
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    on.add(module)
+    for imported in graph.find_modules_directly_imported_by(module):
+        if imported not in index:
+            visit(imported)
+            low[module] = min(low[module], low[imported])
+        elif imported in on:
+            low[module] = min(low[module], index[imported])
+    if low[module] == index[module]:
+        circle = []
+        while not circle or circle[-1] != module:
+            circle.append(stack.pop())
+            on.discard(circle[-1])
+        if len(circle) > 1:
+            found.append(" <-> ".join(sorted(circle)))
+
+
+sys.setrecursionlimit(10_000)
+for module in sorted(graph.modules):
+    if module not in index:
+        visit(module)
+print("\\n".join(found))
+"""
+
+
+def _circles(root: Path) -> list[str]:
+    """The import circles among the copy's modules (strongly connected groups), one line each."""
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", _CIRCLES], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def test_no_module_imports_itself_round_a_circle(tmp_path):
+    """Issue 45: no import circle, imports for the type checker included (a protocol stands
+    where a module would import back the one that imports it)."""
+    root = _copy(tmp_path)
+    assert _circles(root) == []
+    _add(root, "streams/delivery/route.py", "if TYPE_CHECKING:\n    from .routes import DeliveryDriver")
+    assert _circles(root) == ["specmeter.streams.delivery.route <-> specmeter.streams.delivery.routes"]

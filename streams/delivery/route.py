@@ -11,18 +11,41 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .assignor import StickyAssignor
 from .internals import group_generation, group_member, set_fetch_wait
-from .ledger import Checkpointed, Claim, TopicPartition
+from .ledger import Checkpointed, Claim, Ledger, TopicPartition
 
 if TYPE_CHECKING:
-    from .routes import DeliveryDriver
+    from ..settings import WorkerSettings
+    from .writes import OwnedWrites
 
 __all__ = ["Confirmed", "InputRoute", "split_chunk", "within"]
 
 log = logging.getLogger("specmeter.worker")
+
+
+class RouteDriver(Protocol):
+    """What a route needs of the driver that owns it (``routes.DeliveryDriver``): its group
+    callbacks, the ledger, the writes, the clock and the consumers' factory. A protocol, so
+    that this module does not import the driver's, which imports it (no import circle, not
+    even for the type checker)."""
+
+    RETRY_S: float
+    settings: WorkerSettings
+    ledger: Ledger
+    writes: OwnedWrites
+    new_consumer: Callable[..., Any]
+    wall_ms: Callable[[], int]
+
+    async def revoked(self, topic: str, partitions: list[int]) -> None: ...
+
+    def assigned(self, topic: str, partitions: list[int]) -> None: ...
+
+    async def apply(self, claim: Claim, messages: list[tuple[int, bytes]]) -> None: ...
+
+    def caught_up(self, claim: Claim, end: int) -> None: ...
 
 
 class Confirmed(NamedTuple):
@@ -163,7 +186,7 @@ class InputRoute:
 
     def __init__(
         self,
-        driver: DeliveryDriver,
+        driver: RouteDriver,
         topic: str,
         group_id: str,
         *,
