@@ -38,43 +38,19 @@ from .base import (
 if TYPE_CHECKING:  # imported on first use (``__getattr__``, below; the functions' own imports)
     from ..advice import Advice, TextTable
 
-#: the library's names, importable from here as before issue 45 (tests/test_advise.py): from
-#: ``streams.advice`` on first use (``__getattr__``), so that building the command line (every
-#: command, the worker's too) does not import the advice code
-_LIBRARY = frozenset(
-    [
-        "Advice",
-        "AdviceError",
-        "BudgetPoint",
-        "Curve",
-        "Recommendation",
-        "LagPoint",
-        "Staleness",
-        "RefreshPlan",
-        "BREAKDOWNS",
-        "CAVEAT",
-        "SPEEDUP_DECIMALS",
-        "advise",
-        "budget_curve",
-        "recommend",
-        "engine_settings",
-        "staleness",
-        "refresh_interval",
-        "metrics_from_lines",
-        "advice_tables",
-        "advice_notes",
-    ]
-)
 __all__ = ["advise_command"]
 
 
 def __getattr__(name: str) -> Any:
-    """One of the library's names (``_LIBRARY``), from ``streams.advice``."""
-    if name not in _LIBRARY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .. import advice
+    """The advice library's names (``streams.advice.__all__``), importable from here as before
+    issue 45 (tests/test_advise.py): imported on first use, so that building the command line
+    (every command, the worker's too) does not import the advice code."""
+    if not name.startswith("__"):
+        from .. import advice
 
-    return getattr(advice, name)
+        if name in advice.__all__:
+            return getattr(advice, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the command --
