@@ -113,7 +113,6 @@ def main() -> int:
         "faults": dict(chaos.faults),
         "broker_away_s": [round(s, 1) for s in chaos.broker_away_s],
         "in_sync_after_s": [None if s is None else round(s, 1) for s in chaos.in_sync_after_s],
-        "feeder_reconnects": chaos.feeder_reconnects,
         "batches": chaos.batches,
         "records": chaos.records,
         "published": chaos.published,
@@ -133,10 +132,6 @@ def broker_rows(chaos: ChaosReport) -> list[tuple[str, str]]:
     synced = [s for s in chaos.in_sync_after_s if s is not None]
     return [
         ("run", "3 brokers (replication factor 3, min.insync.replicas 2), one away at most"),
-        (
-            "feeder publications tried again (a fresh publisher asked a broker away first)",
-            str(chaos.feeder_reconnects),
-        ),
         ("broker faults", f"{sum(done.values())}: " + ", ".join(f"{k} {n}" for k, n in done.items())),
         (
             "broker away, its start included (s) / every partition in sync after its return (s): min-max",

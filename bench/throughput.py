@@ -50,7 +50,7 @@ FIGURES = (
 
 
 def one_round(
-    bootstrap: str, topic: str, records: int, partitions: int, batches: int, *, worker_first: bool, profile_to=None
+    bootstrap: str, topic: str, records: int, partitions: int, batches: int, *, worker_first: bool
 ) -> dict[str, float]:
     """The two loops and the worker over the same messages, in the order given (the rounds
     alternate it, so that neither side always runs on a warmer broker)."""
@@ -62,7 +62,7 @@ def one_round(
 
     if not worker_first:
         run_loops()
-    run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1, profile_to=profile_to)
+    run = run_workers_timed(bootstrap, topic, partitions, batches, workers=1)
     if worker_first:
         run_loops()
     steady, end_to_end = records / run.steady_s, records / run.seconds

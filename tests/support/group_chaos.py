@@ -52,9 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specmeter.producers import BrokerUnavailableError, PublisherSettings
 from specmeter.streams.cli.lifetime import Reaper
-from specmeter.streams.fleet.publish import publish_fleet
 from specmeter.streams.fleet.synthetic import FleetEvent
 
 from .kafka_broker import KafkaCluster, NoBroker, local_broker_tools_missing
@@ -66,11 +64,10 @@ from .worker_harness import (
     assert_matches_offline,
     fleet_events,
     produced_records,
+    publish_events,
     wait_complete,
 )
 
-#: tries of a chunk's publication whose publisher could not connect (a broker away)
-CONNECT_TRIES = 10
 KINDS = ("freeze", "freeze-long", "kill", "term", "freeze-kill-other", "kill-freeze-new")
 #: the broker faults a run on a cluster adds to ``KINDS``
 BROKER_KINDS = ("broker-kill", "broker-restart")
@@ -97,8 +94,6 @@ class ChaosReport:
     #: partition had its replicas in sync again (None: not within the wait)
     broker_away_s: list[float] = field(default_factory=list)
     in_sync_after_s: list[float | None] = field(default_factory=list)
-    #: the feeder's publications tried again: a fresh publisher asked a broker that was away
-    feeder_reconnects: int = 0
 
 
 class Group:
@@ -315,7 +310,6 @@ class Feeder(threading.Thread):
         self.sessions = sessions
         self.events: list[FleetEvent] = []
         self.error: BaseException | None = None
-        self.reconnects = 0
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -323,31 +317,12 @@ class Feeder(threading.Thread):
         try:
             while not self._done.is_set():
                 events = fleet_events(seed=self.seed * 10_000 + chunk, batches=2, sessions=self.sessions)
-                self._publish(events)
+                asyncio.run(publish_events(self.d.bootstrap, self.d.topics.records, events))
                 self.events.extend(events)
                 chunk += 1
                 self._done.wait(self.every_s)
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             self.error = exc
-
-    def _publish(self, events: list[FleetEvent]) -> None:
-        """One chunk, as the fleet publishes (``publish_events``: one publisher per producer,
-        each started when its producer first publishes). A publisher whose start asks a
-        broker that is away (a cluster's broker killed, still in the metadata) raises
-        ``BrokerUnavailableError`` before it sent anything: the events not sent yet are
-        published again, by fresh publishers (counted in ``reconnects``)."""
-        settings = PublisherSettings(bootstrap_servers=self.d.bootstrap, topic=self.d.topics.records, linger_ms=5)
-        sent: set[int] = set()
-        for attempt in range(CONNECT_TRIES):
-            try:
-                left = [e for e in events if id(e) not in sent]
-                asyncio.run(publish_fleet(left, settings, on_event=lambda e: sent.add(id(e))))
-                return
-            except BrokerUnavailableError:
-                if attempt == CONNECT_TRIES - 1:
-                    raise
-                self.reconnects += 1
-                time.sleep(1.0)
 
     def stop(self) -> None:
         self._done.set()
@@ -413,7 +388,6 @@ def run_chaos(
         if feeder.error is not None:
             raise RuntimeError(f"the feeder failed: {feeder.error!r}")
         group.note("stream stopped")
-        report.feeder_reconnects = feeder.reconnects
         events = feeder.events
         published = wait_complete(d, {e.batch_id for e in events}, timeout_s=300)
         report.batches = len({e.batch_id for e in events})
