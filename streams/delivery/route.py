@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -68,20 +69,32 @@ def split_chunk(messages: list[tuple[int, bytes]], max_bytes: int) -> tuple[list
     return messages, []
 
 
-def _rebalance_listener(route: InputRoute) -> Any:
-    """aiokafka's ``ConsumerRebalanceListener`` of one route (awaited during a rejoin)."""
+@functools.cache
+def _rebalance_listener_class() -> type:
+    """aiokafka's ``ConsumerRebalanceListener`` for a route, made once (aiokafka is imported
+    when first used; a class made per route would cost an ABC's creation each time)."""
     from aiokafka.abc import ConsumerRebalanceListener
 
     class Rebalance(ConsumerRebalanceListener):
+        def __init__(self, route: InputRoute) -> None:
+            self.route = route
+
         async def on_partitions_revoked(self, revoked: Any) -> None:
+            route = self.route
             await route.driver.revoked(route.topic, [tp.partition for tp in revoked])
 
         async def on_partitions_assigned(self, assigned: Any) -> None:
+            route = self.route
             if route.group_format_refused():
                 return
             route.driver.assigned(route.topic, [tp.partition for tp in assigned])
 
-    return Rebalance()
+    return Rebalance
+
+
+def _rebalance_listener(route: InputRoute) -> Any:
+    """aiokafka's ``ConsumerRebalanceListener`` of one route (awaited during a rejoin)."""
+    return _rebalance_listener_class()(route)
 
 
 async def within(awaitable: Awaitable[Any], timeout_s: float, left: set[asyncio.Future] | None = None) -> Any:

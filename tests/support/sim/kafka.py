@@ -70,10 +70,16 @@ class SimConsumer(FakeConsumer):
             self.waiting.set_result(None)
 
     def _fetchable(self, topic: str | None, partition: int | None) -> bool:
+        if topic is not None:  # a record landed there (a partition is a (topic, partition) tuple)
+            position = self.positions.get((topic, partition))
+            return (
+                position is not None
+                and (topic, partition) not in self.paused
+                and self.logs.end(topic, partition) > position
+            )
         return any(
             tp not in self.paused and self.logs.end(tp.topic, tp.partition) > position
             for tp, position in self.positions.items()
-            if topic is None or (tp.topic == topic and tp.partition == partition)
         )
 
     def resume(self, tp: Any) -> None:

@@ -92,6 +92,9 @@ class Simulation:
         #: (batch, revision) -> the metrics published for it (one content each)
         self.published: dict[tuple[str, int], Any] = {}
         self.input = SimInput(seed) if real else None
+        #: how many compactions ran; (changelog, partition) -> what counted when last read
+        self.compactions = 0
+        self._valid_read: dict[tuple[str, int], tuple[tuple[int, int], Any]] = {}
         for topic in (*self.changelog_of, *self.input_of, topics.metrics, topics.deadletter):
             for p in range(PARTITIONS):
                 self.logs.logs.setdefault(topic, {}).setdefault(p, [])
@@ -141,10 +144,19 @@ class Simulation:
             self.failures.append(self.violation(f"two contents for batch {key[0]} revision {key[1]}"))
 
     def _valid(self, changelog: str, p: int) -> Any:
+        """What counts in a changelog partition now (read again only when it changed: a
+        record appended or a compaction since)."""
+        log = self.logs.logs[changelog][p]
+        read = (len(log), self.compactions)
+        cached = self._valid_read.get((changelog, p))
+        if cached is not None and cached[0] == read:
+            return cached[1]
         view = ChangelogView()
-        for offset, key, value in self.logs.logs[changelog][p]:
+        for offset, key, value in log:
             view.add(offset, key, value)
-        return view.result()
+        result = view.result()
+        self._valid_read[(changelog, p)] = (read, result)
+        return result
 
     def check_settled(self) -> None:
         """Each changelog's valid checkpoint not below any released one; with the worker's
@@ -294,6 +306,7 @@ class Simulation:
         """What compaction keeps of the changelogs: the latest record per key (offsets kept),
         and, once ``delete.retention.ms`` passed, no tombstone at all."""
         drop_tombstones = self.rng.random() < 0.5
+        self.compactions += 1
         for changelog in self.input_of:
             for log in self.logs.logs[changelog].values():
                 latest = {k: o for o, k, _ in log if k is not None}

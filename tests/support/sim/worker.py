@@ -23,6 +23,27 @@ if TYPE_CHECKING:
     from .scheduler import Simulation
 
 
+class NotedLedger(Ledger):
+    """The worker's ledger, noting each install (its epoch and the rebalance it belongs to)
+    and checking it against the released checkpoints."""
+
+    def __init__(self, topics: Any, worker: Worker) -> None:
+        super().__init__(topics)
+        self.worker = worker
+
+    def install(self, topic: str, p: int, turn: int, state: Any, end: int) -> Any:
+        claim = super().install(topic, p, turn, state, end)
+        worker = self.worker
+        sim = worker.sim
+        changelog = sim.changelog_of.get(topic, "")
+        owned = worker.driver.writes.ownership(changelog, p)
+        if claim is not None and owned is not None:
+            where = (changelog, p)
+            worker.installed_in[where] = (owned.epoch, worker.confirmed_in.get(where, (-1, -1, 0)))
+            sim.check_install(worker, changelog, p, owned.epoch, state.checkpoint)
+        return claim
+
+
 class Worker:
     """One worker: its loop, its stages and driver over the shared logs, its clock skew."""
 
@@ -118,18 +139,7 @@ class Worker:
         writes, sim, worker = self.driver.writes, self.sim, self
         fenced, submit = writes.on_fenced, writes.submit
 
-        class Noted(Ledger):
-            def install(self, topic: str, p: int, turn: int, state: Any, end: int) -> Any:
-                claim = super().install(topic, p, turn, state, end)
-                changelog = sim.changelog_of.get(topic, "")
-                owned = writes.ownership(changelog, p)
-                if claim is not None and owned is not None:
-                    where = (changelog, p)
-                    worker.installed_in[where] = (owned.epoch, worker.confirmed_in.get(where, (-1, -1, 0)))
-                    sim.check_install(worker, changelog, p, owned.epoch, state.checkpoint)
-                return claim
-
-        self.driver.ledger = Noted(self.driver.ledger.topics)
+        self.driver.ledger = NotedLedger(self.driver.ledger.topics, worker)
         for route in self.driver.routes:
             if route.topic in sim.changelog_of:
                 route.confirm_generation = self._noting_confirmations(route)  # type: ignore[method-assign]
@@ -191,8 +201,8 @@ class Worker:
         asyncio.set_event_loop(self.loop)
         if self.producer is not None:
             self.producer.closed = True  # what is in flight lands only as the scheduler's orphans
-        for task in list(self.loop.tasks):
+        for task in self.loop.pending():
             task.cancel()
         self.loop.run_until_complete(asyncio.sleep(0))
-        self.loop.run_until_complete(asyncio.gather(*self.loop.tasks, return_exceptions=True))
+        self.loop.run_until_complete(asyncio.gather(*self.loop.pending(), return_exceptions=True))
         self.loop.close()
