@@ -239,7 +239,11 @@ class OwnedWrites:
     async def idle(self, partitions: Iterable[ChangelogPartition], timeout_s: float) -> bool:
         """Until no group of ``partitions`` is in flight, all under one deadline (a
         revocation, a stop waits for it); whether they all got there in time."""
-        waits = [owned.idle.wait() for tp in partitions if (owned := self._owned.get(tp)) is not None]
+        owned = [o for tp in partitions if (o := self._owned.get(tp)) is not None]
+        busy = [o.idle for o in owned if not o.idle.is_set()]
+        if not busy:  # the common case of a revocation: nothing in flight, no task to wait on
+            return True
+        waits = [idle.wait() for idle in busy]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         except TimeoutError:

@@ -186,8 +186,7 @@ class Worker:
 
     def run(self) -> None:
         """Run its loop up to the simulation's time (unless frozen); a failure in a task fails."""
-        if not self.frozen:
-            asyncio.set_event_loop(self.loop)
+        if not self.frozen:  # its code asks the running loop (the loop's own run sets it)
             self.loop.run_to(self.sim.now)
         failed = self.output.failed
         if isinstance(failed, Violation):
