@@ -39,8 +39,10 @@ class ChangelogReader:
         consumer = self.new_consumer(group_id=None, max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_wait_ms=20)
         await consumer.start()
         try:
-            input_ends = await consumer.end_offsets([TP(t, p) for t, p in inputs]) if inputs else {}
-            views = await self._read_views(consumer, {TP(t, p): end for (t, p), end in changelogs.items()})
+            input_tps, ends = [TP(t, p) for t, p in inputs], {TP(t, p): end for (t, p), end in changelogs.items()}
+            _learn_leaders(consumer, [*input_tps, *ends])
+            input_ends = await consumer.end_offsets(input_tps) if input_tps else {}
+            views = await self._read_views(consumer, ends)
             return _keyed(input_ends), _keyed(views)
         finally:
             await consumer.stop()
@@ -132,6 +134,17 @@ class ChangelogReader:
                 if m.offset < end:
                     out.append((m.offset, m.key, m.value))
         return out
+
+
+def _learn_leaders(consumer: Any, tps: list[Any]) -> None:
+    """Have a new consumer look up the leaders of ``tps`` at once. Asked for the offsets of
+    a partition whose leader it does not know yet, aiokafka waits its ``retry_backoff_ms``
+    (100 ms) before it asks for the metadata; a takeover asked twice, and these two waits
+    were most of a worker's takeover at start-up and of each rebalance's. Assigned, the
+    partitions' metadata is asked for now (and the offsets asked next wait for it);
+    paused, nothing of them is fetched. Reading assigns what it reads afterwards."""
+    consumer.assign(tps)
+    consumer.pause(*tps)
 
 
 def _keyed(by_tp: Mapping[Any, Any]) -> dict[TopicPartition, Any]:

@@ -116,6 +116,7 @@ class FakeConsumer:
 
     def assign(self, tps: list[Any]) -> None:
         self.positions = dict.fromkeys(tps, 0)
+        self.paused = set()  # a new assignment, as aiokafka's: nothing of it paused
 
     def seek(self, tp: Any, offset: int) -> None:
         self.positions[tp] = offset
@@ -124,11 +125,11 @@ class FakeConsumer:
         for tp in tps:
             self.positions[tp] = 0
 
-    def pause(self, tp: Any) -> None:
-        self.paused.add(tp)
+    def pause(self, *tps: Any) -> None:
+        self.paused.update(tps)
 
-    def resume(self, tp: Any) -> None:
-        self.paused.discard(tp)
+    def resume(self, *tps: Any) -> None:
+        self.paused.difference_update(tps)
 
     async def position(self, tp: Any) -> int:
         return self.positions[tp]

@@ -82,8 +82,8 @@ class SimConsumer(FakeConsumer):
             for tp, position in self.positions.items()
         )
 
-    def resume(self, tp: Any) -> None:
-        super().resume(tp)
+    def resume(self, *tps: Any) -> None:
+        super().resume(*tps)
         self.wake_if_fetchable()
 
     def seek(self, tp: Any, offset: int) -> None:
