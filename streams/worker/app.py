@@ -615,16 +615,35 @@ def boot_strategy() -> type:
     return LifecycleTimersWeb
 
 
+def shell_service(shell: StreamShell, tick_s: float) -> Any:
+    """The shell in Faust's lifecycle: a mode ``Service`` (what Faust's app is built on),
+    started with the app. The routes and takeovers start as it starts (not at the first
+    tick, ``tick_s`` later); every tick starts again any that stopped on an error, then
+    ticks the stages' timers. Not ``@app.task``/``@app.timer``: each of those registers
+    through venusian, which reads the caller's source and resolves the path of every
+    module loaded (50 ms a decorator at start-up)."""
+    import mode
+
+    class ShellService(mode.Service):
+        async def on_started(self) -> None:
+            shell.start()  # tasks of the running app's loop
+
+        @mode.Service.task
+        async def _tick(self) -> None:
+            async for _ in self.itertimer(tick_s, name="specmeter.tick"):
+                shell.start()
+                shell.on_tick()
+
+    return ShellService()
+
+
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     """A configured Faust app and its shell; nothing runs until a Worker starts it."""
     internals.check_pins()
     shell = StreamShell(settings)
     app = _faust_app(settings)
 
-    @app.timer(settings.tick_s)
-    async def tick() -> None:
-        shell.start()  # the routes and takeovers (again, after an error): tasks of the running app's loop
-        shell.on_tick()
+    app.add_dependency(shell_service(shell, settings.tick_s))
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **kwargs: Any) -> None:
