@@ -625,6 +625,9 @@ def shell_service(shell: StreamShell, tick_s: float) -> Any:
     import mode
 
     class ShellService(mode.Service):
+        #: mode's "Starting..." lines among mode's own (the worker shows them at debug only)
+        logger = logging.getLogger("mode.specmeter")
+
         async def on_started(self) -> None:
             shell.start()  # tasks of the running app's loop
 
