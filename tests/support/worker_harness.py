@@ -239,11 +239,17 @@ def assert_matches_offline(published: list[BatchMetrics], events: list[FleetEven
     assert_duplicates_identical(published)
 
 
-def assert_each_batch_matches(latest: dict[str, BatchMetrics], events: list[FleetEvent], partitions: int) -> None:
-    """Each batch's latest revision equals the offline core's result for ``events``, complete."""
+def assert_each_batch_matches(
+    latest: dict[str, BatchMetrics],
+    events: list[FleetEvent],
+    partitions: int,
+    expected: dict[str, BatchMetrics] | None = None,
+) -> None:
+    """Each batch's latest revision equals the offline core's result for ``events``
+    (``expected``, when the caller computed it once for many checks), complete."""
     from .golden_cases import assert_metrics_equal
 
-    expected = expected_metrics(events)
+    expected = expected_metrics(events) if expected is None else expected
     assert set(latest) == set(expected)
     for batch_id, want in expected.items():
         got = latest[batch_id]

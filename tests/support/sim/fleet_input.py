@@ -24,7 +24,8 @@ class SimInput:
     FLEETS = 64
 
     def __init__(self, seed: int) -> None:
-        self.events, messages = _fleet(seed % self.FLEETS)
+        self.fleet = seed % self.FLEETS
+        self.events, messages = _fleet(self.fleet)
         self.messages = deque(messages)
 
     def all_published(self, published: dict[tuple[str, int], Any]) -> bool:
@@ -37,7 +38,9 @@ class SimInput:
         from ..worker_harness import assert_conserved, assert_each_batch_matches, latest_by_batch, produced_records
 
         published = list(published)
-        assert_each_batch_matches(latest_by_batch(published), self.events, partitions=PARTITIONS)
+        assert_each_batch_matches(
+            latest_by_batch(published), self.events, partitions=PARTITIONS, expected=_expected(self.fleet)
+        )
         assert_conserved(produced_records(self.events), published, letters)
 
 
@@ -49,6 +52,14 @@ def _fleet(n: int) -> tuple[list[Any], list[tuple[int, bytes | None, bytes]]]:
     events = fleet_events(n, batches=2, sessions=4, template_pool=16)
     sent: dict[tuple[str, str, int], int] = {}
     return events, [message for event in events for message in _messages(event, sent)]
+
+
+@functools.lru_cache(maxsize=SimInput.FLEETS)
+def _expected(n: int) -> dict[str, Any]:
+    """What the offline core says for fleet ``n`` (once per fleet, not per schedule)."""
+    from ..worker_harness import expected_metrics
+
+    return expected_metrics(_fleet(n)[0])
 
 
 def _messages(event: Any, sent: dict[tuple[str, str, int], int]) -> list[tuple[int, bytes | None, bytes]]:
