@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -568,13 +568,18 @@ async def probe_and_tick(outages: Outages) -> None:
 
 
 def fold_outage_logs(
-    outages: Outages, app: Any | None = None, *, brokers: dict[int, str] | None = None, interval_s: float = 1.0
+    outages: Outages,
+    every: Callable[[float, Callable[[], Awaitable[None]], str], None] | None = None,
+    *,
+    brokers: dict[int, str] | None = None,
+    interval_s: float = 1.0,
 ) -> OutageLogFilter:
     """Fold aiokafka's outage lines into ``outages`` (a filter on each aiokafka
     logger, so it holds whatever handlers Faust installs later), its producer's retries of
-    writes the cluster refused as an outage of the cluster; with ``app``, add
-    the Faust timer that probes and ticks every ``interval_s``. ``brokers``: the
-    cluster's node ids and addresses, as its metadata gave them at start."""
+    writes the cluster refused as an outage of the cluster; with ``every`` (the worker's
+    way to run a function periodically: interval, function, name), probe and tick every
+    ``interval_s``. ``brokers``: the cluster's node ids and addresses, as its metadata
+    gave them at start."""
     # every aiokafka logger exists once its modules are imported
     import aiokafka.admin
     import aiokafka.consumer
@@ -591,12 +596,12 @@ def fold_outage_logs(
     coordinator = logging.getLogger(COORDINATOR_LOGGER)
     coordinator.setLevel(min(coordinator.getEffectiveLevel(), logging.INFO))
     logging.getLogger("specmeter.worker").addFilter(OutageLogFilter(outages, retries=WORKER_RETRIES))
-    if app is not None:
+    if every is not None:
 
         async def watch_outages() -> None:
             await probe_and_tick(outages)
 
-        app.timer(interval_s, name="specmeter.outages")(watch_outages)
+        every(interval_s, watch_outages, "specmeter.outages")
     return folding
 
 

@@ -615,29 +615,30 @@ def boot_strategy() -> type:
     return LifecycleTimersWeb
 
 
-def shell_service(shell: StreamShell, tick_s: float) -> Any:
-    """The shell in Faust's lifecycle: a mode ``Service`` (what Faust's app is built on),
-    started with the app. The routes and takeovers start as it starts (not at the first
-    tick, ``tick_s`` later); every tick starts again any that stopped on an error, then
-    ticks the stages' timers. Not ``@app.task``/``@app.timer``: each of those registers
-    through venusian, which reads the caller's source and resolves the path of every
-    module loaded (50 ms a decorator at start-up)."""
+def periodic(
+    interval_s: float, tick: Callable[[], Awaitable[None]], name: str, *, on_started: Callable[[], None] | None = None
+) -> Any:
+    """``tick`` every ``interval_s`` while the app runs (and ``on_started`` as it starts): a
+    mode ``Service`` (what Faust's app is built on), added to the app and started with
+    it. Not ``@app.timer``: each of those registers through venusian, which reads the
+    caller's source and resolves the path of every module loaded (50 ms a timer at
+    start-up)."""
     import mode
 
-    class ShellService(mode.Service):
+    class Periodic(mode.Service):
         #: mode's "Starting..." lines among mode's own (the worker shows them at debug only)
         logger = logging.getLogger("mode.specmeter")
 
         async def on_started(self) -> None:
-            shell.start()  # tasks of the running app's loop
+            if on_started is not None:
+                on_started()
 
         @mode.Service.task
-        async def _tick(self) -> None:
-            async for _ in self.itertimer(tick_s, name="specmeter.tick"):
-                shell.start()
-                shell.on_tick()
+        async def _ticks(self) -> None:
+            async for _ in self.itertimer(interval_s, name=name):
+                await tick()
 
-    return ShellService()
+    return Periodic()
 
 
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
@@ -646,7 +647,12 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
     shell = StreamShell(settings)
     app = _faust_app(settings)
 
-    app.add_dependency(shell_service(shell, settings.tick_s))
+    async def tick() -> None:
+        shell.start()  # the routes and takeovers again, after an error: tasks of the running app's loop
+        shell.on_tick()
+
+    # the routes and takeovers start as the app starts, not at the first tick (tick_s later)
+    app.add_dependency(periodic(settings.tick_s, tick, "specmeter.tick", on_started=shell.start))
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **kwargs: Any) -> None:
