@@ -40,7 +40,8 @@ class ChangelogReader:
         await consumer.start()
         try:
             input_tps, ends = [TP(t, p) for t, p in inputs], {TP(t, p): end for (t, p), end in changelogs.items()}
-            _learn_leaders(consumer, [*input_tps, *ends])
+            if input_tps or ends:  # an empty assignment would ask for every topic's metadata
+                _learn_leaders(consumer, [*input_tps, *ends])
             input_ends = await consumer.end_offsets(input_tps) if input_tps else {}
             views = await self._read_views(consumer, ends)
             return _keyed(input_ends), _keyed(views)

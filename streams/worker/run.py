@@ -60,7 +60,7 @@ def run_worker(settings: WorkerSettings) -> None:
     app, shell = build_app(settings)
     # a broker away: one warning, not thousands of errors
     fold_outage_logs(
-        shell.outages, lambda s, watch, name: app.add_dependency(periodic(s, watch, name)), brokers=cluster.brokers
+        shell.outages, lambda s, watch, name: app.add_dependency(periodic(app, s, watch, name)), brokers=cluster.brokers
     )
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
