@@ -1,4 +1,4 @@
-"""The worker's timers (``worker.app.periodic``): mode services added to the Faust app. A
+"""The worker's timers (``worker.app.add_timer``): mode services added to the Faust app. A
 review found the first version ticking through the whole of the app's stop: mode stops a
 child service only after its parent's ``on_stop``, where the shell closes, and a tick
 then started the routes again behind the close (``_to_start`` saw them cancelled)."""
@@ -9,7 +9,7 @@ import asyncio
 
 import mode
 
-from specmeter.streams.worker.app import periodic
+from specmeter.streams.worker.app import add_timer
 
 
 class _App(mode.Service):
@@ -32,7 +32,7 @@ def _run(app: _App, started: list[int], run_s: float) -> None:
         async def tick() -> None:
             app.ticks.append(asyncio.get_running_loop().time())
 
-        app.add_dependency(periodic(app, 0.02, tick, "test.tick", on_started=lambda: started.append(1)))
+        add_timer(app, 0.02, tick, "test.tick", on_started=lambda: started.append(1))
         await app.start()
         await asyncio.sleep(run_s)
         await app.stop()

@@ -615,17 +615,17 @@ def boot_strategy() -> type:
     return LifecycleTimersWeb
 
 
-def periodic(
+def add_timer(
     app: Any,
     interval_s: float,
     tick: Callable[[], Awaitable[None]],
     name: str,
     *,
     on_started: Callable[[], None] | None = None,
-) -> Any:
-    """``tick`` every ``interval_s`` while ``app`` runs (and ``on_started`` as it starts):
-    a mode ``Service`` (what Faust's app is built on), to add to the app, which starts it
-    with itself. Its ticks follow the app's own timer (``app.itertimer``), as an
+) -> None:
+    """Run ``tick`` every ``interval_s`` while ``app`` runs (and ``on_started`` as it
+    starts): a mode ``Service`` (what Faust's app is built on) added to the app, which
+    starts it with itself. Its ticks follow the app's own timer (``app.itertimer``), as an
     ``@app.timer``'s do: they end as soon as the app begins to stop, before the shell
     closes (a child service is stopped only after its parent's ``on_stop``: a tick of its
     own would start the routes again behind the shell's close). Not ``@app.timer``
@@ -646,7 +646,7 @@ def periodic(
             async for _ in app.itertimer(interval_s, name=name):
                 await tick()
 
-    return Periodic()
+    app.add_dependency(Periodic())
 
 
 def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
@@ -660,7 +660,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
         shell.on_tick()
 
     # the routes and takeovers start as the app starts, not at the first tick (tick_s later)
-    app.add_dependency(periodic(app, settings.tick_s, tick, "specmeter.tick", on_started=shell.start))
+    add_timer(app, settings.tick_s, tick, "specmeter.tick", on_started=shell.start)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **kwargs: Any) -> None:

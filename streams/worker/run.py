@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -15,7 +16,7 @@ import msgspec
 from ..report.log_lines import bound_log_lines
 from ..report.outages import fold_outage_logs
 from ..settings import WorkerSettings
-from .app import build_app, listening_hosts, periodic, web_address
+from .app import add_timer, build_app, listening_hosts, web_address
 from .topics import ensure_topics
 
 __all__ = ["run_worker"]
@@ -59,9 +60,7 @@ def run_worker(settings: WorkerSettings) -> None:
     cluster = asyncio.run(ensure_topics(settings))
     app, shell = build_app(settings)
     # a broker away: one warning, not thousands of errors
-    fold_outage_logs(
-        shell.outages, lambda s, watch, name: app.add_dependency(periodic(app, s, watch, name)), brokers=cluster.brokers
-    )
+    fold_outage_logs(shell.outages, functools.partial(add_timer, app), brokers=cluster.brokers)
     _tune_gc()
     gc.callbacks.append(_gc_timer(shell.counters))
     if settings.web_enabled:
