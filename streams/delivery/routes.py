@@ -129,6 +129,9 @@ class DeliveryDriver:
         self._rounds: dict[str, asyncio.Task] = {}
         #: when the assignment last changed (monotonic), until the worker said it is ready for it
         self._assigned_at: float | None = None
+        #: the ready line waits while set: the worker's web pages are not served yet, and a
+        #: reader of the log takes "ready" to mean that they are (``release_ready``)
+        self.ready_held = False
         #: topics whose group revoked this worker's partitions and has not assigned any yet
         self._rebalancing: set[str] = set()
         #: topics whose group has assigned this worker partitions (none, maybe) at least once
@@ -503,9 +506,14 @@ class DeliveryDriver:
             await consumer.stop()
         return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
+    def release_ready(self) -> None:
+        """The ready line no longer held: said now if every assigned partition is restored, else when they are."""
+        self.ready_held = False
+        self._say_ready()
+
     def _say_ready(self) -> None:
-        """Once per assignment, when every assigned partition is restored: one line."""
-        if self._assigned_at is None or not self.ledger.ready():
+        """Once per assignment, when every assigned partition is restored (and the line is not held): one line."""
+        if self._assigned_at is None or self.ready_held or not self.ledger.ready():
             return
         log.info(
             "Worker ready: %d records and %d partials partition(s) (%d restored, %d kept through rebalances "

@@ -41,7 +41,6 @@ from ..core.layout import changelog_topics
 from ..core.ownership import ValidState
 from ..core.stage1 import Effects, PartitionProcessor, shorten
 from ..core.stage2 import BatchMerger, MergeEffects
-from ..delivery import internals
 from ..delivery.output import OrderedProducer
 from ..delivery.routes import DeliveryDriver, Restored
 from ..report.counters import PublishedTotals
@@ -649,10 +648,9 @@ def add_timer(
     app.add_dependency(Periodic())
 
 
-def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
-    """A configured Faust app and its shell; nothing runs until a Worker starts it."""
-    internals.check_pins()
-    shell = StreamShell(settings)
+def build_app(settings: WorkerSettings, shell: StreamShell) -> Any:
+    """A configured Faust app around ``shell``; nothing of it runs until a Worker starts it
+    (the shell may run already: ``run.run_worker`` starts it while Faust is imported)."""
     app = _faust_app(settings)
 
     async def tick() -> None:
@@ -668,7 +666,7 @@ def build_app(settings: WorkerSettings) -> tuple[Any, StreamShell]:
 
     if settings.web_enabled:  # off, nothing serves the pages: Faust's web (aiohttp's server) is never built
         _add_pages(app, shell, settings)
-    return app, shell
+    return app
 
 
 def _faust_app(settings: WorkerSettings) -> faust.App:

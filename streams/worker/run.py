@@ -1,22 +1,24 @@
-"""Running a worker process: topics first, then the Faust worker until stopped."""
+"""Running a worker process: topics first, the Kafka work started while Faust is imported,
+then Faust's worker until stopped."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
 
+from ..delivery import internals
 from ..report.log_lines import bound_log_lines
 from ..report.outages import fold_outage_logs
 from ..settings import WorkerSettings
-from .app import add_timer, build_app, listening_hosts, web_address
+from .app import StreamShell, add_timer, build_app, listening_hosts, web_address
+from .early import EarlySignals, FaustImport
 from .topics import ensure_topics
 
 __all__ = ["run_worker"]
@@ -26,9 +28,63 @@ log = logging.getLogger("specmeter.worker")
 #: the worker's one log format: its own lines, Faust's, mode's and aiokafka's alike
 LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
 
+#: imported where the worker's start uses them (the topics' checks, the assignor's protocol)
+STARTING_NEEDS = ("aiokafka.admin", "aiokafka.admin.config_resource", "aiokafka.coordinator.protocol")
+
 
 def run_worker(settings: WorkerSettings) -> None:
-    """Create missing topics, then run the worker until SIGINT/SIGTERM."""
+    """Create missing topics and start the worker's Kafka work while Faust is imported
+    beside it (``worker.early``), then run Faust's worker on the same loop until
+    SIGINT/SIGTERM: from there on it runs the lifecycle, the timers and the web pages."""
+    settings = _prepare_process(settings)
+    internals.check_pins()
+    _import_what_starting_needs()
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # the loop Faust's worker runs (mode's get_event_loop)
+    signals = EarlySignals(loop)
+    with FaustImport(web=settings.web_enabled) as faust_import:
+        cluster = loop.run_until_complete(ensure_topics(settings))
+        shell = StreamShell(settings)
+        # with the web pages on, "Worker ready" comes once they are served (``_web_server_said``)
+        shell.delivery.ready_held = settings.web_enabled
+        timers: list[tuple[float, Callable[[], Awaitable[None]], str]] = []
+        # a broker away: one warning, not thousands of errors (its watch ticks once Faust runs)
+        fold_outage_logs(shell.outages, lambda *timer: timers.append(timer), brokers=cluster.brokers)
+        _tune_gc()
+        gc.callbacks.append(_gc_timer(shell.counters))
+        loop.run_until_complete(_start_before_faust(shell, faust_import))
+    app = build_app(settings, shell)
+    for timer in timers:
+        add_timer(app, *timer)
+    if settings.web_enabled:
+        app.task(_web_server_said(settings.web_host, settings.web_port, shell))
+    worker = faust_worker(settings, signals)(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        _say_stopped(worker.stopped_by, shell.fatal)
+
+
+def _import_what_starting_needs() -> None:
+    """The modules the worker's start imports where it uses them, imported before Faust's
+    import begins beside it: the two threads then never load a module at once
+    (``tests/test_early_start.py`` checks that the main thread loads none meanwhile)."""
+    import importlib
+
+    for name in STARTING_NEEDS:
+        importlib.import_module(name)
+
+
+async def _start_before_faust(shell: StreamShell, faust_import: FaustImport) -> None:
+    """The shell's routes, takeovers and output started (they join the groups and restore
+    the partitions meanwhile), until Faust is imported."""
+    shell.start()
+    await faust_import.done()
+
+
+def faust_worker(settings: WorkerSettings, signals: EarlySignals) -> type:
+    """Faust's worker class as the worker runs it: its log, the line that says why it
+    stops, and a signal that came before it ran handed to it once it runs."""
     import faust
 
     class Worker(faust.Worker):
@@ -36,14 +92,17 @@ def run_worker(settings: WorkerSettings) -> None:
         stopped_by: str | None = None
 
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
-            """Faust's, mode's and aiokafka's INFO lines (≈300 at start-up, boxed tables of
-            topics among them) only at --log-level debug: the worker says what matters. mode
-            installs handlers of its own format: they get the worker's (one format in the log)."""
+            """mode installs handlers of its own format: they get the worker's (one format in the log)."""
             super().on_setup_root_logger(logger, level)
             one_log_format(logger)
-            if level > logging.DEBUG:
-                for name in ("faust", "mode", "aiokafka"):
-                    logging.getLogger(name).setLevel(logging.WARNING)
+            quiet_library_lines(level)
+
+        async def on_first_start(self) -> None:
+            """Faust's worker starts (its signal handlers replace ``EarlySignals``'), then
+            stops at once if a signal came before."""
+            await super().on_first_start()
+            if signals.noted is not None:
+                self._schedule_shutdown(signals.noted)
 
         def _schedule_shutdown(self, signum: signal.Signals) -> None:
             """SIGINT or SIGTERM: say that the worker stops and why, once, before mode stops it."""
@@ -56,20 +115,15 @@ def run_worker(settings: WorkerSettings) -> None:
                 )
             super()._schedule_shutdown(signum)
 
-    settings = _prepare_process(settings)
-    cluster = asyncio.run(ensure_topics(settings))
-    app, shell = build_app(settings)
-    # a broker away: one warning, not thousands of errors
-    fold_outage_logs(shell.outages, functools.partial(add_timer, app), brokers=cluster.brokers)
-    _tune_gc()
-    gc.callbacks.append(_gc_timer(shell.counters))
-    if settings.web_enabled:
-        app.task(_web_server_said(settings.web_host, settings.web_port))
-    worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
-    try:
-        worker.execute_from_commandline()
-    finally:
-        _say_stopped(worker.stopped_by, shell.fatal)
+    return Worker
+
+
+def quiet_library_lines(level: int) -> None:
+    """Faust's, mode's and aiokafka's INFO lines (≈300 at start-up, boxed tables of topics
+    among them) only at --log-level debug: the worker says what matters."""
+    if level > logging.DEBUG:
+        for name in ("faust", "mode", "aiokafka"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _prepare_process(settings: WorkerSettings) -> WorkerSettings:
@@ -78,6 +132,7 @@ def _prepare_process(settings: WorkerSettings) -> WorkerSettings:
     settings name so that the worker can say where it listens."""
     bound_log_lines()
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    quiet_library_lines(logging.getLevelName(settings.log_level.upper()))
     quiet_rebalance_chatter()
     _private_data_dir(settings.data_dir)
     if settings.web_enabled and settings.web_port == 0:  # any free port: say which
@@ -149,16 +204,20 @@ def _private_data_dir(path: str) -> None:
         )
 
 
-def _web_server_said(host: str, port: int) -> Callable[[], Coroutine[Any, Any, None]]:
+def _web_server_said(host: str, port: int, shell: StreamShell) -> Callable[[], Coroutine[Any, Any, None]]:
     """An app task: once the web server listens, the line that says where, read from its
-    listening sockets (issue 47.0: it said 127.0.0.1 while Faust listened on 0.0.0.0)."""
+    listening sockets (issue 47.0: it said 127.0.0.1 while Faust listened on 0.0.0.0); then
+    the ready line, held until now (the worker starts before Faust runs its web server)."""
 
     async def say_web_server() -> None:
-        hosts = listening_hosts(port)
-        if not hosts:  # descriptors that cannot be listed here: what was asked for, said so
-            log.warning("web server: its listening socket could not be read; asked to bind %s:%d", host, port)
-            return
-        _say_web_server(hosts, port)
+        try:
+            hosts = listening_hosts(port)
+            if not hosts:  # descriptors that cannot be listed here: what was asked for, said so
+                log.warning("web server: its listening socket could not be read; asked to bind %s:%d", host, port)
+                return
+            _say_web_server(hosts, port)
+        finally:
+            shell.delivery.release_ready()
 
     return say_web_server
 

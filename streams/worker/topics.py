@@ -104,6 +104,9 @@ class ClusterView(msgspec.Struct, frozen=True):
 
     brokers: dict[int, str]
     topics: dict[str, TopicShape]
+    #: the asked-for topics with a partition that has no leader now (just created, or a
+    #: broker away): a consumer asking their offsets now is refused
+    leaderless: frozenset[str] = frozenset()
 
     def shapes_of(self, specs: Iterable[TopicSpec]) -> list[tuple[TopicSpec, TopicShape]]:
         """Each of ``specs`` whose topic exists, with its shape."""
@@ -369,6 +372,7 @@ async def describe_cluster(admin: Any, names: Iterable[str]) -> ClusterView:
     return ClusterView(
         brokers={b["node_id"]: f"{b['host']}:{b['port']}" for b in answer["brokers"]},
         topics=_shapes(answer["topics"]),
+        leaderless=frozenset(t["topic"] for t in answer["topics"] if any(p["leader"] < 0 for p in t["partitions"])),
     )
 
 
@@ -508,21 +512,29 @@ async def _create_missing(
     await _create(admin, missing, settings)
     # what was just created must be visible, with the right shape (another
     # worker may have created one a moment before, with its own count)
-    view = await _visible(admin, [s.name for s in specs], visible_within_s)
+    view = await _visible(admin, [s.name for s in specs], visible_within_s, created={s.name for s in missing})
     plan = plan_topics(specs, view, settings.partitions)
     if plan.mismatched:
         raise TopicMismatch(plan, specs)
     return view
 
 
-async def _visible(admin: Any, names: list[str], within_s: float) -> ClusterView:
-    """The cluster once it shows every one of ``names`` (or ``within_s`` passed)."""
+async def _visible(admin: Any, names: list[str], within_s: float, *, created: set[str]) -> ClusterView:
+    """The cluster once it shows every one of ``names``, those just ``created`` with a
+    leader for each partition (or ``within_s`` passed): the worker's consumers ask their
+    offsets at once, and a partition without a leader yet fails that, which the worker
+    would log as a broker away (it starts before Faust is imported, ``worker.early``)."""
     deadline = asyncio.get_running_loop().time() + within_s
     view, wait_s = await describe_cluster(admin, names), 0.01
-    while len(view.topics) < len(names) and asyncio.get_running_loop().time() < deadline:
+    while not _settled(view, names, created) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(wait_s)  # a created topic shows within milliseconds: ask soon, then less often
         view, wait_s = await describe_cluster(admin, names), min(2 * wait_s, 0.2)
     return view
+
+
+def _settled(view: ClusterView, names: list[str], created: set[str]) -> bool:
+    """Whether ``view`` shows every one of ``names``, and a leader for each partition of ``created``."""
+    return len(view.topics) == len(names) and not view.leaderless & created
 
 
 async def ensure_topics(settings: WorkerSettings, *, visible_within_s: float = 10.0) -> ClusterView:
