@@ -162,8 +162,9 @@ async def _member(logs: FakeLogs, topic: str) -> FakeConsumer:
 
 
 def _takeovers(logs: FakeLogs, topic: str, partition: int) -> list[int]:
+    """The offsets of the takeover records appended (not their deletions: a restore deletes the strays)."""
     log = logs.logs.get(f"{topic}-changelog", {}).get(partition, [])
-    return [o for o, k, _ in log if k is not None and b"\x1fe\x1f" in k]
+    return [o for o, k, v in log if k is not None and v is not None and b"\x1fe\x1f" in k]
 
 
 def test_the_driver_takes_over_restores_then_reads_each_partition_from_its_checkpoint_once():

@@ -209,13 +209,20 @@ class FakeOutput:
             self.failed = exc
 
 
+async def _released_nothing() -> None:
+    """A restore group's outputs in the fake stages: none."""
+
+
 class FakeStages:
     """The stages as the driver sees them: a state per partition, restored to the checkpoint
     its changelog's valid state names (a ``c`` key, value the offset), applying input in order,
     once, each chunk a write group (its checkpoint) whose output is a line in ``released``."""
 
-    def __init__(self, logs: FakeLogs) -> None:
+    def __init__(self, logs: FakeLogs, *, restore_group: bool = True) -> None:
         self.logs = logs
+        #: False: a restore writes nothing (no checkpoint, no deletions): the delivery layer's
+        #: own rules alone, without what the worker's stages write at a restore (rules 6, 8)
+        self.restore_group = restore_group
         self.driver: DeliveryDriver | None = None
         self.builds: dict[tuple[str, int], int] = {}
         self.states: dict[tuple[str, int], list[Stage]] = {}
@@ -240,7 +247,18 @@ class FakeStages:
         state = Stage(checkpoint)
         state.key_part = owner_key_part(partition, epoch)  # type: ignore[attr-defined]
         self.states.setdefault((topic, partition), []).append(state)
-        return state, lambda: None
+        if not self.restore_group:
+            return state, lambda: None
+        return state, lambda: self._restored(topic, partition, state, valid)
+
+    def _restored(self, topic: str, partition: int, state: Stage, valid: Any) -> None:
+        """A restore's write group, as the worker's stages write theirs (``docs/ownership.md``,
+        rules 6 and 8): the owner's checkpoint, found or not, and the deletion of what does not
+        count (stray takeovers among it), a barrier for the groups after it."""
+        assert self.driver is not None
+        key = f"{state.key_part}\x1fc".encode()  # type: ignore[attr-defined]
+        writes = [(key, str(state.checkpoint).encode()), *((k, None) for k in valid.deletions)]
+        self.driver.writes.submit(self.changelog_of(topic), partition, writes, _released_nothing, barrier=True)
 
     async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, Any]]) -> None:
         await self.hold_input.wait()

@@ -27,11 +27,12 @@ WORKERS = (2, 3, 2, 4, 3)
 STEPS = 100
 
 
-def run_simulation(seed: int, *, steps: int = STEPS, real: bool | None = None) -> Simulation:
-    """One schedule (with the worker's own stages when ``real``; None: as the seed says);
-    raises ``Violation`` when an invariant breaks."""
+def run_simulation(seed: int, *, steps: int = STEPS, real: bool | None = None, bare: bool = False) -> Simulation:
+    """One schedule (with the worker's own stages when ``real``; None: as the seed says;
+    ``bare``: checkpoint-only stages whose restore writes nothing); raises ``Violation``
+    when an invariant breaks."""
     real = runs_real_stages(seed) if real is None else real
-    sim = Simulation(seed, workers=WORKERS[seed // REAL_EVERY % len(WORKERS)], real=real)
+    sim = Simulation(seed, workers=WORKERS[seed // REAL_EVERY % len(WORKERS)], real=real, bare=bare)
     try:
         sim.rebalance_all()
         for _ in range(steps):
@@ -98,22 +99,23 @@ def _quiet() -> None:
     logging.disable(logging.CRITICAL)
 
 
-def _violation_of(seed: int, real: bool | None = None) -> str | None:
+def _violation_of(seed: int, real: bool | None = None, bare: bool = False) -> str | None:
     try:
-        run_simulation(seed, real=real)
+        run_simulation(seed, real=real, bare=bare)
     except Violation as violation:
         return str(violation)
     return None
 
 
-def first_failure(limit: int, *, jobs: int = 0, real: bool | None = None) -> tuple[int, str] | None:
+def first_failure(limit: int, *, jobs: int = 0, real: bool | None = None, bare: bool = False) -> tuple[int, str] | None:
     """The first seed below ``limit`` whose schedule breaks an invariant, and its violation
-    (None: none does); every schedule with the worker's own stages when ``real``. Over a
+    (None: none does); every schedule with the worker's own stages when ``real``, or with
+    stages whose restore writes nothing when ``bare``. Over a
     process per core, forked: a function replaced in this process (a fix reverted) is
     replaced in theirs."""
     import multiprocessing
 
-    check = functools.partial(_violation_of, real=real)
+    check = functools.partial(_violation_of, real=real, bare=bare)
     with multiprocessing.get_context("fork").Pool(jobs or multiprocessing.cpu_count(), initializer=_quiet) as pool:
         for seed, violation in enumerate(pool.imap(check, range(limit), chunksize=4)):
             if violation is not None:

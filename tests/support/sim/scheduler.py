@@ -61,10 +61,11 @@ class Group:
 class Simulation:
     """The scheduler: the logs, the groups' coordinator, the workers, the input and the trace."""
 
-    def __init__(self, seed: int, *, workers: int = 3, real: bool = False) -> None:
+    def __init__(self, seed: int, *, workers: int = 3, real: bool = False, bare: bool = False) -> None:
         self.rng = random.Random(seed)
         self.tokens = random.Random(~seed)  # takeover tokens: of the seed, apart from the schedule's draws
-        self.seed, self.real = seed, real
+        #: ``bare``: checkpoint-only stages whose restore writes nothing (``FakeStages.restore_group``)
+        self.seed, self.real, self.bare = seed, real, bare
         self.logs = SimLogs()
         self.now = 0.0
         self.base_ms = 1_700_000_000_000
@@ -104,9 +105,8 @@ class Simulation:
         self.trace.append(f"{self.now:9.3f} {line}")
 
     def violation(self, what: str) -> Violation:
-        return Violation(
-            f"seed {self.seed}{' (real stages)' if self.real else ''}: {what}\n  " + "\n  ".join(self.trace[-40:])
-        )
+        kind = " (real stages)" if self.real else " (bare stages)" if self.bare else ""
+        return Violation(f"seed {self.seed}{kind}: {what}\n  " + "\n  ".join(self.trace[-40:]))
 
     # -- the checks ------------------------------------------------------------------------
     def check_fence(self, worker: Worker, changelog: str, p: int) -> None:

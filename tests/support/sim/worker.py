@@ -92,7 +92,7 @@ class Worker:
 
     def _fake_stages(self) -> Any:
         """The driver over checkpoint-only stages, with the worker's ordered producer."""
-        self.stages = FakeStages(self.sim.logs)
+        self.stages = FakeStages(self.sim.logs, restore_group=not self.sim.bare)
         self.output = OrderedProducer(on_failed=_ignore, new_producer=self._new_producer)
         driver = fake_driver(self.sim.logs, self.stages)
         driver.new_consumer = driver.changelogs.new_consumer = self._new_consumer
