@@ -41,9 +41,10 @@ def run_worker(settings: WorkerSettings) -> None:
     _import_what_starting_needs()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # the loop Faust's worker runs (mode's get_event_loop)
-    signals = EarlySignals(loop)
     with FaustImport(web=settings.web_enabled) as faust_import:
         cluster = loop.run_until_complete(ensure_topics(settings))
+        # from here a signal is kept for Faust's graceful stop (before, it ends the process at once)
+        signals = EarlySignals(loop)
         shell = StreamShell(settings)
         # with the web pages on, "Worker ready" comes once they are served (``_web_server_said``)
         shell.delivery.ready_held = settings.web_enabled
