@@ -215,6 +215,53 @@ def test_a_takeover_of_the_same_generation_by_another_member_waits_for_the_bound
     assert dict(whole.entries) == dict(compacted.entries) == {_key(new, "c", ""): b"n"}
 
 
+def _restored_past_an_unconfirmed_takeover(*, pins: bool) -> tuple[Log, int]:
+    """A changelog where the new owner counted only after an unconfirmed takeover: T0 holds
+    the state (checkpoint 7); T1, the same member's own takeover of T0's generation,
+    confirmed earlier and frozen in flight, lands after it and counts (its own again); T2,
+    a restarted group's generation 1 confirmed more than the bound after T1 but within it
+    of T0, counts after T1 (not after T0: ``counts_after`` is not transitive). T2's restore
+    writes its checkpoint under its own tag, ``pins`` when asked, and deletes T0's
+    checkpoint; T2 then releases checkpoint 9. Returns the log and T2's epoch."""
+    log = Log()
+    t0 = Takeover(token="t0", generation=5, at_ms=100_000, member="m")
+    e0 = log.append(takeover_key(0, "t0"), encode_takeover(t0))
+    log.append(confirmation_key(0, "t0-r"), encode_confirmation(_confirmation(t0, e0)))
+    log.append(_key(e0, "c", ""), b"7")
+    t1 = Takeover(token="t1", generation=5, at_ms=50_000, member="m")
+    log.append(takeover_key(0, "t1"), encode_takeover(t1))  # no confirmation: its round ended
+    t2 = Takeover(token="t2", generation=1, at_ms=120_000, member="n")
+    e2 = log.append(takeover_key(0, "t2"), encode_takeover(t2))
+    log.append(confirmation_key(0, "t2-r"), encode_confirmation(_confirmation(t2, e2)))
+    valid = log.view().result()
+    assert valid.epoch == e2 and dict(valid.entries) == {_key(e0, "c", ""): b"7"}
+    log.append(_key(e2, "c", "").replace(b"@%d" % e2, b"@%d.0" % e2), b"7")  # the restore's checkpoint
+    for key, value in valid.pins if pins else []:
+        log.append(key, value)
+    for key in [*valid.deletions, _key(e0, "c", "")]:  # T0's checkpoint: superseded once verified
+        log.append(key, None)
+    log.append(_key(e2, "c", "").replace(b"@%d" % e2, b"@%d.1" % e2), b"9")  # released
+    return log, e2
+
+
+def test_a_restore_holds_the_unconfirmed_takeover_it_counted_after_where_it_landed():
+    """Review of the simulation's finding at seed 1,121,455: the restore deletes the strays
+    but keeps a counting takeover whose records are gone and which no valid record needs
+    yet, if it comes after the oldest one that is. Its owner never confirmed it, so it sits
+    at its first copy; a second copy landing later, the first compacted away, moved it, T2
+    was judged against T0 and stopped counting, and checkpoint 9, released, was lost. The
+    restore writes a confirmation that holds it where it landed (``ValidState.pins``)."""
+    for pins, epoch_after in ((True, "kept"), (False, "lost")):
+        log, e2 = _restored_past_an_unconfirmed_takeover(pins=pins)
+        log.append(takeover_key(0, "t1"), encode_takeover(Takeover(token="t1", generation=5, at_ms=50_000, member="m")))
+        after = log.compacted().view().result()
+        checkpoint = dict(after.entries).get(_key(e2, "c", "").replace(b"@%d" % e2, b"@%d.1" % e2))
+        if epoch_after == "kept":
+            assert after.epoch == e2 and checkpoint == b"9", "the released checkpoint must still count"
+        else:  # without the pin the hazard is real: what T2 released stops counting
+            assert after.epoch != e2 and checkpoint is None
+
+
 def _confirmation(takeover: Takeover, epoch: int) -> Confirmation:
     return Confirmation(
         token=takeover.token,

@@ -309,6 +309,9 @@ class ValidState:
     epoch: int | None
     #: that takeover, with the generation and time its owner last confirmed (None: none)
     counting: Takeover | None = None
+    #: (key, value) of a confirmation to write for each counting takeover before the latest
+    #: that has none and stays (``ChangelogView.result``): where it landed, written down
+    pins: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -389,16 +392,18 @@ class ChangelogView:
         return counted.epochs, counted.strays
 
     def _owners(self) -> dict[str, _Owner]:
-        """Every token's takeover: where it landed and its records. A confirmation's word on
-        where its takeover landed wins over the copies read (a copy appended twice, the first
-        compacted away), and stands for the takeover when no copy is left."""
+        """Every token's takeover: where it landed and its records. The first confirmation's
+        word on where its takeover landed wins over the copies read (a copy appended twice,
+        the first compacted away) and over any later confirmation of it, and stands for the
+        takeover when no copy is left."""
         owners: dict[str, _Owner] = {}
         for key, (offset, takeover) in sorted(self._takeovers.items(), key=lambda kv: kv[1][0]):
             owner = owners.setdefault(takeover.token, _Owner(offset, takeover))
             owner.takeovers.append(key)
         for key, (_, confirmation) in sorted(self._confirmations.items(), key=lambda kv: kv[1][0]):
             owner = owners.setdefault(confirmation.token, _Owner(confirmation.epoch, confirmation.as_takeover()))
-            owner.position = confirmation.epoch
+            if not owner.confirmations:
+                owner.position = confirmation.epoch
             owner.confirmations.append(key)
         return owners
 
@@ -422,10 +427,12 @@ class ChangelogView:
         epochs = counted.epochs
         latest_epoch = epochs[-1] if epochs else None
         valid, stale, superseded = self._valid(epochs)
-        unneeded = self._unneeded_takeovers(valid, epochs, counted.owners)
+        needed_from = _needed_from(valid, epochs[-1]) if epochs else 0
+        unneeded = self._unneeded_takeovers(needed_from, epochs, counted.owners)
         entries = [(physical, value) for _, physical, value in sorted(valid.values())]
         deletions = sorted(stale) + counted.strays + sorted(superseded) + unneeded
-        return ValidState(entries=entries, deletions=deletions, epoch=latest_epoch, counting=counted.latest)
+        pins = _pins(needed_from, epochs, counted.owners)
+        return ValidState(entries=entries, deletions=deletions, epoch=latest_epoch, counting=counted.latest, pins=pins)
 
     def _valid(self, epochs: list[int]) -> tuple[dict[bytes, tuple[int, bytes, bytes]], list[bytes], list[bytes]]:
         """Each logical key's latest record its epoch's owner wrote (logical -> (offset,
@@ -448,14 +455,11 @@ class ChangelogView:
             valid[logical] = (offset, physical, value)
         return valid, stale, superseded
 
-    def _unneeded_takeovers(
-        self, valid: dict[bytes, tuple[int, bytes, bytes]], epochs: list[int], owners: dict[str, _Owner]
-    ) -> list[bytes]:
-        """The records of the counting takeovers no valid record needs any more, oldest
-        first (each one's confirmations, then its takeover)."""
+    def _unneeded_takeovers(self, needed_from: int, epochs: list[int], owners: dict[str, _Owner]) -> list[bytes]:
+        """The records of the counting takeovers no valid record needs any more (before
+        ``needed_from``), oldest first (each one's confirmations, then its takeover)."""
         if not epochs:
             return []
-        needed_from = _needed_from(valid, epochs[-1])
         counting = set(epochs)
         return [
             key
@@ -463,6 +467,38 @@ class ChangelogView:
             if owner.position in counting and owner.position < needed_from
             for key in owner.keys
         ]
+
+
+def _pins(needed_from: int, epochs: list[int], owners: dict[str, _Owner]) -> list[tuple[bytes, bytes]]:
+    """A confirmation for each counting takeover that has none and stays (from
+    ``needed_from`` on) before the latest: where its first copy landed, written down by the
+    owner that restores. Without it, a second copy of that takeover landing later, the first
+    compacted away, moves it, and the takeovers after it are judged against the one before
+    it instead: the latest one, counted only after it (``counts_after`` is not transitive),
+    may stop counting, with everything its owner released (``docs/ownership.md``, rule 2a)."""
+    counting = set(epochs[:-1])
+    pins = []
+    for owner in sorted(owners.values(), key=lambda o: o.position):
+        if owner.position in counting and owner.position >= needed_from and not owner.confirmations and owner.takeovers:
+            base = owner.base
+            pinned = Confirmation(
+                token=base.token,
+                epoch=owner.position,
+                owner=base.owner,
+                at_ms=base.at_ms,
+                generation=base.generation,
+                format=base.format,
+                member=base.member,
+            )
+            pins.append((_pin_key(owner.takeovers[0], base.token), encode_confirmation(pinned)))
+    return pins
+
+
+def _pin_key(takeover_key: bytes, token: str) -> bytes:
+    """The key of the confirmation a restore writes for another owner's takeover: the same for
+    every restore that writes it (one record, whichever copy compaction keeps)."""
+    partition = takeover_key.partition(_SEP)[0]
+    return partition + _SEP + CONFIRMATION_KIND + _SEP + f"pin-{token}".encode()
 
 
 def _keep_first(records: dict[bytes, tuple[int, _R]], key: bytes, offset: int, record: _R | None) -> None:

@@ -257,6 +257,7 @@ class StreamShell:
             owner_epoch=epoch,
         )
         effects = yield from processor.restoring(valid.entries, self.now_ms())
+        effects.changelog.extend(valid.pins)  # the takeovers it counted after, held where they landed
         effects.changelog.extend((key, None) for key in valid.deletions)
         return processor, lambda: self._submit_stage1(partition, effects, restore=True)
 
@@ -273,6 +274,7 @@ class StreamShell:
             owner_epoch=epoch,
         )
         restored = yield from merger.restoring(valid.entries)
+        restored.changelog.extend(valid.pins)
         restored.changelog.extend((key, None) for key in valid.deletions)
 
         def installed() -> None:

@@ -238,10 +238,10 @@ class FakeStages:
 
     def restorer(self, topic, partition, valid, epoch) -> Generator[None, None, tuple[Any, Any]]:
         self.builds[(topic, partition)] = self.builds.get((topic, partition), 0) + 1
-        checkpoint = -1
+        checkpoint, found = -1, []
         for key, value in valid.entries:
             if split_key(key)[0].endswith(b"\x1fc"):
-                checkpoint = int(value)
+                checkpoint, found = int(value), [key]
         for _ in range(self.restore_steps):
             yield
         state = Stage(checkpoint)
@@ -249,16 +249,19 @@ class FakeStages:
         self.states.setdefault((topic, partition), []).append(state)
         if not self.restore_group:
             return state, lambda: None
-        return state, lambda: self._restored(topic, partition, state, valid)
+        return state, lambda: self._restored(topic, partition, state, valid, found)
 
-    def _restored(self, topic: str, partition: int, state: Stage, valid: Any) -> None:
+    def _restored(self, topic: str, partition: int, state: Stage, valid: Any, found: list[bytes]) -> None:
         """A restore's write group, as the worker's stages write theirs (``docs/ownership.md``,
-        rules 6 and 8): the owner's checkpoint, found or not, and the deletion of what does not
-        count (stray takeovers among it), a barrier for the groups after it."""
+        rules 2a, 6 and 8): the owner's checkpoint, found or not, the confirmations that hold
+        the takeovers it counted after where they landed, and the deletion of what does not
+        count (stray takeovers among it); once verified, the deletion of the checkpoint it
+        found; a barrier for the groups after it."""
         assert self.driver is not None
         key = f"{state.key_part}\x1fc".encode()  # type: ignore[attr-defined]
-        writes = [(key, str(state.checkpoint).encode()), *((k, None) for k in valid.deletions)]
-        self.driver.writes.submit(self.changelog_of(topic), partition, writes, _released_nothing, barrier=True)
+        writes = [(key, str(state.checkpoint).encode()), *valid.pins, *((k, None) for k in valid.deletions)]
+        # the checkpoint found, written again under the owner's tag: deleted once that counts
+        self.driver.writes.submit(self.changelog_of(topic), partition, writes, _released_nothing, found, barrier=True)
 
     async def run(self, topic: str, state: Any, partition: int, messages: list[tuple[int, Any]]) -> None:
         await self.hold_input.wait()
