@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["FaustImport", "EarlySignals"]
@@ -82,13 +83,16 @@ class EarlySignals:
     starts): kept, and handed to Faust's worker once it runs, so that a stop asked for
     early is the same graceful stop (the groups left, the writes flushed) as any other."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, fatal: Callable[[], str | None] = lambda: None) -> None:
         #: the first signal that came before Faust's worker ran (None: none did)
         self.noted: signal.Signals | None = None
+        #: why the worker stops on its own (a write failed for good: it signals itself), if it does
+        self._fatal = fatal
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._note, signum)
 
     def _note(self, signum: signal.Signals) -> None:
         if self.noted is None:
             self.noted = signum
-            log.info("%s while Faust is imported: the worker stops as soon as Faust's worker runs", signum.name)
+            why = "a write failed for good" if self._fatal() is not None else signum.name
+            log.info("%s while Faust is imported: the worker stops as soon as Faust's worker runs", why)

@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -22,6 +22,8 @@ from .early import EarlySignals, FaustImport
 from .topics import ensure_topics
 
 __all__ = ["run_worker"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("specmeter.worker")
 
@@ -43,27 +45,47 @@ def run_worker(settings: WorkerSettings) -> None:
     asyncio.set_event_loop(loop)  # the loop Faust's worker runs (mode's get_event_loop)
     with FaustImport(web=settings.web_enabled) as faust_import:
         cluster = loop.run_until_complete(ensure_topics(settings))
-        # from here a signal is kept for Faust's graceful stop (before, it ends the process at once)
-        signals = EarlySignals(loop)
         shell = StreamShell(settings)
+        # from here a signal is kept for Faust's graceful stop (before, it ends the process at once)
+        signals = EarlySignals(loop, fatal=lambda: shell.fatal)
         # with the web pages on, "Worker ready" comes once they are served (``_web_server_said``)
         shell.delivery.ready_held = settings.web_enabled
         timers: list[tuple[float, Callable[[], Awaitable[None]], str]] = []
         # a broker away: one warning, not thousands of errors (its watch ticks once Faust runs)
         fold_outage_logs(shell.outages, lambda *timer: timers.append(timer), brokers=cluster.brokers)
-        _tune_gc()
         gc.callbacks.append(_gc_timer(shell.counters))
-        loop.run_until_complete(_start_before_faust(shell, faust_import))
+        _or_close(loop, shell, lambda: loop.run_until_complete(_start_before_faust(shell, faust_import)))
+    worker = _or_close(loop, shell, lambda: _faust_worker_of(settings, shell, signals, timers))
+    _tune_gc()  # once Faust is imported: its import-time objects frozen too
+    try:
+        worker.execute_from_commandline()
+    finally:
+        _say_stopped(worker.stopped_by, shell.fatal)
+
+
+def _faust_worker_of(
+    settings: WorkerSettings,
+    shell: StreamShell,
+    signals: EarlySignals,
+    timers: list[tuple[float, Callable[[], Awaitable[None]], str]],
+) -> Any:
+    """Faust's app around the running shell, its timers and web pages, and the worker that runs it."""
     app = build_app(settings, shell)
     for timer in timers:
         add_timer(app, *timer)
     if settings.web_enabled:
         app.task(_web_server_said(settings.web_host, settings.web_port, shell))
-    worker = faust_worker(settings, signals)(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    return faust_worker(settings, signals)(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+
+
+def _or_close(loop: asyncio.AbstractEventLoop, shell: StreamShell, step: Callable[[], T]) -> T:
+    """``step``; should it fail once the shell runs (Faust's import, its app), the shell is
+    closed first (its writes flushed, its groups left), and the error goes on."""
     try:
-        worker.execute_from_commandline()
-    finally:
-        _say_stopped(worker.stopped_by, shell.fatal)
+        return step()
+    except BaseException:
+        loop.run_until_complete(shell.close())
+        raise
 
 
 def _import_what_starting_needs() -> None:
