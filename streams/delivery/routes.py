@@ -243,6 +243,12 @@ class DeliveryDriver:
         them and has not assigned any since."""
         return bool(self._rebalancing) or len(self._joined) < len(self.routes)
 
+    @property
+    def backlog_read(self) -> bool:
+        """Both groups joined, every partition assigned here restored and read to the log end
+        it had at its install: the input that waited for the worker is read."""
+        return not self.rebalancing and self.ledger.ready() and not self.ledger.any_catching_up
+
     def _fenced(self, changelog: str, partition: int) -> None:
         """Another worker's takeover was found in a changelog partition this worker wrote."""
         topic = next(t for t in self._route_of if self.changelog(t) == changelog)

@@ -37,26 +37,39 @@ SWITCH_INTERVAL_S = 0.0005
 class FaustImport:
     """Faust's modules (and its web driver's, with the web pages) imported on a thread.
 
-    ``with FaustImport(web=...) as faust_import:`` starts it; ``await faust_import.done()``
-    waits for it on the loop; leaving the block waits for the thread (an error that ends
-    the process before Faust runs does not leave it importing at exit)."""
+    ``with FaustImport(web=...) as faust_import:`` starts it (``deferred``: ``start()``
+    does, later); ``await faust_import.done()`` waits for it on the loop; leaving the block
+    waits for the thread (an error that ends the process before Faust runs does not leave
+    it importing at exit)."""
 
-    def __init__(self, *, web: bool) -> None:
+    def __init__(self, *, web: bool, deferred: bool = False) -> None:
         self.web = web
+        self.deferred = deferred
         self._done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._load, name="specmeter-import-faust", daemon=True)
         self._switch_interval = sys.getswitchinterval()
 
     def __enter__(self) -> FaustImport:
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._thread.start()
+        if not self.deferred:
+            self.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self._thread.join()
+        if self.started:
+            self._thread.join()
         sys.setswitchinterval(self._switch_interval)
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        """The import begins (once)."""
+        if not self.started:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            self._thread.start()
 
     async def done(self) -> None:
         """Once Faust is imported (its error, if the import failed)."""
