@@ -151,6 +151,20 @@ class Confirmation(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     #: the group member id its owner confirmed ``generation`` as (``Takeover.member``)
     member: str = ""
 
+    @classmethod
+    def of(cls, takeover: Takeover, epoch: int) -> Confirmation:
+        """A confirmation that ``takeover`` landed at ``epoch``, with its generation, time and
+        member (``as_takeover`` gives it back)."""
+        return cls(
+            token=takeover.token,
+            epoch=epoch,
+            owner=takeover.owner,
+            at_ms=takeover.at_ms,
+            generation=takeover.generation,
+            format=takeover.format,
+            member=takeover.member,
+        )
+
     def as_takeover(self) -> Takeover:
         """The takeover it stands for, judged by ``counts_after``: its generation, time and member."""
         return Takeover(
@@ -480,17 +494,8 @@ def _pins(needed_from: int, epochs: list[int], owners: dict[str, _Owner]) -> lis
     pins = []
     for owner in sorted(owners.values(), key=lambda o: o.position):
         if owner.position in counting and owner.position >= needed_from and not owner.confirmations and owner.takeovers:
-            base = owner.base
-            pinned = Confirmation(
-                token=base.token,
-                epoch=owner.position,
-                owner=base.owner,
-                at_ms=base.at_ms,
-                generation=base.generation,
-                format=base.format,
-                member=base.member,
-            )
-            pins.append((_pin_key(owner.takeovers[0], base.token), encode_confirmation(pinned)))
+            pinned = Confirmation.of(owner.base, owner.position)
+            pins.append((_pin_key(owner.takeovers[0], owner.base.token), encode_confirmation(pinned)))
     return pins
 
 
